@@ -1,0 +1,103 @@
+// wtc._C: CPU kernels (OpenMP). Arrays cross as numpy buffers; shapes are checked here so a
+// caller gets a ValueError naming the argument instead of a crash.
+#include <omp.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <sstream>
+#include <string>
+
+#include "ple_route.h"
+
+namespace py = pybind11;
+using farr = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+namespace {
+
+void expect_dims(const py::array& a, int nd, const char* name, const char* shape) {
+  if (a.ndim() != nd) {
+    std::ostringstream msg;
+    msg << name << " must have shape " << shape << ", got " << a.ndim() << " dimensions";
+    throw py::value_error(msg.str());
+  }
+}
+
+void expect_dim(int64_t got, int64_t want, const char* name, int axis) {
+  if (got != want) {
+    std::ostringstream msg;
+    msg << name << ": size " << got << " on axis " << axis << ", expected " << want;
+    throw py::value_error(msg.str());
+  }
+}
+
+py::array_t<float> ple_encode(farr x, farr bins) {
+  expect_dims(bins, 1, "bins", "(n_bins + 1,)");
+  const int n_bins = static_cast<int>(bins.shape(0)) - 1;
+  if (n_bins < 1) throw py::value_error("bins needs at least 2 edges");
+  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
+  shape.push_back(n_bins);
+  py::array_t<float> out(shape);
+  const int64_t n = x.size();
+  {
+    py::gil_scoped_release nogil;
+    wtc::ple_encode_cpu(x.data(), n, bins.data(), n_bins, out.mutable_data());
+  }
+  return out;
+}
+
+py::tuple route_hard(farr q, farr k, farr v, farr q_bins, farr k_bins, farr W, farr u, farr rel,
+                     farr abs_, int q_offset) {
+  expect_dims(q, 3, "q", "(G, N, Lq)");
+  expect_dims(k, 3, "k", "(G, N, Lk)");
+  expect_dims(v, 3, "v", "(G, N, Lk)");
+  expect_dims(q_bins, 2, "q_bins", "(G, nq + 1)");
+  expect_dims(k_bins, 2, "k_bins", "(G, nk + 1)");
+  expect_dims(W, 3, "W", "(G, nq, nk)");
+  expect_dims(u, 2, "u", "(G, nk)");
+  expect_dims(rel, 2, "rel", "(G, n_rel)");
+  expect_dims(abs_, 2, "abs", "(G, Lk)");
+  wtc::RouteShapes s{q.shape(0), q.shape(1), q.shape(2), k.shape(2),
+                     static_cast<int>(q_bins.shape(1)) - 1, static_cast<int>(k_bins.shape(1)) - 1,
+                     static_cast<int>(rel.shape(1)), q_offset};
+  if (s.nq < 1 || s.nk < 1) throw py::value_error("q_bins and k_bins need at least 2 edges");
+  if (q_offset < 0 || s.Lq + q_offset > s.Lk)
+    throw py::value_error("q_offset must place every query on a key position (0 <= q_offset, Lq + q_offset <= Lk)");
+  expect_dim(k.shape(0), s.G, "k", 0);
+  expect_dim(k.shape(1), s.N, "k", 1);
+  for (int ax = 0; ax < 3; ++ax) expect_dim(v.shape(ax), k.shape(ax), "v", ax);
+  expect_dim(q_bins.shape(0), s.G, "q_bins", 0);
+  expect_dim(k_bins.shape(0), s.G, "k_bins", 0);
+  expect_dim(W.shape(0), s.G, "W", 0);
+  expect_dim(W.shape(1), s.nq, "W", 1);
+  expect_dim(W.shape(2), s.nk, "W", 2);
+  expect_dim(u.shape(0), s.G, "u", 0);
+  expect_dim(u.shape(1), s.nk, "u", 1);
+  expect_dim(rel.shape(0), s.G, "rel", 0);
+  expect_dim(abs_.shape(0), s.G, "abs", 0);
+  expect_dim(abs_.shape(1), s.Lk, "abs", 1);
+
+  py::array_t<int64_t> idx({s.G, s.N, s.Lq});
+  py::array_t<float> value({s.G, s.N, s.Lq}), margin({s.G, s.N, s.Lq});
+  {
+    py::gil_scoped_release nogil;
+    wtc::route_hard_cpu(s, q.data(), k.data(), v.data(), q_bins.data(), k_bins.data(), W.data(),
+                        u.data(), rel.data(), abs_.data(), idx.mutable_data(),
+                        value.mutable_data(), margin.mutable_data());
+  }
+  return py::make_tuple(idx, value, margin);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "wtc CPU kernels (C++17, OpenMP)";
+  m.def("ple_encode", &ple_encode, py::arg("x"), py::arg("bins"),
+        "Piecewise linear encoding: x (...) -> (..., n_bins), float32.");
+  m.def("route_hard", &route_hard, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("q_bins"),
+        py::arg("k_bins"), py::arg("W"), py::arg("u"), py::arg("rel"), py::arg("abs"),
+        py::arg("q_offset"),
+        "Argmax routing of G heads over N sequences -> (index int64, value, margin), each (G, N, Lq).");
+  m.def("num_threads", []() { return omp_get_max_threads(); },
+        "OpenMP threads the kernels may use.");
+  m.def("set_num_threads", [](int n) { omp_set_num_threads(n); }, py::arg("n"));
+}

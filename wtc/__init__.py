@@ -1,0 +1,35 @@
+"""wtc — weights to code.
+
+Train Discrete Transformers and read them out as programs; find invariant cores; explain single
+weights. ``import wtc`` is light: torch and the native modules load on first use.
+"""
+from __future__ import annotations
+
+import importlib
+
+from wtc._native import backends
+from wtc.tasks import Task
+
+__version__ = "0.1.0"
+
+# Public names resolved on first access so `import wtc` stays cheap (no torch import).
+_LAZY = {
+    "tasks": ("wtc.tasks", None),
+    "dt": ("wtc.dt", None),
+    "DTConfig": ("wtc.dt.config", "DTConfig"),
+    "DiscreteTransformer": ("wtc.dt.model", "DiscreteTransformer"),
+    "train": ("wtc.dt.train", "train"),
+    "load": ("wtc.dt.checkpoint", "load"),
+}
+
+__all__ = ["Task", "backends", "__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'wtc' has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value

@@ -1,0 +1,161 @@
+"""The Task type: a sampler of input sequences and a target function, validated on every call."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+OUTPUT_KINDS = ("integer", "real")
+REAL_TOLERANCE = 1e-3  # max |pred - y| / (1 + |y|) for real tasks (TASKS.md)
+
+
+class TaskError(ValueError):
+    """A task definition or one of its callables is wrong; the message names the task."""
+
+
+@dataclass(frozen=True, eq=False)
+class Task:
+    """A sequence-to-sequence task.
+
+    sample(rng, n) -> (n, seq_len, n_inputs)   [(n, seq_len) allowed when n_inputs == 1]
+    target(x)      -> (n, seq_len)             [(n, seq_len, n_outputs) when n_outputs > 1]
+
+    Positions before ``valid_from`` have no defined target: they are neither trained on nor scored.
+    Integer tasks are scored by rounded accuracy, real tasks by max relative error
+    |pred - y| / (1 + |y|) <= 1e-3.
+    """
+
+    name: str
+    sample: Callable[[np.random.Generator, int], np.ndarray]
+    target: Callable[[np.ndarray], np.ndarray]
+    seq_len: int = field(kw_only=True)
+    n_inputs: int = field(default=1, kw_only=True)
+    n_outputs: int = field(default=1, kw_only=True)
+    output: str = field(default="integer", kw_only=True)
+    valid_from: int = field(default=0, kw_only=True)
+    description: str = field(default="", kw_only=True)
+
+    def __post_init__(self) -> None:
+        label = f"task {self.name!r}"
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise TaskError(f"task name must be a non-empty string, got {self.name!r}")
+        for attr in ("seq_len", "n_inputs", "n_outputs"):
+            value = getattr(self, attr)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise TaskError(f"{label}: {attr} must be a positive integer, got {value!r}")
+        if self.output not in OUTPUT_KINDS:
+            raise TaskError(f"{label}: output must be one of {OUTPUT_KINDS}, got {self.output!r}")
+        if not isinstance(self.valid_from, (int, np.integer)) or not 0 <= self.valid_from < self.seq_len:
+            raise TaskError(f"{label}: valid_from must be an integer in [0, seq_len={self.seq_len}), "
+                            f"got {self.valid_from!r}")
+        for attr in ("sample", "target"):
+            if not callable(getattr(self, attr)):
+                raise TaskError(f"{label}: {attr} must be callable, got {type(getattr(self, attr)).__name__}")
+
+    # ------------------------------------------------------------------ validated calls
+    def draw(self, rng: np.random.Generator | int, n: int) -> np.ndarray:
+        """Sample n input sequences, validated and returned as float64 (n, seq_len, n_inputs)."""
+        if not isinstance(n, (int, np.integer)) or n < 1:
+            raise TaskError(f"task {self.name!r}: n must be a positive integer, got {n!r}")
+        rng = np.random.default_rng(rng) if not isinstance(rng, np.random.Generator) else rng
+        try:
+            x = self.sample(rng, int(n))
+        except Exception as exc:  # a user callable that throws
+            raise TaskError(f"task {self.name!r}: sample(rng, {n}) raised {type(exc).__name__}: {exc}") from exc
+        return self.check_inputs(x, n=int(n), source="sample")
+
+    def check_inputs(self, x, n: int | None = None, source: str = "inputs") -> np.ndarray:
+        """Validate an input batch and return it as float64 (n, seq_len, n_inputs)."""
+        label = f"task {self.name!r}: {source}"
+        try:
+            x = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise TaskError(f"{label} is not a numeric array: {exc}") from exc
+        expected = f"(n, {self.seq_len}, {self.n_inputs})" + (f" or (n, {self.seq_len})" if self.n_inputs == 1 else "")
+        if x.ndim == 2 and self.n_inputs == 1:
+            x = x[:, :, None]
+        if x.ndim != 3 or x.shape[1:] != (self.seq_len, self.n_inputs):
+            raise TaskError(f"{label} has shape {x.shape}, expected {expected}")
+        if n is not None and x.shape[0] != n:
+            raise TaskError(f"{label} returned {x.shape[0]} sequences, {n} were requested")
+        if not np.all(np.isfinite(x)):
+            bad = np.argwhere(~np.isfinite(x))[0]
+            raise TaskError(f"{label} contains NaN or inf (first at index {tuple(int(i) for i in bad)})")
+        return x
+
+    def targets(self, x: np.ndarray) -> np.ndarray:
+        """Targets for validated inputs as float64 (n, seq_len, n_outputs); invalid positions are NaN."""
+        x = self.check_inputs(x)
+        arg = x[:, :, 0] if self.n_inputs == 1 else x
+        try:
+            y = self.target(arg.copy())
+        except Exception as exc:
+            raise TaskError(f"task {self.name!r}: target(x) raised {type(exc).__name__}: {exc}") from exc
+        label = f"task {self.name!r}: target"
+        try:
+            y = np.asarray(y, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise TaskError(f"{label} is not a numeric array: {exc}") from exc
+        n = x.shape[0]
+        if y.ndim == 2 and self.n_outputs == 1:
+            y = y[:, :, None]
+        want = (n, self.seq_len, self.n_outputs)
+        if y.shape != want:
+            shown = want[:2] if self.n_outputs == 1 else want
+            raise TaskError(f"{label} has shape {y.shape}, expected {shown}")
+        valid = y[:, self.valid_from:]
+        if not np.all(np.isfinite(valid)):
+            bad = np.argwhere(~np.isfinite(valid))[0]
+            bad[1] += self.valid_from
+            raise TaskError(f"{label} is NaN or inf at a valid position (index {tuple(int(i) for i in bad)})")
+        if self.output == "integer" and not np.all(valid == np.round(valid)):
+            raise TaskError(f"{label}: output='integer' but the target has non-integer values "
+                            f"(e.g. {valid[valid != np.round(valid)][0]!r}); use output='real'")
+        y = y.copy()
+        y[:, : self.valid_from] = np.nan
+        return y
+
+    def batch(self, rng: np.random.Generator | int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(x, y): n validated input sequences and their targets."""
+        x = self.draw(rng, n)
+        return x, self.targets(x)
+
+    # ------------------------------------------------------------------ scoring
+    def score(self, pred: np.ndarray, y: np.ndarray) -> dict:
+        """Task metric on valid positions: accuracy (integer) or max relative error (real).
+
+        pred and y may have the public shape ((n, T) or (n, T, n_outputs)) or (n, T, n_outputs).
+        """
+        pred, y = self._as_3d(pred, "prediction"), self._as_3d(y, "target")
+        if pred.shape != y.shape:
+            raise TaskError(f"task {self.name!r}: prediction shape {pred.shape} != target shape {y.shape}")
+        p, t = pred[:, self.valid_from:], y[:, self.valid_from:]
+        rel = np.abs(p - t) / (1.0 + np.abs(t))
+        rel = np.where(np.isfinite(rel), rel, np.inf)
+        out = {"max_rel_err": float(rel.max()), "mean_rel_err": float(rel.mean())}
+        if self.output == "integer":
+            hit = np.round(p) == t
+            out["accuracy"] = float(hit.mean())
+            out["sequence_accuracy"] = float(hit.reshape(len(hit), -1).all(axis=1).mean())
+            out["solved"] = out["accuracy"] == 1.0
+        else:
+            out["solved"] = out["max_rel_err"] <= REAL_TOLERANCE
+        return out
+
+    def _as_3d(self, a, what: str) -> np.ndarray:
+        a = np.asarray(a, dtype=np.float64)
+        if a.ndim == 2:
+            a = a[:, :, None]
+        if a.ndim != 3 or a.shape[1:] != (self.seq_len, self.n_outputs):
+            raise TaskError(f"task {self.name!r}: {what} has shape {a.shape}, expected "
+                            f"(n, {self.seq_len}, {self.n_outputs})")
+        return a
+
+    def public_shape(self, y: np.ndarray) -> np.ndarray:
+        """(n, T, n_outputs) -> the shape target(x) returns."""
+        return y[:, :, 0] if self.n_outputs == 1 else y
+
+    def __repr__(self) -> str:
+        return (f"Task({self.name!r}, seq_len={self.seq_len}, n_inputs={self.n_inputs}, "
+                f"n_outputs={self.n_outputs}, output={self.output!r}, valid_from={self.valid_from})")
