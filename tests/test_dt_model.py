@@ -1,0 +1,141 @@
+import numpy as np
+import pytest
+import torch
+
+from wtc.dt import ConfigError, DTConfig, DiscreteTransformer
+from wtc.dt.select import EVAL, Sampling
+
+
+def make(rng, replicas=2, **kw):
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    cfg = DTConfig(replicas=replicas, **kw)
+    return DiscreteTransformer(cfg, seq_len=kw.pop("seq_len", 7) if "seq_len" in kw else 7, n_inputs=2)
+
+
+def test_stream_names_and_shapes(rng):
+    model = make(rng, n_layers=2, n_heads=(2, 1), n_agg_heads=(1, 0), n_mlps=(1, 2))
+    assert model.variable_names == ["x0", "x1", "pos", "L0.h0", "L0.h1", "L0.a0", "L0.m0", "L1.h0", "L1.m0", "L1.m1"]
+    y, stats = model(torch.rand(5, 7, 2), Sampling.anneal(2.0, gumbel=True, straight_through=False, generator=None))
+    assert y.shape == (2, 5, 7, 1)
+
+
+@pytest.mark.parametrize("sampling", ["soft", "eval"])
+def test_causal_masking(rng, sampling):
+    """Perturbing x_s never changes outputs at t < s (pads and keys after t are masked)."""
+    model = make(rng, n_layers=2, n_heads=2, n_agg_heads=1, n_mlps=2)
+    x = torch.rand(4, 7, 2)
+    mode = Sampling(tau=0.7, hard=False) if sampling == "soft" else EVAL
+    if sampling == "eval":
+        model.freeze()
+    model.eval()
+    base, _ = model(x, mode)
+    for s in range(7):
+        x2 = x.clone()
+        x2[:, s] += torch.randn(4, 2) * 3
+        out, _ = model(x2, mode)
+        torch.testing.assert_close(out[:, :, :s], base[:, :, :s], rtol=0, atol=0)
+        if s < 6:
+            assert not torch.equal(out[:, :, s:], base[:, :, s:])
+
+
+def test_hard_limit_rows_are_one_hot(rng):
+    """As tau -> 0 the softmax rows become one-hot at the argmax of the scores."""
+    model = make(rng, n_layers=1, n_heads=3, n_mlps=1)
+    x = torch.rand(6, 7, 2)
+    attn, cache = model.blocks[0].attn, {}
+    hooks = [attn.hook_pattern.register_forward_hook(lambda m, i, o: cache.__setitem__("p", o)),
+             attn.hook_scores.register_forward_hook(lambda m, i, o: cache.__setitem__("s", o))]
+    for tau in (10.0, 1e-3, 1e-5):
+        model(x, Sampling(tau=tau, hard=False, noise=False))
+        p, s = cache["p"], cache["s"]
+        torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:-1]))
+        top2 = s.topk(2, dim=-1).values
+        separated = (top2[..., 0] - top2[..., 1]) > 50 * tau      # rows that are not near-ties
+        if tau < 1:
+            assert separated.float().mean() > (0.5 if tau > 1e-4 else 0.9)
+            assert torch.all(p.max(-1).values[separated] > 1 - 1e-6)
+            assert torch.equal(p.argmax(-1)[separated], s.argmax(-1)[separated])
+        else:
+            assert torch.all(p.max(-1).values < 0.9)
+    for h in hooks:
+        h.remove()
+
+
+def test_eval_pattern_is_argmax_of_scores(rng):
+    model = make(rng, n_layers=1, n_heads=2, n_mlps=0)
+    cache = {}
+    attn = model.blocks[0].attn
+    h1 = attn.hook_scores.register_forward_hook(lambda m, i, o: cache.__setitem__("s", o))
+    h2 = attn.hook_pattern.register_forward_hook(lambda m, i, o: cache.__setitem__("p", o))
+    model(torch.rand(5, 7, 2), EVAL)
+    h1.remove(), h2.remove()
+    one_hot = torch.zeros_like(cache["s"]).scatter_(-1, cache["s"].argmax(-1, keepdim=True), 1.0)
+    assert torch.equal(cache["p"], one_hot)
+
+
+def test_selection_freezing(rng):
+    model = make(rng, n_layers=2, n_heads=2, n_mlps=2)
+    before = model.structure(1)
+    model.freeze()
+    assert all(sel.frozen for sel in model.selectors())
+    with torch.no_grad():
+        for sel in model.selectors():
+            sel.logits.normal_()      # logits no longer matter once frozen
+    assert model.structure(1) == before
+    for sel in model.selectors():
+        w = sel(Sampling(tau=5.0, hard=False, noise=True))
+        assert torch.equal(w.sum(-1), torch.ones_like(w.sum(-1))) and set(w.unique().tolist()) == {0.0, 1.0}
+        assert not sel.logits.requires_grad
+
+
+def test_read_masks_steer_selections(rng):
+    model = make(rng, n_layers=1, n_heads=2, n_mlps=2, read={"L0.m*": ["L0.h*"], "L0.h1.v": ["x1"]})
+    attn_sel, mlp_sel = model.blocks[0].attn.select, model.blocks[0].mlp.select
+    names = mlp_sel.variable_names
+    allowed = [n for n in names if n.startswith("L0.h")]
+    for s in range(len(mlp_sel.slot_names)):
+        assert [names[v] for v in range(len(names)) if mlp_sel.mask[s, v]] == allowed
+    assert model.structure(0)["L0.h1.v"] == "x1"
+    # position is not readable by query/key slots unless qk_position=True
+    q = attn_sel.slot_names.index("L0.h0.q")
+    assert not attn_sel.mask[q, attn_sel.variable_names.index("pos")]
+    with pytest.raises(ValueError, match="no readable variable"):
+        make(rng, n_layers=1, n_heads=1, n_mlps=1, read={"L0.m0.in0": ["nothing*"]})
+
+
+def test_replica_slicing_preserves_predictions(rng):
+    model = make(rng, replicas=3, n_layers=2, n_heads=2, n_mlps=2)
+    model.freeze()
+    x = rng.uniform(0, 1, (9, 7, 2))
+    all_preds = model.predict(x, replica=-1)
+    for r in range(3):
+        np.testing.assert_allclose(model.replica(r).predict(x), all_preds[r], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="replicas"):
+        model.predict(x)
+    with pytest.raises(IndexError):
+        model.replica(3)
+
+
+def test_predict_rejects_bad_inputs(rng):
+    model = make(rng, replicas=1, n_layers=1)
+    with pytest.raises(ValueError, match=r"expected \(n, 7, 2\)"):
+        model.predict(np.zeros((3, 6, 2)))
+    with pytest.raises(ValueError, match="NaN"):
+        model.predict(np.full((3, 7, 2), np.nan))
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(n_layers=0), "n_layers"), (dict(n_heads=(1, 2, 3)), "n_heads"), (dict(tau_end=20.0), "tau_end"),
+    (dict(mlp_activation="swish"), "mlp_activation"), (dict(n_heads=0, n_mlps=0), "no modules"),
+    (dict(lr=-1.0), "lr"), (dict(read={"L0.m0": "x"}), "read"), (dict(steps=0), "steps"),
+])
+def test_config_validation(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        DTConfig(**kw)
+
+
+def test_config_roundtrip():
+    cfg = DTConfig(n_heads=(1, 2), read={"L0.m*": ["x"]})
+    assert DTConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="unknown"):
+        DTConfig.from_dict({"n_layer": 2})

@@ -1,0 +1,5 @@
+import sys
+
+from wtc.cli import main
+
+sys.exit(main())

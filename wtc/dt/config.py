@@ -1,0 +1,140 @@
+"""DTConfig: architecture, schedule and steering of a Discrete Transformer, validated on creation."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+ACTIVATIONS = ("relu", "silu", "gelu", "tanh", "relu+silu")
+
+
+class ConfigError(ValueError):
+    """A DTConfig field is out of range or inconsistent; the message names the field."""
+
+
+def _per_layer(value, n_layers: int, name: str) -> tuple[int, ...]:
+    values = (value,) * n_layers if isinstance(value, int) else tuple(value)
+    if len(values) != n_layers:
+        raise ConfigError(f"{name}: {len(values)} entries given for n_layers={n_layers}")
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+        raise ConfigError(f"{name} must be non-negative integers, got {value!r}")
+    return values
+
+
+@dataclass
+class DTConfig:
+    """Everything that defines a Discrete Transformer and how it is trained.
+
+    Architecture (per layer: pointer heads, then aggregate heads, then sub-MLPs; every module
+    appends one named scalar to the residual stream):
+      n_heads      pointer heads per layer (int, or one int per layer)
+      n_agg_heads  aggregate heads per layer: uniform mean over the causal prefix (beyond the paper)
+      n_mlps       sub-MLPs per layer; each reads `mlp_inputs` variables, `mlp_hidden` units
+      ple_bins     PLE components per variable for attention scores
+      pad          virtual positions before the start (all variables 0 there); None = seq_len - 1,
+                   so every relative offset 0..seq_len-1 has a key at every query
+    Steering (beyond the paper; the paper shows constraints change the algorithm found):
+      read         {module pattern: [variable patterns]}: which variables a selection slot may read,
+                   fnmatch patterns on slot names ("L0.h0.q", "L1.m0.in1", "*.v") and variable
+                   names ("x", "pos", "L0.h*"); slots not matched read everything allowed by default
+      qk_position  whether attention query/key slots may read the position variable. Off by default:
+                   positional routing goes through the tied relative/absolute scores instead (a free
+                   PLE(pos)^T W PLE(pos) form gives every position pair its own parameter)
+    Training:
+      steps        annealing steps (tau geometric tau_start -> tau_end, updated every step)
+      hard_steps   steps with argmax forward and straight-through gradients at lr * hard_lr_scale
+      polish_iters L-BFGS iterations on the frozen model (sub-MLPs + head, full batch), applied to
+                   the polish_top replicas with the lowest loss after the head refit
+      replicas     independent models trained side by side in one batched forward (a population:
+                   tiny models are overhead-bound, so R replicas cost far less than R runs)
+      max_attempts populations tried (new seeds) until one replica solves the task
+    """
+
+    n_layers: int = 2
+    n_heads: int | tuple[int, ...] = 2
+    n_agg_heads: int | tuple[int, ...] = 0
+    n_mlps: int | tuple[int, ...] = 2
+    mlp_inputs: int = 2
+    mlp_hidden: int = 24
+    mlp_activation: str = "relu+silu"
+    ple_bins: int = 16
+    pad: int | None = None
+    read: dict[str, list[str]] = field(default_factory=dict)
+    qk_position: bool = False
+
+    steps: int = 2000
+    hard_steps: int = 300
+    polish_iters: int = 200
+    polish_top: int = 2
+    batch_size: int = 128
+    lr: float = 1e-2
+    hard_lr_scale: float = 0.01
+    weight_decay: float = 0.0
+    tau_start: float = 10.0
+    tau_end: float = 0.1
+    gumbel: bool = True
+    straight_through: bool = False
+    replicas: int = 8
+    max_attempts: int = 4
+    eval_sequences: int = 2048
+    threads: int | None = 1
+
+    def __post_init__(self) -> None:
+        def positive(name, value, kind=int):
+            if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive {kind.__name__}, got {value!r}")
+
+        positive("n_layers", self.n_layers)
+        self.n_heads = _per_layer(self.n_heads, self.n_layers, "n_heads")
+        self.n_agg_heads = _per_layer(self.n_agg_heads, self.n_layers, "n_agg_heads")
+        self.n_mlps = _per_layer(self.n_mlps, self.n_layers, "n_mlps")
+        for name in ("mlp_inputs", "mlp_hidden", "ple_bins", "batch_size", "replicas", "max_attempts",
+                     "eval_sequences"):
+            positive(name, getattr(self, name))
+        for name in ("steps", "hard_steps", "polish_iters", "polish_top"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.steps < 1:
+            raise ConfigError("steps must be at least 1 (the annealing phase cannot be empty)")
+        for name in ("lr", "tau_start", "tau_end", "hard_lr_scale"):
+            positive(name, float(getattr(self, name)), float)
+        if self.tau_end > self.tau_start:
+            raise ConfigError(f"tau_end ({self.tau_end}) must not exceed tau_start ({self.tau_start})")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.mlp_activation not in ACTIVATIONS:
+            raise ConfigError(f"mlp_activation must be one of {ACTIVATIONS}, got {self.mlp_activation!r}")
+        if self.mlp_activation == "relu+silu" and self.mlp_hidden < 2:
+            raise ConfigError("mlp_activation='relu+silu' needs mlp_hidden >= 2")
+        if self.pad is not None and (not isinstance(self.pad, int) or self.pad < 0):
+            raise ConfigError(f"pad must be None or a non-negative integer, got {self.pad!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ConfigError(f"threads must be None or a positive integer, got {self.threads!r}")
+        if not isinstance(self.read, dict) or not all(
+                isinstance(k, str) and isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v)
+                for k, v in self.read.items()):
+            raise ConfigError("read must map slot patterns (str) to lists of variable patterns (str)")
+        self.read = {k: list(v) for k, v in self.read.items()}
+        if all(h + a + m == 0 for h, a, m in zip(self.n_heads, self.n_agg_heads, self.n_mlps)):
+            raise ConfigError("the model has no modules: set n_heads, n_agg_heads or n_mlps")
+
+    def replace(self, **changes) -> "DTConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        for key in ("n_heads", "n_agg_heads", "n_mlps"):
+            d[key] = list(d[key])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DTConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown DTConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)

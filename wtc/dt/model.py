@@ -1,0 +1,286 @@
+"""The Discrete Transformer: a residual stream of named scalars, routing-only attention,
+sub-MLP operators and a linear head; R independent replicas side by side.
+
+Stream: per position, the inputs (x or x0, x1, ...), the position pos = t / (T - 1), then each
+module's output appended by concatenation (never added), in order L0.h*, L0.a*, L0.m*, L1.h*, ...
+Model units: inputs are scaled to [0, 1] by the data range seen at fit_normalization; every other
+variable is in the units its module produces. `pad` virtual positions precede the sequence, where
+every variable equals 0 in program units ("before the start values are 0").
+
+Shapes: R replicas, B sequences, T positions, P pads, L = P + T, V variables, N PLE bins.
+"""
+from __future__ import annotations
+
+import fnmatch
+
+import numpy as np
+import torch
+from torch import nn
+
+from wtc.dt.attention import Attention
+from wtc.dt.config import DTConfig
+from wtc.dt.hooks import HookPoint
+from wtc.dt.select import EVAL, Sampling
+from wtc.dt.submlp import SubMLPs
+
+RANGE_MOMENTUM = 0.05
+PER_REPLICA_BUFFERS = ("var_lo", "var_hi", "frozen_index")  # leading axis R, like parameters
+
+
+def read_mask(slots: list[str], variables: list[str], config: DTConfig) -> torch.Tensor:
+    """(S, V) bool: which variables each slot may read (DTConfig.read and qk_position)."""
+    mask = torch.ones(len(slots), len(variables), dtype=torch.bool)
+    for s, slot in enumerate(slots):
+        if not config.qk_position and slot.endswith((".q", ".k")) and "pos" in variables:
+            mask[s, variables.index("pos")] = False
+        for pattern, allowed in config.read.items():
+            if fnmatch.fnmatchcase(slot, pattern):
+                mask[s] = torch.tensor([any(fnmatch.fnmatchcase(v, a) for a in allowed) for v in variables])
+    return mask
+
+
+class Block(nn.Module):
+    def __init__(self, attn: Attention | None, mlp: SubMLPs | None):
+        super().__init__()
+        self.attn, self.mlp = attn, mlp
+        self.hook_resid_post = HookPoint()   # (R, B, L, V) after this block
+
+
+class DiscreteTransformer(nn.Module):
+    def __init__(self, config: DTConfig, *, seq_len: int, n_inputs: int = 1, n_outputs: int = 1,
+                 replicas: int | None = None):
+        super().__init__()
+        if seq_len < 1 or n_inputs < 1 or n_outputs < 1:
+            raise ValueError(f"seq_len, n_inputs, n_outputs must be >= 1, got {seq_len}, {n_inputs}, {n_outputs}")
+        self.config = config
+        self.seq_len, self.n_inputs, self.n_outputs = seq_len, n_inputs, n_outputs
+        self.R = R = replicas or config.replicas
+        self.P = seq_len - 1 if config.pad is None else config.pad
+        self.input_names = ["x"] if n_inputs == 1 else [f"x{i}" for i in range(n_inputs)]
+        names = self.input_names + ["pos"]
+        blocks = []
+        for layer in range(config.n_layers):
+            attn = mlp = None
+            H, A, M = config.n_heads[layer], config.n_agg_heads[layer], config.n_mlps[layer]
+            mask_fn = lambda slots, variables: read_mask(slots, variables, config)  # noqa: E731
+            if H + A:
+                attn = Attention(layer, R, H, A, config.ple_bins, seq_len, self.P, names, mask_fn)
+                names = names + attn.output_names
+            if M:
+                mlp = SubMLPs(layer, R, M, config.mlp_inputs, config.mlp_hidden, config.mlp_activation,
+                              names, mask_fn)
+                names = names + mlp.names
+            blocks.append(Block(attn, mlp))
+        self.blocks = nn.ModuleList(blocks)
+        self.variable_names = names
+        V, n_fixed = len(names), n_inputs + 1
+        self.W_out = nn.Parameter(0.1 * torch.randn(R, V, n_outputs) / V ** 0.5)
+        self.b_out = nn.Parameter(torch.zeros(R, n_outputs))
+        # inputs and pos live on [0, 1]; module outputs get ranges tracked during training (PLE bins)
+        self.register_buffer("var_lo", torch.zeros(R, V))
+        self.register_buffer("var_hi", torch.ones(R, V))
+        self.register_buffer("x_lo", torch.zeros(n_inputs))
+        self.register_buffer("x_scale", torch.ones(n_inputs))
+        self.register_buffer("y_mean", torch.zeros(n_outputs))
+        self.register_buffer("y_scale", torch.ones(n_outputs))
+        self.register_buffer("frozen", torch.tensor(False))
+        self.n_fixed = n_fixed
+        self.hook_stream = HookPoint()   # (R, B, L, V): the whole final stream, pads included
+        self.hook_out = HookPoint()      # (R, B, T, O): normalised predictions
+
+    # ------------------------------------------------------------------ normalisation
+    @torch.no_grad()
+    def fit_normalization(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Input ranges and target moments from raw data x (n, T, n_in), y (n, T, O; NaN = invalid)."""
+        lo, hi = x.min(axis=(0, 1)), x.max(axis=(0, 1))
+        scale = np.where(hi > lo, hi - lo, 1.0)
+        self.x_lo.copy_(torch.as_tensor(lo, dtype=torch.float32))
+        self.x_scale.copy_(torch.as_tensor(scale, dtype=torch.float32))
+        flat = y.reshape(-1, y.shape[-1])
+        mean, std = np.nanmean(flat, axis=0), np.nanstd(flat, axis=0)
+        self.y_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
+        self.y_scale.copy_(torch.as_tensor(np.where(std > 1e-12, std, 1.0), dtype=torch.float32))
+
+    def normalize_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.x_lo) / self.x_scale
+
+    def normalize_targets(self, y: torch.Tensor) -> torch.Tensor:
+        return (y - self.y_mean) / self.y_scale
+
+    def denormalize_outputs(self, y: torch.Tensor) -> torch.Tensor:
+        return y * self.y_scale + self.y_mean
+
+    # ------------------------------------------------------------------ forward
+    def initial_stream(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised inputs (B, T, n_in) -> stream (R, B, L, n_in + 1) with the pads in front."""
+        B, T, _ = x.shape
+        if T != self.seq_len:
+            raise ValueError(f"inputs have {T} positions, the model was built for seq_len={self.seq_len}")
+        pad_value = (0.0 - self.x_lo) / self.x_scale                            # raw 0 in model units
+        inputs = torch.cat([pad_value.expand(B, self.P, -1), x], dim=1)         # (B, L, n_in)
+        pos = torch.arange(T, dtype=x.dtype, device=x.device) / max(T - 1, 1)
+        pos = torch.cat([torch.zeros(self.P, dtype=x.dtype, device=x.device), pos])
+        stream = torch.cat([inputs, pos.expand(B, -1).unsqueeze(-1)], dim=-1)  # (B, L, V0)
+        return stream.expand(self.R, -1, -1, -1)
+
+    def _append(self, stream: torch.Tensor, new: torch.Tensor, track: bool) -> torch.Tensor:
+        """Append module outputs new (R, B, T, n) with zeros at the pads; track their ranges."""
+        V, n = stream.shape[-1], new.shape[-1]
+        if track:
+            with torch.no_grad():
+                lo, hi = new.amin(dim=(1, 2)), new.amax(dim=(1, 2))              # (R, n)
+                m = RANGE_MOMENTUM if track == "ema" else 1.0
+                self.var_lo[:, V:V + n].lerp_(lo, m)
+                self.var_hi[:, V:V + n].lerp_(hi, m)
+        pads = new.new_zeros(new.shape[0], new.shape[1], self.P, n)
+        return torch.cat([stream, torch.cat([pads, new], dim=2)], dim=-1)
+
+    def forward(self, x: torch.Tensor, sampling: Sampling = EVAL, *, track_ranges: bool | str = False):
+        """Normalised inputs x (B, T, n_in) -> (normalised predictions (R, B, T, O), stats dict).
+
+        track_ranges: False, "ema" (training) or "set" (calibration) for module-output ranges.
+        """
+        track = track_ranges if not bool(self.frozen) else False
+        stream = self.initial_stream(x)
+        stats: dict[str, list] = {"attn_entropy": []}
+        for block in self.blocks:
+            if block.attn is not None:
+                V = stream.shape[-1]
+                lo, span = self.var_lo[:, None, None, :V], (self.var_hi - self.var_lo)[:, None, None, :V]
+                unit = (stream - lo) / span.clamp(min=1e-6)                      # (R, B, L, V) on [0, 1]
+                z, s = block.attn(stream, unit, sampling)                        # (R, B, H+A, T)
+                if "attn_entropy" in s:
+                    stats["attn_entropy"].append(s["attn_entropy"])
+                stream = self._append(stream, z.transpose(2, 3), track)
+            if block.mlp is not None:
+                m = block.mlp(stream[:, :, self.P:], sampling)                   # (R, B, T, M)
+                stream = self._append(stream, m, track)
+            stream = block.hook_resid_post(stream)
+        stream = self.hook_stream(stream)
+        y = torch.einsum("rbtv,rvo->rbto", stream[:, :, self.P:], self.W_out) + self.b_out[:, None, None]
+        return self.hook_out(y), stats
+
+    def final_stream(self, x: torch.Tensor, sampling: Sampling = EVAL) -> torch.Tensor:
+        """Normalised inputs (B, T, n_in) -> the final stream (R, B, L, V) the head reads."""
+        captured = []
+        handle = self.hook_stream.register_forward_hook(lambda mod, inp, out: captured.append(out))
+        try:
+            self(x, sampling)
+        finally:
+            handle.remove()
+        return captured[0]
+
+    # ------------------------------------------------------------------ discrete structure
+    def selectors(self):
+        for block in self.blocks:
+            for module in (block.attn, block.mlp):
+                if module is not None:
+                    yield module.select
+
+    @torch.no_grad()
+    def freeze(self) -> None:
+        """Fix every selection to its argmax; attention is evaluated as argmax pointers from now on."""
+        for sel in self.selectors():
+            sel.freeze()
+        self.frozen.fill_(True)
+
+    def structure(self, replica: int = 0) -> dict[str, str]:
+        """{read slot: chosen variable} (the argmax, or the frozen choice)."""
+        out = {}
+        for sel in self.selectors():
+            out.update(sel.chosen(replica))
+        return out
+
+    def replica(self, i: int) -> "DiscreteTransformer":
+        """A single-replica model holding replica i (parameters and buffers copied)."""
+        return self.select_replicas([i])
+
+    def select_replicas(self, indices: list[int]) -> "DiscreteTransformer":
+        bad = [i for i in indices if not 0 <= i < self.R]
+        if bad or not indices:
+            raise IndexError(f"replica indices {indices} out of range for R={self.R}")
+        new = DiscreteTransformer(self.config, seq_len=self.seq_len, n_inputs=self.n_inputs,
+                                  n_outputs=self.n_outputs, replicas=len(indices))
+        per_replica = self._per_replica_names()
+        ix = torch.as_tensor(indices)
+        target = {key: (value[ix] if key in per_replica else value).clone()
+                  for key, value in self.state_dict().items()}
+        new.load_state_dict(target)
+        if bool(new.frozen):
+            for sel in new.selectors():
+                sel.logits.requires_grad_(False)
+        return new.train(self.training)
+
+    @torch.no_grad()
+    def assign_replicas(self, indices: list[int], source: "DiscreteTransformer") -> None:
+        """Copy the replicas of `source` into positions `indices` of this model."""
+        if source.R != len(indices):
+            raise ValueError(f"source holds {source.R} replicas, {len(indices)} indices given")
+        ix = torch.as_tensor(indices)
+        own = dict(self.named_parameters()) | dict(self.named_buffers())
+        for name, value in list(source.named_parameters()) + list(source.named_buffers()):
+            if name in self._per_replica_names():
+                own[name][ix] = value
+
+    def _per_replica_names(self) -> set[str]:
+        names = {name for name, _ in self.named_parameters()}
+        return names | {name for name, _ in self.named_buffers() if name.endswith(PER_REPLICA_BUFFERS)}
+
+    # ------------------------------------------------------------------ numpy API
+    def check_inputs(self, x) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim == 2 and self.n_inputs == 1:
+            x = x[:, :, None]
+        if x.ndim != 3 or x.shape[1:] != (self.seq_len, self.n_inputs):
+            raise ValueError(f"x has shape {x.shape}, expected (n, {self.seq_len}, {self.n_inputs})"
+                             + (f" or (n, {self.seq_len})" if self.n_inputs == 1 else ""))
+        if not np.all(np.isfinite(x)):
+            raise ValueError("x contains NaN or inf")
+        return x
+
+    @torch.no_grad()
+    def predict(self, x, *, replica: int | None = None, batch_size: int = 8192) -> np.ndarray:
+        """Hard (argmax) predictions in task units: the shape target(x) returns.
+
+        A population (R > 1) needs `replica`, or replica=-1 for all: (R, n, T[, O]).
+        """
+        if self.R > 1 and replica is None:
+            raise ValueError(f"this model holds {self.R} replicas: pass replica=i (or -1 for all)")
+        x = self.check_inputs(x)
+        was_training = self.training
+        self.eval()
+        try:
+            from wtc import _native
+            sampling = Sampling(native=bool(self.frozen) and _native.use_native_cpu())
+            outs = []
+            for start in range(0, len(x), batch_size):
+                xb = self.normalize_inputs(torch.as_tensor(x[start:start + batch_size], dtype=torch.float32))
+                outs.append(self.denormalize_outputs(self(xb, sampling)[0]))
+            y = torch.cat(outs, dim=1).double().numpy()                          # (R, n, T, O)
+        finally:
+            self.train(was_training)
+        if self.n_outputs == 1:
+            y = y[..., 0]
+        return y if replica == -1 else y[0 if replica is None else replica]
+
+    @torch.no_grad()
+    def run_with_cache(self, x, *, replica: int | None = None) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+        """Hard predictions plus every hook's value ({'blocks.0.attn.hook_pattern': ..., ...})."""
+        cache: dict[str, torch.Tensor] = {}
+        handles = [m.register_forward_hook(lambda mod, inp, out, name=name: cache.__setitem__(name, out.detach()))
+                   for name, m in self.named_modules() if isinstance(m, HookPoint)]
+        try:
+            x = self.check_inputs(x)
+            was_training = self.training
+            self.eval()
+            y, _ = self(self.normalize_inputs(torch.as_tensor(x, dtype=torch.float32)), EVAL)
+            self.train(was_training)
+        finally:
+            for h in handles:
+                h.remove()
+        y = self.denormalize_outputs(y).double().numpy()
+        y = y[..., 0] if self.n_outputs == 1 else y
+        if replica is not None:
+            y = y[replica]
+            cache = {k: v[replica:replica + 1] for k, v in cache.items()}
+        return y, cache
