@@ -7,9 +7,15 @@ from wtc.dt.select import EVAL, Sampling
 
 
 def make(rng, replicas=2, **kw):
+    """A random model whose content and positional scores are all non-trivial (as after training)."""
     torch.manual_seed(int(rng.integers(1 << 31)))
-    cfg = DTConfig(replicas=replicas, **kw)
-    return DiscreteTransformer(cfg, seq_len=kw.pop("seq_len", 7) if "seq_len" in kw else 7, n_inputs=2)
+    model = DiscreteTransformer(DTConfig(replicas=replicas, **kw), seq_len=7, n_inputs=2)
+    with torch.no_grad():
+        for block in model.blocks:
+            if block.attn is not None:
+                for p in (block.attn.W, block.attn.u, block.attn.rel, block.attn.abs):
+                    p.normal_()
+    return model
 
 
 def test_stream_names_and_shapes(rng):
@@ -83,8 +89,11 @@ def test_selection_freezing(rng):
             sel.logits.normal_()      # logits no longer matter once frozen
     assert model.structure(1) == before
     for sel in model.selectors():
-        w = sel(Sampling(tau=5.0, hard=False, noise=True))
-        assert torch.equal(w.sum(-1), torch.ones_like(w.sum(-1))) and set(w.unique().tolist()) == {0.0, 1.0}
+        choice = sel(Sampling(tau=5.0, hard=False, noise=True))   # noise and tau are ignored
+        assert torch.equal(choice.index, sel.frozen_index) and choice.weights is None
+        values = torch.randn(2, 3, len(sel.variable_names))
+        expected = torch.stack([values[r][:, sel.frozen_index[r]] for r in range(2)])
+        assert torch.equal(choice.read(values), expected)
         assert not sel.logits.requires_grad
 
 

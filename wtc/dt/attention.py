@@ -25,7 +25,7 @@ from torch import nn
 from wtc import _native
 from wtc.dt.hooks import HookPoint
 from wtc.dt.ple import ple_uniform
-from wtc.dt.select import Sampling, Selector, entropy, gumbel_like, relaxed_one_hot
+from wtc.dt.select import Choice, Sampling, Selector, entropy, gumbel_like, relaxed_one_hot
 
 
 class Attention(nn.Module):
@@ -42,8 +42,9 @@ class Attention(nn.Module):
         slots = ([f"{n}.q" for n in self.head_names] + [f"{n}.k" for n in self.head_names]
                  + [f"{n}.v" for n in self.head_names] + [f"{n}.v" for n in self.agg_names])
         self.select = Selector(R, slots, variable_names, mask_fn(slots, variable_names))
-        self.W = nn.Parameter(0.1 * torch.randn(R, H, N, N))
-        self.u = nn.Parameter(0.1 * torch.randn(R, H, N))
+        # content scores start neutral: a head routes by position unless content pays off
+        self.W = nn.Parameter(torch.zeros(R, H, N, N))
+        self.u = nn.Parameter(torch.zeros(R, H, N))
         self.rel = nn.Parameter(0.1 * torch.randn(R, H, L))   # offsets 0 .. L-1
         self.abs = nn.Parameter(0.1 * torch.randn(R, H, L))   # key positions (pads first)
         i = torch.arange(seq_len)[:, None] + pad
@@ -53,21 +54,21 @@ class Attention(nn.Module):
         self.hook_scores = HookPoint()    # (R, B, H, T, L)
         self.hook_pattern = HookPoint()   # (R, B, H, T, L)
         self.hook_z = HookPoint()         # (R, B, H + A, T): routed values
+        self.pinned: torch.Tensor | None = None   # (R, B, H, T) key indices, see pin_pointers()
 
     @property
     def output_names(self) -> list[str]:
         return self.head_names + self.agg_names
 
-    def scores(self, unit: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
-        """unit (R, B, L, V) every variable scaled to [0, 1] by its range, sel (R, S, V)
-        -> scores (R, B, H, T, L).
+    def scores(self, unit: torch.Tensor, choice: Choice) -> torch.Tensor:
+        """unit (R, B, L, V) every variable scaled to [0, 1] by its range -> scores (R, B, H, T, L).
 
         Soft selections mix the scaled values, then encode (PLE of the mixture): once the choice
         is one-hot this is exactly PLE of the chosen variable with uniform bins over its range.
         """
         H, P, N = self.H, self.P, self.W.shape[-1]
-        zq = torch.einsum("rbtv,rhv->rbht", unit[:, :, P:], sel[:, :H])      # (R, B, H, T)
-        zk = torch.einsum("rblv,rhv->rbhl", unit, sel[:, H:2 * H])          # (R, B, H, L)
+        zq = choice.read(unit[:, :, P:], slice(0, H)).transpose(2, 3)        # (R, B, H, T)
+        zk = choice.read(unit, slice(H, 2 * H)).transpose(2, 3)              # (R, B, H, L)
         enc_q, enc_k = ple_uniform(zq, N), ple_uniform(zk, N)                # (..., N)
         proj = enc_q @ self.W[:, None] + self.u[:, None, :, None, :]         # (R, B, H, T, N)
         s = proj @ enc_k.transpose(-1, -2)                                   # (R, B, H, T, L)
@@ -78,21 +79,24 @@ class Attention(nn.Module):
         """stream (R, B, L, V) in model units and `unit`, the same scaled to [0, 1] per variable
         -> outputs (R, B, H + A, T), stats."""
         H, A, P = self.H, self.A, self.P
-        sel = self.select(sampling)                                          # (R, S, V)
+        choice = self.select(sampling)
         outs, stats = [], {}
         if H:
-            if sampling.native and self.select.frozen and _native.use_native_cpu() and not stream.is_cuda:
+            if self.pinned is not None:
+                val = choice.read(stream, slice(2 * H, 3 * H)).transpose(2, 3)   # (R, B, H, L)
+                outs.append(val.gather(-1, self.pinned))
+            elif sampling.native and self.select.frozen and _native.use_native_cpu() and not stream.is_cuda:
                 outs.append(self._route_native(stream, unit))
             else:
-                s = self.hook_scores(self.scores(unit, sel))
+                s = self.hook_scores(self.scores(unit, choice))
                 attn = self._attend(s, sampling)
                 if sampling.stats:  # training log: how far heads are from hard pointers
                     stats["attn_entropy"] = entropy(torch.softmax(s.detach() / sampling.tau, -1)).mean(dim=(1, 3))
                 attn = self.hook_pattern(attn)
-                val = torch.einsum("rblv,rhv->rbhl", stream, sel[:, 2 * H:3 * H])
+                val = choice.read(stream, slice(2 * H, 3 * H)).transpose(2, 3)   # (R, B, H, L)
                 outs.append((attn @ val.unsqueeze(-1)).squeeze(-1))             # (R, B, H, T)
         if A:
-            val = torch.einsum("rbtv,rav->rbat", stream[:, :, P:], sel[:, 3 * H:])
+            val = choice.read(stream[:, :, P:], slice(3 * H, None)).transpose(2, 3)  # (R, B, A, T)
             count = torch.arange(1, self.T + 1, dtype=val.dtype, device=val.device)
             outs.append(val.cumsum(-1) / count)
         return self.hook_z(torch.cat(outs, dim=2)), stats

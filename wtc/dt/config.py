@@ -43,8 +43,7 @@ class DTConfig:
     Training:
       steps        annealing steps (tau geometric tau_start -> tau_end, updated every step)
       hard_steps   steps with argmax forward and straight-through gradients at lr * hard_lr_scale
-      polish_iters L-BFGS iterations on the frozen model (sub-MLPs + head, full batch), applied to
-                   the polish_top replicas with the lowest loss after the head refit
+      polish_iters L-BFGS iterations on the frozen model (sub-MLPs + head, full batch)
       replicas     independent models trained side by side in one batched forward (a population:
                    tiny models are overhead-bound, so R replicas cost far less than R runs)
       max_attempts populations tried (new seeds) until one replica solves the task
@@ -65,7 +64,6 @@ class DTConfig:
     steps: int = 2000
     hard_steps: int = 300
     polish_iters: int = 200
-    polish_top: int = 2
     batch_size: int = 128
     lr: float = 1e-2
     hard_lr_scale: float = 0.01
@@ -91,7 +89,7 @@ class DTConfig:
         for name in ("mlp_inputs", "mlp_hidden", "ple_bins", "batch_size", "replicas", "max_attempts",
                      "eval_sequences"):
             positive(name, getattr(self, name))
-        for name in ("steps", "hard_steps", "polish_iters", "polish_top"):
+        for name in ("steps", "hard_steps", "polish_iters"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")

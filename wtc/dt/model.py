@@ -11,6 +11,7 @@ Shapes: R replicas, B sequences, T positions, P pads, L = P + T, V variables, N 
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 
 import numpy as np
@@ -169,6 +170,31 @@ class DiscreteTransformer(nn.Module):
         finally:
             handle.remove()
         return captured[0]
+
+    @contextlib.contextmanager
+    def pinned_pointers(self, x: torch.Tensor):
+        """Within the block, pointer heads reuse the argmax keys they pick on inputs x now.
+
+        Pointers are piecewise constant in the parameters, so continuous refits (polish) can hold
+        them fixed and skip the scores entirely; callers re-check the model afterwards.
+        """
+        captured = {}
+        attns = [b.attn for b in self.blocks if b.attn is not None and b.attn.H]
+        hooks = [a.hook_pattern.register_forward_hook(lambda mod, i, o, a=a: captured.__setitem__(a, o.argmax(-1)))
+                 for a in attns]
+        try:
+            with torch.no_grad():
+                self(x, EVAL)
+        finally:
+            for h in hooks:
+                h.remove()
+        for a in attns:
+            a.pinned = captured[a]
+        try:
+            yield self
+        finally:
+            for a in attns:
+                a.pinned = None
 
     # ------------------------------------------------------------------ discrete structure
     def selectors(self):

@@ -69,6 +69,22 @@ def entropy(p: torch.Tensor) -> torch.Tensor:
     return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
 
 
+class Choice:
+    """The outcome of a Selector for one forward pass: soft weights (R, S, V), or indices (R, S)
+    once frozen (reads become gathers instead of contractions over V)."""
+
+    def __init__(self, weights: torch.Tensor | None = None, index: torch.Tensor | None = None):
+        self.weights, self.index = weights, index
+
+    def read(self, values: torch.Tensor, slots: slice = slice(None)) -> torch.Tensor:
+        """values (R, ..., V) -> the chosen (or mixed) variables per slot (R, ..., S')."""
+        if self.index is not None:
+            ix = self.index[:, slots]                                            # (R, S')
+            ix = ix.view(ix.shape[0], *([1] * (values.ndim - 2)), ix.shape[1])
+            return values.gather(-1, ix.expand(*values.shape[:-1], ix.shape[-1]))
+        return torch.einsum("r...v,rsv->r...s", values, self.weights[:, slots])
+
+
 class Selector(nn.Module):
     """S read slots of R replicas choosing among V variables: logits (R, S, V), mask (S, V)."""
 
@@ -101,14 +117,14 @@ class Selector(nn.Module):
         """The chosen variable per slot (frozen, else the argmax): (R, S)."""
         return self.frozen_index if self.frozen else self.masked_logits().argmax(-1)
 
-    def forward(self, sampling: Sampling) -> torch.Tensor:
-        """Selection weights (R, S, V): one-hot once frozen."""
+    def forward(self, sampling: Sampling) -> Choice:
+        """This pass's choice: indices once frozen, else (relaxed) one-hot weights (R, S, V)."""
         if self.frozen:
-            return torch.zeros_like(self.logits).scatter_(-1, self.frozen_index.unsqueeze(-1), 1.0)
+            return Choice(index=self.frozen_index)
         logits = self.masked_logits()
         noise = gumbel_like(logits, sampling.generator) if sampling.noise else None
-        return relaxed_one_hot(logits, sampling.tau, hard=sampling.hard, noise=noise,
-                               straight_through=sampling.straight_through)
+        return Choice(weights=relaxed_one_hot(logits, sampling.tau, hard=sampling.hard, noise=noise,
+                                              straight_through=sampling.straight_through))
 
     @torch.no_grad()
     def freeze(self) -> None:

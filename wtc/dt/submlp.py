@@ -52,7 +52,6 @@ class SubMLPs(nn.Module):
 
     def forward(self, stream: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         """stream (R, B, T, V) at real positions -> outputs (R, B, T, M)."""
-        R = stream.shape[0]
-        sel = self.select(sampling).reshape(R, self.M, self.k, -1)           # (R, M, k, V)
-        inputs = self.hook_pre(torch.einsum("rbtv,rmkv->rbtmk", stream, sel))
+        inputs = self.select(sampling).read(stream)                            # (R, B, T, M*k)
+        inputs = self.hook_pre(inputs.unflatten(-1, (self.M, self.k)))
         return self.hook_post(self.evaluate(inputs))

@@ -26,7 +26,7 @@ from wtc.dt.select import EVAL, Sampling, entropy
 CHECKPOINT_EVERY = 250   # steps between training-state checkpoints (when a directory is given)
 LOG_EVERY = 10           # steps between history records (entropies cost a softmax over every head)
 FIT_SEQUENCES = 2048     # sequences for normalisation and the head refit
-POLISH_SEQUENCES = 1024  # full batch of the L-BFGS polish
+POLISH_SEQUENCES = 1024  # full batch of the L-BFGS polish (10k positions)
 
 
 @contextlib.contextmanager
@@ -144,15 +144,9 @@ class Attempt:
         self.model.eval()
         x, y, valid = self.fit_data[:3]
         refit_head(self.model, x, y, valid)
-        if self.config.polish_iters and self.config.polish_top:
-            # polish only the most promising replicas: L-BFGS on all R would dominate the run time
-            with torch.no_grad():
-                mse = masked_mse(self.model(x, EVAL)[0], y, valid)
-            top = mse.argsort()[: self.config.polish_top].tolist()
-            sub = self.model.select_replicas(top)
+        if self.config.polish_iters:
             n = POLISH_SEQUENCES
-            polish(sub, x[:n], y[:n], valid[:n], iters=self.config.polish_iters)
-            self.model.assign_replicas(top, sub)
+            polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters)
         self.phase = "done"
 
     def evaluate(self, n: int) -> list[dict]:
@@ -221,28 +215,30 @@ def refit_head(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, val
 
 
 def polish(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor, iters: int) -> None:
-    """Full-batch L-BFGS on the sub-MLPs and head of the frozen model (pointers fixed by argmax)."""
+    """Full-batch L-BFGS on the sub-MLPs and head of the frozen model, pointers pinned.
+
+    Replicas are independent, so the objective is the sum of each replica's loss relative to its
+    starting loss (one replica's scale cannot dominate the shared line search). A replica that
+    ends worse than it started (including after re-evaluating the pointers) is restored.
+    """
     params = [p for b in model.blocks if b.mlp is not None
               for p in (b.mlp.W1, b.mlp.b1, b.mlp.W2, b.mlp.b2)] + [model.W_out, model.b_out]
     before = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        start = masked_mse(model(x, EVAL)[0], y, valid)
+    scale = start.clamp(min=1e-12)
     opt = torch.optim.LBFGS(params, lr=1.0, max_iter=iters, history_size=20,
                             tolerance_grad=1e-12, tolerance_change=1e-14, line_search_fn="strong_wolfe")
+    with model.pinned_pointers(x):
+        def closure():
+            opt.zero_grad()
+            loss = (masked_mse(model(x, EVAL)[0], y, valid) / scale).sum()
+            loss.backward()
+            return loss
 
-    def per_replica() -> torch.Tensor:
-        return masked_mse(model(x, EVAL)[0], y, valid)
-
+        opt.step(closure)
     with torch.no_grad():
-        start = per_replica()
-
-    def closure():
-        opt.zero_grad()
-        loss = per_replica().sum()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    with torch.no_grad():   # never let the polish make a replica worse
-        end = per_replica()
+        end = masked_mse(model(x, EVAL)[0], y, valid)
         worse = ~(end <= start)
         for p, b in zip(params, before):
             p[worse] = b[worse]

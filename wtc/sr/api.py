@@ -1,0 +1,103 @@
+"""The functional entry point: ``fit(X, y, names=..., tol=...) -> Fit``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy as sp
+
+from wtc.sr import search
+from wtc.sr.data import TOL_FACTOR, check_inputs, prepare
+from wtc.sr.expr import evaluate, to_str
+from wtc.sr.select import Row, boolean_canonical, choose, equation_str, sympy_form, table
+
+DEFAULT_MAX_COMPLEXITY = 20
+
+
+@dataclass
+class Fit:
+    """The answer of a symbolic regression.
+
+    expr         simplified sympy expression over the input names (exact rational constants)
+    equation     readable text of expr (short decimals: 100 - 4.905*t**2)
+    exact        True when the formula meets the tolerance: its rmse over all points is at most
+                 ``tolerance`` (then it is the simplest such formula found)
+    complexity   node count of the formula as found (constants, variables and operators)
+    loss, rmse   mean squared error and its root over all points; max_abs_err, r2 likewise
+    tolerance    the absolute rmse a formula had to reach; noise (std) and noise_method say where
+                 it came from ('tol' when given, else 'replicates' or 'local-quadratic')
+    candidates   the Pareto table (list of Row: complexity, loss, score, equation, expr, passes)
+    """
+    expr: sp.Expr
+    equation: str
+    exact: bool
+    complexity: int
+    loss: float
+    rmse: float
+    max_abs_err: float
+    r2: float
+    tolerance: float
+    noise: float
+    noise_method: str
+    candidates: list = field(repr=False)
+    names: tuple = ()
+    operators: tuple = ()
+    seconds: float = 0.0
+    timed_out: bool = False
+    backend: str = "builtin"
+    tree: tuple | None = field(default=None, repr=False)
+
+    def predict(self, X) -> np.ndarray:
+        """Evaluate the formula on X (n, k) or (n,)."""
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim == 1:
+            X = X[:, None]
+        if X.ndim != 2 or X.shape[1] != len(self.names):
+            raise ValueError(f"X must have shape (n, {len(self.names)}), got {X.shape}")
+        syms = tuple(sp.Symbol(s) for s in self.names)
+        f = sp.lambdify(syms, self.expr, modules="numpy")
+        with np.errstate(all="ignore"):
+            out = f(*[X[:, i] for i in range(X.shape[1])])
+        return np.broadcast_to(np.asarray(out, dtype=np.float64), (len(X),)).copy()
+
+    def __str__(self) -> str:
+        flag = "exact" if self.exact else "NOT within tolerance"
+        return (f"{self.equation}   [{flag}; complexity {self.complexity}, rmse {self.rmse:.3g}, "
+                f"max|err| {self.max_abs_err:.3g}, tolerance {self.tolerance:.3g}]")
+
+
+def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEFAULT_MAX_COMPLEXITY,
+        operators=None, time_limit: float | None = None, random_state: int | None = 0) -> Fit:
+    """Find the simplest formula y = f(X) within the tolerance. See ``wtc.sr`` for details."""
+    X, y, names = check_inputs(X, y, names)
+    if not isinstance(max_complexity, (int, np.integer)) or max_complexity < 1:
+        raise ValueError(f"max_complexity must be a positive integer, got {max_complexity!r}")
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"time_limit must be positive seconds or None, got {time_limit!r}")
+    rng = np.random.default_rng(random_state)
+    data = prepare(X, y, names, tol, rng)
+    levels = search.op_levels(operators)  # validates the operator names before any work
+    cands, log = search.run(data, max_complexity=int(max_complexity), operators=operators,
+                            time_limit=time_limit, rng=rng)
+    best = choose(cands, int(max_complexity))
+    syms = tuple(sp.Symbol(s) for s in names)
+    binary = [syms[i] for i in data.binary]
+    expr = sympy_form(best.tree, syms, binary)
+    if len(binary) == len(syms):
+        expr = boolean_canonical(expr, syms)
+    pred = np.broadcast_to(evaluate(best.tree, [X[:, i] for i in range(X.shape[1])]), y.shape)
+    resid = y - pred
+    sst = float(np.sum((y - y.mean()) ** 2))
+    sse = float(np.sum(resid**2))
+    return Fit(
+        expr=expr, equation=equation_str(expr), exact=bool(best.passes), complexity=best.complexity,
+        loss=sse / len(y), rmse=float(np.sqrt(sse / len(y))),
+        max_abs_err=float(np.max(np.abs(resid))), r2=1.0 - sse / sst if sst > 0 else float(sse == 0),
+        tolerance=data.thr, noise=data.sigma if data.sigma_method != "tol" else data.sigma * TOL_FACTOR,
+        noise_method=data.sigma_method, candidates=table(cands, syms, binary, int(max_complexity)),
+        names=names, operators=log.levels_tried[-1] if log.levels_tried else levels[0],
+        seconds=log.seconds, timed_out=log.timed_out, tree=best.tree,
+    )
+
+
+__all__ = ["Fit", "Row", "fit", "to_str"]

@@ -1,0 +1,188 @@
+"""Snapping fitted constants to the simplest number a person would write.
+
+Given an estimate ``theta`` and its standard error, :func:`simplest_in` returns the cheapest number
+inside ``[theta - z*se, theta + z*se]``, where the cost is the count of digits one writes:
+0 and small integers, short decimals (4.905, 9.81), small fractions (1/3, 7/9 via Stern-Brocot),
+and small rational multiples of pi, e, sqrt(2), sqrt(3), log(2) and log(10). A constant that cannot be pinned is rounded to the fewest
+significant digits its error allows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import sympy as sp
+
+
+@dataclass(frozen=True)
+class Num:
+    """A fixed constant: its float value, exact sympy form, text and description cost (digits)."""
+    value: float
+    sym: sp.Expr
+    text: str
+    cost: float
+    exact: bool = True  # False: a rounded float that no simple number explained
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _digits(n: int) -> int:
+    return len(str(abs(int(n))))
+
+
+def integer(n: int) -> Num:
+    return Num(float(n), sp.Integer(n), str(n), _digits(n))
+
+
+def from_fraction(f: Fraction) -> Num:
+    if f.denominator == 1:
+        return integer(f.numerator)
+    return Num(f.numerator / f.denominator, sp.Rational(f.numerator, f.denominator),
+               f"{f.numerator}/{f.denominator}", _digits(f.numerator) + _digits(f.denominator) + 0.5)
+
+
+def decimal(m: int, e: int) -> Num:
+    """m * 10**-e, written as a decimal; cost = significant digits (+ a little per leading zero)."""
+    f = Fraction(m, 10**e)
+    if f.denominator == 1:
+        return integer(f.numerator)
+    text = f"{m / 10**e:.{e}f}"
+    sig = len(str(abs(m)).rstrip("0"))
+    lead = max(0, e - len(str(abs(m))))  # zeros after the point before the first digit
+    return Num(m / 10**e, sp.Rational(f.numerator, f.denominator), text, sig + 0.3 * lead)
+
+
+# named constants a formula may carry: (text, sympy, value)
+SPECIAL = (("pi", sp.pi, math.pi), ("E", sp.E, math.e), ("sqrt(2)", sp.sqrt(2), math.sqrt(2)),
+           ("sqrt(3)", sp.sqrt(3), math.sqrt(3)), ("log(2)", sp.log(2), math.log(2)),
+           ("log(10)", sp.log(10), math.log(10)))
+
+
+def special_multiple(f: Fraction, special: tuple) -> Num:
+    text, sym, value = special
+    num = sym * sp.Rational(f.numerator, f.denominator)
+    label = text if f == 1 else f"-{text}" if f == -1 else f"{f}*{text}"
+    if abs(f) == 1:
+        cost = 1.5
+    elif f.denominator == 1:
+        cost = 1.5 + _digits(f.numerator)
+    else:
+        cost = 2.0 + _digits(f.numerator) + _digits(f.denominator)
+    return Num(float(f) * value, num, label, cost)
+
+
+def pi_multiple(f: Fraction) -> Num:
+    return special_multiple(f, SPECIAL[0])
+
+
+def rounded(value: float, se: float) -> Num:
+    """Fewest significant digits whose rounding error stays under a tenth of ``se``."""
+    if not math.isfinite(value):
+        raise ValueError(f"cannot snap a non-finite constant ({value})")
+    if value == 0:
+        return integer(0)
+    tol = max(abs(se) * 0.1, abs(value) * 1e-12)
+    for sig in range(1, 17):
+        r = float(f"{value:.{sig}g}")
+        if abs(r - value) <= tol:
+            break
+    text = f"{r:.{sig}g}"
+    f = Fraction(text) if "e" not in text else Fraction(r)
+    return Num(r, sp.Float(text, max(sig, 15)) if f.denominator != 1 else sp.Integer(int(f)),
+               text, sig + 2.0, exact=False)
+
+
+def simplest_rational(lo: float, hi: float, max_den: int = 10_000) -> Fraction | None:
+    """Stern-Brocot: the rational with the smallest denominator in [lo, hi].
+
+    Walks the continued fractions of both ends (floats) until they part; the convergent built
+    from the common prefix plus the smallest integer that separates them is the simplest."""
+    if lo > hi:
+        lo, hi = hi, lo
+    if lo <= 0 <= hi:
+        return Fraction(0)
+    if hi < 0:
+        r = simplest_rational(-hi, -lo, max_den)
+        return -r if r is not None else None
+    # convergents p/q built as h_n = a_n h_{n-1} + h_{n-2}
+    p0, q0, p1, q1 = 0, 1, 1, 0
+    a, b = lo, hi
+    for _ in range(40):
+        fa = math.floor(a)
+        if fa + 1 <= b or a == fa:  # an integer lies in [a, b]: the smallest one ends the walk
+            t = fa if a == fa else fa + 1
+            p, q = t * p1 + p0, t * q1 + q0
+            return Fraction(p, q) if q <= max_den else None
+        p0, q0, p1, q1 = p1, q1, fa * p1 + p0, fa * q1 + q0
+        if q1 > max_den:
+            return None
+        da, db = a - fa, b - fa
+        if da <= 0 or db <= 0:
+            return None
+        a, b = 1.0 / db, 1.0 / da  # reciprocals swap the ends
+    return None
+
+
+def candidates_in(lo: float, hi: float, allow_pi: bool = True) -> list[Num]:
+    """All simple-number candidates in [lo, hi], unordered."""
+    out: list[Num] = []
+    if lo <= 0 <= hi:
+        return [integer(0)]
+    # the decimal with the fewest places (e = 0: integers); among those, the one nearest the middle
+    mid = (lo + hi) / 2
+    for e in range(0, 7):
+        s = 10**e
+        m_lo, m_hi = math.ceil(lo * s - 1e-9), math.floor(hi * s + 1e-9)
+        if m_lo <= m_hi:
+            out.append(decimal(min(max(round(mid * s), m_lo), m_hi), e))
+            break
+    f = simplest_rational(lo, hi)
+    if f is not None and f.denominator <= 1000:
+        out.append(from_fraction(f))
+    if allow_pi and (hi > 0.1 or lo < -0.1):
+        for sc in SPECIAL:
+            g = simplest_rational(lo / sc[2], hi / sc[2], max_den=12)
+            if g is not None and g != 0 and abs(g.numerator) <= 12:
+                out.append(special_multiple(g, sc))
+    return out
+
+
+def simplest_in(lo: float, hi: float, center: float | None = None, allow_pi: bool = True) -> Num | None:
+    """Cheapest candidate in [lo, hi]; ties go to the one nearest ``center``."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    if lo > hi:
+        lo, hi = hi, lo
+    c = (lo + hi) / 2 if center is None else center
+    cands = candidates_in(lo, hi, allow_pi)
+    if not cands:
+        return None
+    return min(cands, key=lambda n: (n.cost, abs(n.value - c)))
+
+
+def snap_options(value: float, se: float, z: float = 3.0) -> list[Num]:
+    """Snapping choices from boldest to most cautious: simplest within z*se, then narrower
+    intervals, finally the rounded float (always last, always valid)."""
+    out: list[Num] = []
+    for zz in (z, z / 3, z / 10):
+        n = simplest_in(value - zz * se, value + zz * se, value)
+        if n is not None and all(n.value != o.value for o in out):
+            out.append(n)
+    out.append(rounded(value, se))
+    return out
+
+
+def snap_choices(value: float, se: float, z: float = 3.0) -> list[Num]:
+    """Every simple candidate (decimal, fraction, pi multiple) within z, z/3 and z/10 standard
+    errors, cheapest first: for callers that judge the choices by the whole formula."""
+    seen: dict[float, Num] = {}
+    for zz in (z, z / 3, z / 10):
+        if not (math.isfinite(value) and math.isfinite(se)):
+            break
+        for n in candidates_in(value - zz * se, value + zz * se):
+            cur = seen.get(n.value)
+            if cur is None or n.cost < cur.cost:
+                seen[n.value] = n
+    return sorted(seen.values(), key=lambda n: (n.cost, abs(n.value - value)))

@@ -1,0 +1,158 @@
+"""Selection, the Pareto table and the sympy form of the answer.
+
+- Selected: the smallest complexity among candidates that pass the tolerance, ties by description
+  length (digits of the constants), then loss. When none passes, PySR's rule: among candidates whose
+  loss is within 1.5x of the most accurate, the highest score; it is reported as not exact.
+- Table: the best loss per complexity, kept only when it improves on every simpler row;
+  score = -d log(loss) / d complexity against the previous row.
+- Sympy: the tree converted with exact rational constants, simplified; polynomials in inputs that
+  only take values 0 and 1 are reduced to their multilinear form (x**2 == x on bits), and when all
+  inputs are 0/1 any formula (max, min, ...) is replaced by the multilinear polynomial with the
+  same truth table: the canonical form of a function on bits.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import sympy as sp
+from sympy.printing.str import StrPrinter
+
+from wtc.sr.expr import to_sympy
+from wtc.sr.fitting import Candidate
+
+
+@dataclass
+class Row:
+    """One line of the equations table."""
+    complexity: int
+    loss: float  # mean squared error over all points
+    score: float
+    equation: str
+    expr: sp.Expr
+    passes: bool
+
+    def as_dict(self) -> dict:
+        return {"complexity": self.complexity, "loss": self.loss, "score": self.score,
+                "equation": self.equation, "passes": self.passes}
+
+
+def choose(cands: list[Candidate], max_complexity: int) -> Candidate:
+    ok = [c for c in cands if c.complexity <= max_complexity] or list(cands)
+    passing = [c for c in ok if c.passes]
+    if passing:
+        return min(passing, key=lambda c: (c.complexity, c.dl, c.rmse))
+    front = pareto(ok)
+    best_loss = min(c.loss for c in front)
+    scores = _scores(front)
+    eligible = [(s, c) for s, c in zip(scores, front) if c.loss <= 1.5 * best_loss + 1e-300]
+    return max(eligible, key=lambda sc: (sc[0], -sc[1].complexity))[1]
+
+
+def pareto(cands: list[Candidate]) -> list[Candidate]:
+    """Best candidate per complexity that beats all simpler ones, by increasing complexity."""
+    by_c: dict[int, Candidate] = {}
+    for c in cands:
+        cur = by_c.get(c.complexity)
+        if cur is None or (c.rmse, c.dl) < (cur.rmse, cur.dl):
+            by_c[c.complexity] = c
+    out, best = [], math.inf
+    for k in sorted(by_c):
+        c = by_c[k]
+        if c.rmse < best * (1 - 1e-9) or not out:
+            out.append(c)
+            best = min(best, c.rmse)
+    return out
+
+
+def _scores(front: list[Candidate]) -> list[float]:
+    out, prev = [], None
+    for c in front:
+        if prev is None:
+            out.append(0.0)
+        else:
+            l0, l1 = max(prev.loss, 1e-300), max(c.loss, 1e-300)
+            out.append(-(math.log(l1) - math.log(l0)) / max(c.complexity - prev.complexity, 1))
+        prev = c
+    return out
+
+
+def table(cands: list[Candidate], symbols, binary_syms, max_complexity: int) -> list[Row]:
+    front = pareto([c for c in cands if c.complexity <= max_complexity] or cands)
+    rows = []
+    for c, s in zip(front, _scores(front)):
+        e = sympy_form(c.tree, symbols, binary_syms, simplify=False)
+        rows.append(Row(c.complexity, c.loss, s, equation_str(e), e, c.passes))
+    return rows
+
+
+# ---------------------------------------------------------------------------------- sympy
+def sympy_form(tree, symbols, binary_syms=(), simplify: bool = True) -> sp.Expr:
+    # inputs are real numbers: simplify with real symbols (sqrt(exp(-x)) -> exp(-x/2)), then
+    # hand back the plain symbols the caller knows
+    real = {s: sp.Symbol(s.name, real=True) for s in symbols}
+    back = {v: k for k, v in real.items()}
+    e = to_sympy(tree, [real[s] for s in symbols])
+    if simplify:
+        try:
+            s = sp.simplify(e)
+            if sp.count_ops(s) <= sp.count_ops(e):
+                e = s
+        except Exception:  # simplification is cosmetic: never lose the answer to it
+            pass
+    return multilinear(e.xreplace(back), binary_syms)
+
+
+def multilinear(e: sp.Expr, binary_syms) -> sp.Expr:
+    """On inputs that are 0/1, x**n == x: reduce polynomials to the canonical multilinear form."""
+    bs = [s for s in binary_syms if s in e.free_symbols]
+    if not bs or not e.is_polynomial(*bs):
+        return e
+    ex = sp.expand(e)
+    red = ex.replace(lambda a: a.is_Pow and a.base in bs and a.exp.is_Integer and a.exp > 0,
+                     lambda a: a.base)
+    return sp.expand(red)
+
+
+def _decimalise(e: sp.Expr) -> sp.Expr:
+    """Rationals with a power-of-ten-like denominator (>= 10) as floats, for printing only."""
+    reps = {}
+    for r in e.atoms(sp.Rational):
+        q = int(r.q)
+        qq = q
+        for f in (2, 5):
+            while qq % f == 0:
+                qq //= f
+        if qq == 1 and q >= 10:
+            reps[r] = sp.Float(float(r), 15)
+    return e.xreplace(reps) if reps else e
+
+
+def equation_str(e: sp.Expr) -> str:
+    """Readable text: short decimals (4.905) instead of 981/200, floats at their own precision."""
+    return StrPrinter({"full_prec": False}).doprint(_decimalise(e))
+
+
+def max_abs_err(pred: np.ndarray, y: np.ndarray) -> float:
+    return float(np.max(np.abs(pred - y))) if len(y) else 0.0
+
+
+def boolean_canonical(e: sp.Expr, symbols) -> sp.Expr:
+    """The multilinear polynomial equal to e on {0,1}^k (Moebius transform of its truth table)."""
+    k = len(symbols)
+    values = {}
+    for bits in itertools.product((0, 1), repeat=k):
+        v = sp.nsimplify(e.subs(dict(zip(symbols, bits))))
+        if not v.is_finite:
+            return e
+        values[bits] = v
+    out = sp.Integer(0)
+    for S in itertools.product((0, 1), repeat=k):
+        coef = sum(((-1) ** (sum(S) - sum(T))) * values[T]
+                   for T in itertools.product((0, 1), repeat=k) if all(t <= s_ for t, s_ in zip(T, S)))
+        coef = sp.nsimplify(coef)
+        if coef != 0:
+            out += coef * sp.Mul(*[x for x, bit in zip(symbols, S) if bit])
+    return sp.expand(out)
