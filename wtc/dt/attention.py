@@ -3,7 +3,7 @@
 Pointer head h (paper: PLE-scored, temperature-annealed hard attention) scores query position i
 against key position j as
 
-    score(i, j) = PLE(q_i)^T W PLE(k_j) + u . PLE(k_j) + rel[i - j] + abs[j]
+    score(i, j) = exp(c) * (PLE(q_i)^T W PLE(k_j) + u . PLE(k_j) + rel[i - j] + abs[j])
 
 q, k, v are stream variables chosen by annealed selections. The content term is the paper's; the
 key-only term u lets a head prefer large or small keys whatever the query (windowed extrema); rel
@@ -47,6 +47,9 @@ class Attention(nn.Module):
         self.u = nn.Parameter(torch.zeros(R, H, N))
         self.rel = nn.Parameter(0.1 * torch.randn(R, H, L))   # offsets 0 .. L-1
         self.abs = nn.Parameter(0.1 * torch.randn(R, H, L))   # key positions (pads first)
+        # one log-scale per head: under Adam a single scalar can sharpen a head quickly, where
+        # growing every score entry takes many steps (pointers must beat the Gumbel noise)
+        self.log_scale = nn.Parameter(torch.zeros(R, H))
         i = torch.arange(seq_len)[:, None] + pad
         j = torch.arange(L)[None, :]
         self.register_buffer("offset", (i - j).clamp(min=0), persistent=False)   # (T, L)
@@ -73,6 +76,7 @@ class Attention(nn.Module):
         proj = enc_q @ self.W[:, None] + self.u[:, None, :, None, :]         # (R, B, H, T, N)
         s = proj @ enc_k.transpose(-1, -2)                                   # (R, B, H, T, L)
         s = s + self.rel[:, None, :, self.offset] + self.abs[:, None, :, None, :]
+        s = s * self.log_scale.exp()[:, None, :, None, None]
         return s.masked_fill(~self.causal, float("-inf"))
 
     def forward(self, stream: torch.Tensor, unit: torch.Tensor, sampling: Sampling) -> tuple[torch.Tensor, dict]:
@@ -127,4 +131,5 @@ class Attention(nn.Module):
             f32(pick(stream, idx[:, 2 * H:3 * H])), bins, bins,
             f32(self.W.reshape(R * H, N, N)), f32(self.u.reshape(R * H, N)),
             f32(self.rel.reshape(R * H, -1)), f32(self.abs.reshape(R * H, -1)), P)
+        # (the positive per-head scale exp(c) does not change an argmax, so the kernel skips it)
         return torch.from_numpy(value).to(stream.dtype).reshape(R, H, B, self.T).permute(0, 2, 1, 3)

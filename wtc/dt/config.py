@@ -44,6 +44,8 @@ class DTConfig:
       steps        annealing steps (tau geometric tau_start -> tau_end, updated every step)
       hard_steps   steps with argmax forward and straight-through gradients at lr * hard_lr_scale
       polish_iters L-BFGS iterations on the frozen model (sub-MLPs + head, full batch)
+      refine_steps steps fitting each frozen pointer head to its counterfactually best keys
+                   (wtc.dt.refine; 0 disables)
       replicas     independent models trained side by side in one batched forward (a population:
                    tiny models are overhead-bound, so R replicas cost far less than R runs)
       max_attempts populations tried (new seeds) until one replica solves the task
@@ -64,6 +66,7 @@ class DTConfig:
     steps: int = 2000
     hard_steps: int = 300
     polish_iters: int = 200
+    refine_steps: int = 150
     batch_size: int = 128
     lr: float = 1e-2
     hard_lr_scale: float = 0.01
@@ -89,7 +92,7 @@ class DTConfig:
         for name in ("mlp_inputs", "mlp_hidden", "ple_bins", "batch_size", "replicas", "max_attempts",
                      "eval_sequences"):
             positive(name, getattr(self, name))
-        for name in ("steps", "hard_steps", "polish_iters"):
+        for name in ("steps", "hard_steps", "polish_iters", "refine_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")

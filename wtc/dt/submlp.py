@@ -1,7 +1,7 @@
 """Numerical MLP: a bank of independent sub-MLPs, each an operator on k chosen stream variables.
 
 Sub-MLP m reads k variables (annealed selections, one per input slot), maps them through one
-hidden layer to one scalar that is appended to the stream. With mlp_activation='relu+silu' half of
+hidden layer plus a linear skip to one scalar that is appended to the stream. With mlp_activation='relu+silu' half of
 the hidden units are ReLU (exact kinks: max, min, relu) and half SiLU (smooth: products, squares).
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ class SubMLPs(nn.Module):
         self.b1 = nn.Parameter(-(w1 * centre).sum(-1))
         self.W2 = nn.Parameter(torch.randn(R, M, hidden) * (0.5 / hidden ** 0.5))
         self.b2 = nn.Parameter(torch.zeros(R, M))
+        self.skip = nn.Parameter(torch.zeros(R, M, k))   # affine part: linear functions stay exact
         self.hook_pre = HookPoint()    # (R, B, T, M, k): each sub-MLP's inputs
         self.hook_post = HookPoint()   # (R, B, T, M): each sub-MLP's output
 
@@ -47,7 +48,7 @@ class SubMLPs(nn.Module):
         shape = inputs.shape
         x = inputs.reshape(shape[0], -1, self.M, self.k)                      # (R, N, M, k)
         h = self.act(torch.einsum("rnmk,rmhk->rnmh", x, self.W1) + self.b1[:, None])
-        y = torch.einsum("rnmh,rmh->rnm", h, self.W2) + self.b2[:, None]
+        y = torch.einsum("rnmh,rmh->rnm", h, self.W2) + self.b2[:, None] + (x * self.skip[:, None]).sum(-1)
         return y.reshape(shape[:-1])
 
     def forward(self, stream: torch.Tensor, sampling: Sampling) -> torch.Tensor:

@@ -21,12 +21,14 @@ from wtc.dt import checkpoint
 from wtc.dt.config import DTConfig
 from wtc.dt.history import History
 from wtc.dt.model import DiscreteTransformer
+from wtc.dt.refine import refine_pointers
 from wtc.dt.select import EVAL, Sampling, entropy
 
 CHECKPOINT_EVERY = 250   # steps between training-state checkpoints (when a directory is given)
 LOG_EVERY = 10           # steps between history records (entropies cost a softmax over every head)
 FIT_SEQUENCES = 2048     # sequences for normalisation and the head refit
 POLISH_SEQUENCES = 1024  # full batch of the L-BFGS polish (10k positions)
+REFINE_SEQUENCES = 512   # batch of the pointer refinement (counterfactual forwards per key)
 
 
 @contextlib.contextmanager
@@ -143,10 +145,15 @@ class Attempt:
         self.model.freeze()
         self.model.eval()
         x, y, valid = self.fit_data[:3]
+        n = POLISH_SEQUENCES
         refit_head(self.model, x, y, valid)
         if self.config.polish_iters:
-            n = POLISH_SEQUENCES
             polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters)
+        if self.config.refine_steps and refine_pointers(self.model, x[:REFINE_SEQUENCES], y[:REFINE_SEQUENCES],
+                                                        valid[:REFINE_SEQUENCES], steps=self.config.refine_steps):
+            refit_head(self.model, x, y, valid)
+            if self.config.polish_iters:
+                polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters)
         self.phase = "done"
 
     def evaluate(self, n: int) -> list[dict]:
@@ -222,7 +229,7 @@ def polish(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: 
     ends worse than it started (including after re-evaluating the pointers) is restored.
     """
     params = [p for b in model.blocks if b.mlp is not None
-              for p in (b.mlp.W1, b.mlp.b1, b.mlp.W2, b.mlp.b2)] + [model.W_out, model.b_out]
+              for p in (b.mlp.W1, b.mlp.b1, b.mlp.W2, b.mlp.b2, b.mlp.skip)] + [model.W_out, model.b_out]
     before = [p.detach().clone() for p in params]
     with torch.no_grad():
         start = masked_mse(model(x, EVAL)[0], y, valid)

@@ -1,0 +1,172 @@
+"""Routing hypotheses: what rule does a pointer head follow?
+
+For every (sequence, query position t) we know the key the frozen head picked. Candidate rules,
+simplest first:
+
+  offset(d)        key = t - d; before the start (t < d) the key is a pad, where every variable is 0
+  absolute(p)      key = p; for t < p the key is a pad ("before_pad") or t itself ("before_self")
+  window max/min   key = argmax/argmin of a variable u over [t-w+1, t] (w >= 2) or the whole prefix;
+                   "real": pads excluded; ties go to the earliest ("first") or latest ("last") key
+
+A rule is accepted when the routed values agree with what the rule routes (pads all route 0, so
+which pad is immaterial) at a rate whose one-sided binomial lower confidence bound (Clopper-Pearson,
+99%) is at least `min_rate` (0.999). A head that fits no rule is reported with the evidence of the
+best candidates; nothing is guessed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MIN_RATE = 0.999
+CONFIDENCE = 0.99
+
+
+def binomial_lower_bound(k: int, n: int, confidence: float = CONFIDENCE) -> float:
+    """One-sided Clopper-Pearson lower bound on p given k successes in n trials."""
+    if n <= 0:
+        return 0.0
+    if k <= 0:
+        return 0.0
+    alpha = 1.0 - confidence
+    if k == n:
+        return alpha ** (1.0 / n)
+
+    def upper_tail(p: float) -> float:   # P(X >= k | n, p), summed from the short side
+        log_p, log_q = math.log(p), math.log1p(-p)
+        if n - k < k:   # P(X >= k) = 1 - P(X <= k - 1); sum the (few) terms i >= k
+            terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
+                     for i in range(k, n + 1)]
+        else:
+            terms = None
+        if terms is not None:
+            m = max(terms)
+            return math.exp(m) * sum(math.exp(t - m) for t in terms)
+        lower = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
+                 for i in range(0, k)]
+        m = max(lower)
+        return max(0.0, 1.0 - math.exp(m) * sum(math.exp(t - m) for t in lower))
+
+    lo, hi = 0.0, k / n
+    for _ in range(60):   # upper_tail is increasing in p; find p with upper_tail(p) = alpha
+        mid = 0.5 * (lo + hi)
+        if mid <= 0:
+            break
+        if upper_tail(mid) < alpha:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass
+class Rule:
+    """A routing rule with its evidence on fresh data."""
+
+    kind: str                    # "offset" | "absolute" | "window" | "aggregate"
+    params: dict
+    agree: int = 0
+    n: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.agree / self.n if self.n else 0.0
+
+    @property
+    def lower_bound(self) -> float:
+        return binomial_lower_bound(self.agree, self.n)
+
+    def describe(self) -> str:
+        p = self.params
+        if self.kind == "offset":
+            return "current position" if p["d"] == 0 else f"offset {p['d']} (t-{p['d']}; 0 before the start)"
+        if self.kind == "absolute":
+            return f"absolute position {p['p']}" + ("" if p["p"] == 0 else f" ({p['before']} before it)")
+        if self.kind == "window":
+            span = "whole prefix" if p["w"] is None else f"last {p['w']} positions"
+            pads = "" if p["real"] else ", pads (0) included"
+            return f"arg{p['op']} of {p['var']} over the {span}{pads}, ties {p['ties']}"
+        return "mean over the prefix"
+
+
+@dataclass
+class RoutingFit:
+    head: str
+    rule: Rule | None            # None: uninterpretable
+    candidates: list[Rule] = field(default_factory=list)   # best few, with evidence
+
+    @property
+    def interpretable(self) -> bool:
+        return self.rule is not None
+
+
+def rule_keys(rule: Rule, values: dict[str, np.ndarray], P: int, T: int) -> np.ndarray:
+    """Key index (n, T) the rule picks, in stream coordinates (pads 0..P-1, position t at P + t)."""
+    n = next(iter(values.values())).shape[0]
+    t = np.arange(T)[None, :].repeat(n, 0)
+    kind, p = rule.kind, rule.params
+    if kind == "offset":
+        return np.maximum(P + t - p["d"], 0)
+    if kind == "absolute":
+        fallback = np.zeros_like(t) if p["before"] == "pad" else P + t
+        return np.where(t >= p["p"], P + p["p"], fallback)
+    if kind == "window":
+        u = values[p["var"]]                                                    # (n, L)
+        sign = 1.0 if p["op"] == "max" else -1.0
+        L = u.shape[1]
+        keys = np.empty((n, T), dtype=np.int64)
+        for q in range(T):
+            hi = P + q
+            lo = 0 if p["w"] is None else hi - p["w"] + 1
+            lo = max(lo, P) if p["real"] else max(lo, 0)
+            seg = sign * u[:, lo:hi + 1]
+            if p["ties"] == "first":
+                keys[:, q] = lo + seg.argmax(1)
+            else:
+                keys[:, q] = hi - seg[:, ::-1].argmax(1)
+        assert L >= P + T
+        return keys
+    raise ValueError(f"rule kind {kind!r} has no key")
+
+
+def routed(v: np.ndarray, keys: np.ndarray, P: int) -> np.ndarray:
+    """Values of v (n, L) at keys (n, T); pads route 0."""
+    out = np.take_along_axis(v, keys, axis=1)
+    return np.where(keys < P, 0.0, out)
+
+
+def candidate_rules(T: int, window_vars: list[str]) -> list[Rule]:
+    """All rules, simplest first."""
+    rules = [Rule("offset", {"d": d}) for d in range(T)]
+    rules += [Rule("absolute", {"p": p, "before": b}) for p in range(T) for b in (("pad",) if p == 0 else ("pad", "self"))]
+    for var in window_vars:
+        for w in list(range(2, T + 1)) + [None]:
+            for op in ("max", "min"):
+                for real in (True, False):
+                    for ties in ("first", "last"):
+                        rules.append(Rule("window", {"var": var, "op": op, "w": w, "real": real, "ties": ties}))
+    return rules
+
+
+def fit_head(head: str, pointer: np.ndarray, value_var: str, values: dict[str, np.ndarray], P: int, T: int,
+             window_vars: list[str] | None = None, min_rate: float = MIN_RATE, atol: float = 1e-9) -> RoutingFit:
+    """Test rules for one head.
+
+    pointer (n, T): keys the head picked; values: {variable: (n, L)} in program units with the pads
+    in front (zeros); value_var: the variable the head routes.
+    """
+    v = values[value_var]
+    got = routed(v, pointer, P)
+    scale = 1.0 + np.abs(got)
+    window_vars = list(dict.fromkeys([value_var] + list(window_vars or [])))
+    tested = []
+    for rule in candidate_rules(T, window_vars):
+        want = routed(v, rule_keys(rule, values, P, T), P)
+        ok = np.abs(got - want) <= atol * scale
+        rule.agree, rule.n = int(ok.sum()), int(ok.size)
+        tested.append(rule)
+        if rule.rate >= min_rate and rule.lower_bound >= min_rate:
+            return RoutingFit(head, rule, sorted(tested, key=lambda r: -r.rate)[:5])
+    return RoutingFit(head, None, sorted(tested, key=lambda r: -r.rate)[:5])
