@@ -32,7 +32,7 @@ class Attention(nn.Module):
     """One layer's pointer heads (H) and aggregate heads (A) for R replicas."""
 
     def __init__(self, layer: int, replicas: int, n_heads: int, n_agg: int, n_bins: int,
-                 seq_len: int, pad: int, variable_names: list[str], mask_fn):
+                 seq_len: int, pad: int, variable_names: list[str], mask_fn, content: torch.Tensor):
         super().__init__()
         R, H, A, N = replicas, n_heads, n_agg, n_bins
         self.layer, self.H, self.A, self.T, self.P = layer, H, A, seq_len, pad
@@ -50,6 +50,8 @@ class Attention(nn.Module):
         # one log-scale per head: under Adam a single scalar can sharpen a head quickly, where
         # growing every score entry takes many steps (pointers must beat the Gumbel noise)
         self.log_scale = nn.Parameter(torch.zeros(R, H))
+        # (R,) 1 where the replica's heads may score content (q, k); 0 = positional pointers only
+        self.register_buffer("content", content.float().clone())
         i = torch.arange(seq_len)[:, None] + pad
         j = torch.arange(L)[None, :]
         self.register_buffer("offset", (i - j).clamp(min=0), persistent=False)   # (T, L)
@@ -74,7 +76,7 @@ class Attention(nn.Module):
         zk = choice.read(unit, slice(H, 2 * H)).transpose(2, 3)              # (R, B, H, L)
         enc_q, enc_k = ple_uniform(zq, N), ple_uniform(zk, N)                # (..., N)
         proj = enc_q @ self.W[:, None] + self.u[:, None, :, None, :]         # (R, B, H, T, N)
-        s = proj @ enc_k.transpose(-1, -2)                                   # (R, B, H, T, L)
+        s = (proj @ enc_k.transpose(-1, -2)) * self.content[:, None, None, None, None]   # (R, B, H, T, L)
         s = s + self.rel[:, None, :, self.offset] + self.abs[:, None, :, None, :]
         s = s * self.log_scale.exp()[:, None, :, None, None]
         return s.masked_fill(~self.causal, float("-inf"))
@@ -126,10 +128,11 @@ class Attention(nn.Module):
             return np.ascontiguousarray(t.detach().float().cpu().numpy())
 
         bins = f32(torch.linspace(0, 1, N + 1).expand(R * H, -1))
+        on = self.content[:, None, None]
         _, value, _ = _native.cpu_module().route_hard(
             f32(pick(unit, idx[:, :H])[:, :, P:]), f32(pick(unit, idx[:, H:2 * H])),
             f32(pick(stream, idx[:, 2 * H:3 * H])), bins, bins,
-            f32(self.W.reshape(R * H, N, N)), f32(self.u.reshape(R * H, N)),
+            f32((self.W * on[..., None]).reshape(R * H, N, N)), f32((self.u * on).reshape(R * H, N)),
             f32(self.rel.reshape(R * H, -1)), f32(self.abs.reshape(R * H, -1)), P)
         # (the positive per-head scale exp(c) does not change an argmax, so the kernel skips it)
         return torch.from_numpy(value).to(stream.dtype).reshape(R, H, B, self.T).permute(0, 2, 1, 3)

@@ -40,6 +40,10 @@ class DTConfig:
       qk_position  whether attention query/key slots may read the position variable. Off by default:
                    positional routing goes through the tied relative/absolute scores instead (a free
                    PLE(pos)^T W PLE(pos) form gives every position pair its own parameter)
+      content_fraction  share of replicas whose heads may score content (PLE(q), PLE(k)); the others
+                   route by position only. Soft content attention approximates a windowed max
+                   easily but rarely exactly, while pointers plus max sub-MLPs are exact: a mixed
+                   population tries both inductive biases in the same run
     Training:
       steps        annealing steps (tau geometric tau_start -> tau_end, updated every step)
       hard_steps   steps with argmax forward and straight-through gradients at lr * hard_lr_scale
@@ -62,6 +66,7 @@ class DTConfig:
     pad: int | None = None
     read: dict[str, list[str]] = field(default_factory=dict)
     qk_position: bool = False
+    content_fraction: float = 0.5
 
     steps: int = 2000
     hard_steps: int = 300
@@ -102,6 +107,8 @@ class DTConfig:
             positive(name, float(getattr(self, name)), float)
         if self.tau_end > self.tau_start:
             raise ConfigError(f"tau_end ({self.tau_end}) must not exceed tau_start ({self.tau_start})")
+        if not 0.0 <= float(self.content_fraction) <= 1.0:
+            raise ConfigError(f"content_fraction must be in [0, 1], got {self.content_fraction}")
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.mlp_activation not in ACTIVATIONS:

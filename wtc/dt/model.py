@@ -3,8 +3,9 @@ sub-MLP operators and a linear head; R independent replicas side by side.
 
 Stream: per position, the inputs (x or x0, x1, ...), the position pos = t / (T - 1), then each
 module's output appended by concatenation (never added), in order L0.h*, L0.a*, L0.m*, L1.h*, ...
-Model units: inputs are scaled to [0, 1] by the data range seen at fit_normalization; every other
-variable is in the units its module produces. `pad` virtual positions precede the sequence, where
+Model units: inputs are divided by the largest |x| seen at fit_normalization (so they lie in
+[-1, 1] and raw 0 stays 0); pos = t / (T - 1); every other variable is in the units its module
+produces. `pad` virtual positions precede the sequence, where
 every variable equals 0 in program units ("before the start values are 0").
 
 Shapes: R replicas, B sequences, T positions, P pads, L = P + T, V variables, N PLE bins.
@@ -25,7 +26,7 @@ from wtc.dt.select import EVAL, Sampling
 from wtc.dt.submlp import SubMLPs
 
 RANGE_MOMENTUM = 0.05
-PER_REPLICA_BUFFERS = ("var_lo", "var_hi", "frozen_index")  # leading axis R, like parameters
+PER_REPLICA_BUFFERS = ("var_lo", "var_hi", "frozen_index", "content")  # leading axis R, like parameters
 
 
 def read_mask(slots: list[str], variables: list[str], config: DTConfig) -> torch.Tensor:
@@ -38,6 +39,12 @@ def read_mask(slots: list[str], variables: list[str], config: DTConfig) -> torch
             if fnmatch.fnmatchcase(slot, pattern):
                 mask[s] = torch.tensor([any(fnmatch.fnmatchcase(v, a) for a in allowed) for v in variables])
     return mask
+
+
+def content_replicas(R: int, fraction: float) -> torch.Tensor:
+    """(R,) 0/1: the last round(R * fraction) replicas (at least one if fraction > 0) score content."""
+    n = 0 if fraction <= 0 else max(1, round(R * fraction))
+    return torch.arange(R) >= R - n
 
 
 class Block(nn.Module):
@@ -65,7 +72,8 @@ class DiscreteTransformer(nn.Module):
             H, A, M = config.n_heads[layer], config.n_agg_heads[layer], config.n_mlps[layer]
             mask_fn = lambda slots, variables: read_mask(slots, variables, config)  # noqa: E731
             if H + A:
-                attn = Attention(layer, R, H, A, config.ple_bins, seq_len, self.P, names, mask_fn)
+                attn = Attention(layer, R, H, A, config.ple_bins, seq_len, self.P, names, mask_fn,
+                                 content_replicas(R, config.content_fraction))
                 names = names + attn.output_names
             if M:
                 mlp = SubMLPs(layer, R, M, config.mlp_inputs, config.mlp_hidden, config.mlp_activation,
@@ -77,10 +85,10 @@ class DiscreteTransformer(nn.Module):
         V, n_fixed = len(names), n_inputs + 1
         self.W_out = nn.Parameter(0.1 * torch.randn(R, V, n_outputs) / V ** 0.5)
         self.b_out = nn.Parameter(torch.zeros(R, n_outputs))
-        # inputs and pos live on [0, 1]; module outputs get ranges tracked during training (PLE bins)
+        # PLE ranges: inputs and pos start on [0, 1] (set from data for inputs), module outputs are
+        # tracked during training
         self.register_buffer("var_lo", torch.zeros(R, V))
         self.register_buffer("var_hi", torch.ones(R, V))
-        self.register_buffer("x_lo", torch.zeros(n_inputs))
         self.register_buffer("x_scale", torch.ones(n_inputs))
         self.register_buffer("y_mean", torch.zeros(n_outputs))
         self.register_buffer("y_scale", torch.ones(n_outputs))
@@ -93,17 +101,20 @@ class DiscreteTransformer(nn.Module):
     @torch.no_grad()
     def fit_normalization(self, x: np.ndarray, y: np.ndarray) -> None:
         """Input ranges and target moments from raw data x (n, T, n_in), y (n, T, O; NaN = invalid)."""
-        lo, hi = x.min(axis=(0, 1)), x.max(axis=(0, 1))
-        scale = np.where(hi > lo, hi - lo, 1.0)
-        self.x_lo.copy_(torch.as_tensor(lo, dtype=torch.float32))
+        # a pure scale (no shift) keeps raw 0 at model 0, so "0 before the start" holds in both units
+        top = np.abs(x).max(axis=(0, 1))
+        scale = np.where(top > 0, top, 1.0)
         self.x_scale.copy_(torch.as_tensor(scale, dtype=torch.float32))
+        for i in range(self.n_inputs):   # PLE range of each input in model units
+            self.var_lo[:, i] = float(x[..., i].min() / scale[i])
+            self.var_hi[:, i] = float(x[..., i].max() / scale[i])
         flat = y.reshape(-1, y.shape[-1])
         mean, std = np.nanmean(flat, axis=0), np.nanstd(flat, axis=0)
         self.y_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
         self.y_scale.copy_(torch.as_tensor(np.where(std > 1e-12, std, 1.0), dtype=torch.float32))
 
     def normalize_inputs(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.x_lo) / self.x_scale
+        return x / self.x_scale
 
     def normalize_targets(self, y: torch.Tensor) -> torch.Tensor:
         return (y - self.y_mean) / self.y_scale
@@ -117,8 +128,7 @@ class DiscreteTransformer(nn.Module):
         B, T, _ = x.shape
         if T != self.seq_len:
             raise ValueError(f"inputs have {T} positions, the model was built for seq_len={self.seq_len}")
-        pad_value = (0.0 - self.x_lo) / self.x_scale                            # raw 0 in model units
-        inputs = torch.cat([pad_value.expand(B, self.P, -1), x], dim=1)         # (B, L, n_in)
+        inputs = torch.cat([x.new_zeros(B, self.P, x.shape[-1]), x], dim=1)     # (B, L, n_in)
         pos = torch.arange(T, dtype=x.dtype, device=x.device) / max(T - 1, 1)
         pos = torch.cat([torch.zeros(self.P, dtype=x.dtype, device=x.device), pos])
         stream = torch.cat([inputs, pos.expand(B, -1).unsqueeze(-1)], dim=-1)  # (B, L, V0)
