@@ -1,0 +1,203 @@
+"""Program: the extracted algorithm as standalone Python (stdlib math only), built as an AST.
+
+    def program(xs):          # xs: seq_len items (float, or tuple of n_inputs floats)
+        ...                   # one list per live variable, filled position by position
+        return out            # seq_len outputs (float, or tuple of n_outputs floats)
+
+Lines are data (Line), expressions are sympy; the source is produced by building a Python AST
+(expressions printed by sympy's Python code printer, parsed, checked against a whitelist of node
+types and names, and rewritten so that a variable v reads v[t]) and unparsing it. No text from
+outside is spliced in.
+"""
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy as sp
+from sympy.printing.pycode import pycode
+
+from wtc.extract.routing import Rule
+
+POSITION = "t"
+_ALLOWED_CALLS = {"max", "min", "abs"}
+_ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Load, ast.Constant,
+                  ast.Attribute, ast.IfExp, ast.Compare, ast.BoolOp, ast.operator, ast.unaryop, ast.cmpop,
+                  ast.boolop, ast.Tuple)
+
+
+@dataclass
+class Line:
+    """One live variable of the program."""
+
+    name: str
+    kind: str                        # "route" | "mean" | "expr"
+    source: str | None = None        # route / mean: the variable read
+    rule: Rule | None = None         # route: how the key is chosen
+    expr: sp.Expr | None = None      # expr: in terms of other variables at the same position
+    comment: str = ""
+
+
+def expression_ast(expr: sp.Expr, variables: set[str]) -> ast.expr:
+    """sympy expression -> AST where variable v reads v[t] (t itself stays t)."""
+    tree = ast.parse(pycode(sp.sympify(expr), fully_qualified_modules=True), mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED_NODES):
+            raise ValueError(f"unsupported construct in expression {expr}: {type(node).__name__}")
+        if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name) and node.value.id == "math"
+                                                    and hasattr(math, node.attr) and not node.attr.startswith("_")):
+            raise ValueError(f"expression {expr} uses attribute {ast.unparse(node)}")
+        if isinstance(node, ast.Name) and node.id not in variables | _ALLOWED_CALLS | {"math", POSITION}:
+            raise ValueError(f"expression {expr} uses unknown name {node.id!r}")
+
+    class Index(ast.NodeTransformer):
+        def visit_Name(self, node):
+            if node.id in variables:
+                return ast.Subscript(value=ast.Name(node.id, ast.Load()), slice=ast.Name(POSITION, ast.Load()),
+                                     ctx=ast.Load())
+            return node
+
+    return Index().visit(tree).body
+
+
+def _stmt(code: str) -> list[ast.stmt]:
+    """Parse a statement written in this module (trusted templates only)."""
+    return ast.parse(code).body
+
+
+WINDOW_HELPER = '''
+def _window_key(u, t, w, op, pads, ties):
+    """Index of the max/min of u over [t - w + 1, t] (w None: the whole prefix); -1 = before the
+    start (value 0), a candidate only when pads is true. ties: 'first' or 'last' key wins."""
+    lo = 0 if w is None else t - w + 1
+    keys = list(range(max(lo, 0), t + 1))
+    if pads and lo < 0:
+        keys = [-1] + keys
+    sign = 1.0 if op == "max" else -1.0
+    best = None
+    for j in keys:
+        value = sign * (u[j] if j >= 0 else 0.0)
+        if best is None or value > best_value or (ties == "last" and value == best_value):
+            best, best_value = j, value
+    return best
+'''
+
+
+def _route_stmts(line: Line) -> list[ast.stmt]:
+    name, src, p = line.name, line.source, line.rule.params
+    kind = line.rule.kind
+    if kind == "offset":
+        d = p["d"]
+        return _stmt(f"{name}[t] = {src}[t - {d}] if t >= {d} else 0.0")
+    if kind == "absolute":
+        q = p["p"]
+        if q == 0:
+            return _stmt(f"{name}[t] = {src}[0]")
+        fallback = "0.0" if p["before"] == "pad" else f"{src}[t]"
+        return _stmt(f"{name}[t] = {src}[{q}] if t >= {q} else {fallback}")
+    if kind == "window":
+        w = "None" if p["w"] is None else str(int(p["w"]))
+        return _stmt(f"k = _window_key({p['var']}, t, {w}, {p['op']!r}, {not p['real']}, {p['ties']!r})\n"
+                     f"{name}[t] = {src}[k] if k >= 0 else 0.0")
+    raise ValueError(f"no code for rule kind {kind!r}")
+
+
+def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: list[str], lines: list[Line],
+                 outputs: list[sp.Expr], docstring: str = "") -> str:
+    """The whole program as Python source."""
+    variables = set(input_names) | {ln.name for ln in lines}
+    body: list[ast.stmt] = []
+    doc = docstring or f"{task_name}: extracted from a Discrete Transformer by wtc."
+    body.append(ast.Expr(ast.Constant(doc)))
+    body += _stmt("T = len(xs)")
+    if n_inputs == 1:
+        body += _stmt(f"{input_names[0]} = [float(v) for v in xs]")
+    else:
+        for i, name in enumerate(input_names):
+            body += _stmt(f"{name} = [float(v[{i}]) for v in xs]")
+    for ln in lines:
+        body += _stmt(f"{ln.name} = [0.0] * T")
+    body += _stmt("out = []")
+    loop: list[ast.stmt] = []
+    for ln in lines:
+        if ln.kind == "route":
+            loop += _route_stmts(ln)
+        elif ln.kind == "mean":
+            loop += _stmt(f"{ln.name}[t] = sum({ln.source}[:t + 1]) / (t + 1)")
+        elif ln.kind == "expr":
+            target = ast.Subscript(value=ast.Name(ln.name, ast.Load()), slice=ast.Name(POSITION, ast.Load()),
+                                   ctx=ast.Store())
+            loop.append(ast.Assign(targets=[target], value=expression_ast(ln.expr, variables)))
+        else:
+            raise ValueError(f"unknown line kind {ln.kind!r}")
+    outs = [expression_ast(e, variables) for e in outputs]
+    if n_outputs > 1:
+        outs = [ast.Call(ast.Name("float", ast.Load()), [o], []) for o in outs]
+    value = outs[0] if n_outputs == 1 else ast.Tuple(elts=outs, ctx=ast.Load())
+    if n_outputs == 1:
+        value = ast.Call(ast.Name("float", ast.Load()), [value], [])
+    loop.append(ast.Expr(ast.Call(func=ast.Attribute(ast.Name("out", ast.Load()), "append", ast.Load()),
+                                  args=[value], keywords=[])))
+    body.append(ast.For(target=ast.Name(POSITION, ast.Store()),
+                        iter=ast.Call(ast.Name("range", ast.Load()), [ast.Name("T", ast.Load())], []),
+                        body=loop, orelse=[]))
+    body += _stmt("return out")
+    func = ast.FunctionDef(name="program", args=ast.arguments(posonlyargs=[], args=[ast.arg("xs")], vararg=None,
+                                                              kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
+                           body=body, decorator_list=[], returns=None, type_params=[])
+    module = [*_stmt("import math")]
+    if any(ln.kind == "route" and ln.rule.kind == "window" for ln in lines):
+        module += ast.parse(WINDOW_HELPER).body
+    module.append(func)
+    tree = ast.fix_missing_locations(ast.Module(body=module, type_ignores=[]))
+    return ast.unparse(tree) + "\n"
+
+
+@dataclass
+class Program:
+    """An extracted program: `source` defines `def program(xs)`; calling the object runs it on a
+    batch (array (n, T[, n_inputs]) in, array (n, T[, n_outputs]) out)."""
+
+    task: str
+    source: str
+    seq_len: int
+    n_inputs: int
+    n_outputs: int
+    lines: list[Line] = field(default_factory=list)
+    outputs: list[sp.Expr] = field(default_factory=list)
+    ok: bool = True
+    failures: list[str] = field(default_factory=list)   # which module broke, and why
+    readings: list = field(default_factory=list)        # per-module evidence (wtc.extract.extract)
+    model: object = field(default=None, repr=False)     # the model it was read from, if any
+
+    def __post_init__(self) -> None:
+        namespace: dict = {}
+        exec(compile(self.source, f"<wtc program {self.task}>", "exec"), namespace)  # noqa: S102 - our own AST
+        self._fn = namespace["program"]
+
+    def run(self, xs: list) -> list:
+        """One sequence, as the source defines it."""
+        return self._fn(xs)
+
+    def __call__(self, x) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim == 2 and self.n_inputs == 1:
+            x = x[:, :, None]
+        if x.ndim != 3 or x.shape[1:] != (self.seq_len, self.n_inputs):
+            raise ValueError(f"program for {self.task!r} takes (n, {self.seq_len}, {self.n_inputs}) inputs, "
+                             f"got {x.shape}")
+        rows = []
+        for seq in x:
+            xs = seq[:, 0].tolist() if self.n_inputs == 1 else [tuple(r) for r in seq.tolist()]
+            rows.append(self._fn(xs))
+        return np.asarray(rows, dtype=np.float64)
+
+    @property
+    def n_lines(self) -> int:
+        """Lines of the function body (the readable size of the program)."""
+        return len([ln for ln in self.source.splitlines() if ln.strip()])
+
+    def __str__(self) -> str:
+        return self.source

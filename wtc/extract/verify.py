@@ -1,0 +1,46 @@
+"""verify: run a program on freshly sampled data and score it with the task's own metric."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wtc import tasks as task_registry
+from wtc.tasks.task import REAL_TOLERANCE
+
+
+@dataclass
+class Verification:
+    accuracy: float | None          # rounded accuracy on valid positions (integer tasks)
+    max_rel_err: float              # max |pred - y| / (1 + |y|) on valid positions
+    n: int                          # sequences
+    agrees_with_model: float | None  # share of valid positions where program and model agree
+    solved: bool
+    seed: int | None = None
+
+    def __str__(self) -> str:
+        metric = (f"accuracy {self.accuracy:.4f}" if self.accuracy is not None
+                  else f"max rel err {self.max_rel_err:.3g}")
+        agree = "" if self.agrees_with_model is None else f", agrees with model on {self.agrees_with_model:.4f}"
+        return f"{'verified' if self.solved else 'NOT verified'}: {metric} on {self.n} fresh sequences{agree}"
+
+
+def agreement(task, a: np.ndarray, b: np.ndarray) -> float:
+    """Share of valid positions where two predictions agree by the task's criterion."""
+    a, b = task._as_3d(a, "a")[:, task.valid_from:], task._as_3d(b, "b")[:, task.valid_from:]
+    if task.output == "integer":
+        return float((np.round(a) == np.round(b)).mean())
+    return float((np.abs(a - b) / (1 + np.abs(b)) <= REAL_TOLERANCE).mean())
+
+
+def verify(program, task, n: int = 10000, seed: int | None = None, model=None) -> Verification:
+    """Score `program` (anything callable on (n, T[, k]) arrays) on n fresh sequences of `task`."""
+    task = task_registry.get(task)
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy % (2**32))
+    x, y = task.batch(np.random.default_rng(seed), n)
+    pred = np.asarray(program(x), dtype=np.float64)
+    score = task.score(pred, y)
+    model = model if model is not None else getattr(program, "model", None)
+    agree = agreement(task, pred, model.predict(x)) if model is not None else None
+    return Verification(score.get("accuracy"), score["max_rel_err"], n, agree, bool(score["solved"]), seed)
