@@ -20,6 +20,13 @@ _LAZY = {
     "DiscreteTransformer": ("wtc.dt.model", "DiscreteTransformer"),
     "train": ("wtc.dt.train", "train"),
     "load": ("wtc.dt.checkpoint", "load"),
+    "extract": ("wtc.extract", "extract"),
+    "verify": ("wtc.extract", "verify"),
+    "Program": ("wtc.extract", "Program"),
+    "Verification": ("wtc.extract", "Verification"),
+    "discover": ("wtc.discover", "discover"),
+    "Discovery": ("wtc.discover", "Discovery"),
+    "sr": ("wtc.sr", None),
 }
 
 __all__ = ["Task", "backends", "__version__", *_LAZY]

@@ -60,6 +60,51 @@ def _cmd_train(args) -> int:
     return 0 if score["solved"] else 1
 
 
+def _cmd_discover(args) -> int:
+    from wtc import tasks
+    from wtc.discover import discover
+
+    if args.all:
+        return _discover_all(args)
+    if not args.task:
+        print("wtc: error: give a TASK or --all", file=sys.stderr)
+        return 2
+    task = tasks.get(args.task)
+    d = discover(task, seed=args.seed, budget_s=args.budget, progress=not args.quiet)
+    print(d.program.source if d.program is not None else "(no program)")
+    print(d.verification)
+    for failure in (d.program.failures if d.program is not None else []):
+        print(f"  unreadable: {failure}")
+    if args.out:
+        d.save(args.out)
+        print(f"wrote {args.out}/program.py, report.md, training.png, summary.json, model/")
+    return 0 if d.solved else 1
+
+
+def _discover_all(args) -> int:
+    from wtc import tasks
+    from wtc.discover import discover
+
+    out = Path(args.out or "discover-all")
+    rows = []
+    for name in tasks.names():
+        d = discover(name, seed=args.seed, budget_s=args.budget, progress=not args.quiet)
+        d.save(out / name)
+        row = d.summary()
+        row["tier"] = tasks.tier(name)
+        rows.append(row)
+        print(f"{name:18s} {row['tier']:8s} {'solved' if row['solved'] else 'NOT solved':10s} "
+              f"{row['seconds']:7.1f}s  {row['program_lines'] or '-'} lines", flush=True)
+        (out / "results.json").write_text(json.dumps(rows, indent=2, default=str))
+    table = ["| task | tier | solved | seconds | program lines |", "|---|---|---|---|---|"]
+    table += [f"| {r['task']} | {r['tier']} | {'yes' if r['solved'] else 'no'} | {r['seconds']:.0f} | "
+              f"{r['program_lines'] or '-'} |" for r in rows]
+    (out / "results.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+    must = [r for r in rows if r["tier"] == "must"]
+    return 0 if all(r["solved"] for r in must) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wtc", description="weights to code: Discrete Transformers read out as programs")
     sub = p.add_subparsers(dest="command", required=True)
@@ -76,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=_cmd_train)
+    d = sub.add_parser("discover", help="train, extract and verify a program for a task (or --all)")
+    d.add_argument("task", nargs="?")
+    d.add_argument("--all", action="store_true", help="every built-in task; writes results.md/json")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--budget", type=float, default=None, help="seconds per task (default 600)")
+    d.add_argument("--out", default=None, help="directory for program.py, report.md, plots, summary.json")
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(func=_cmd_discover)
     return p
 
 

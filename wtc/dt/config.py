@@ -71,7 +71,7 @@ class DTConfig:
     steps: int = 2000
     hard_steps: int = 300
     polish_iters: int = 200
-    refine_steps: int = 150
+    refine_steps: int = 0
     batch_size: int = 128
     lr: float = 1e-2
     hard_lr_scale: float = 0.01

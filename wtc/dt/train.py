@@ -8,6 +8,7 @@ solves the task, the attempts run out, or the time budget would be exceeded.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import time
 from pathlib import Path
@@ -297,11 +298,11 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
     return model, history
 
 
-def _run_attempt(run: Attempt, progress: bool, state_path: Path | None):
+def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = None) -> list[dict]:
+    """Train one population to the end (resuming where `run` stands); fresh-data scores per replica."""
     cfg = run.config
-    total = cfg.steps + cfg.hard_steps
     t_start = time.perf_counter()
-    bar = tqdm(total=total, initial=run.step, disable=not progress, leave=False,
+    bar = tqdm(total=cfg.steps + cfg.hard_steps, initial=run.step, disable=not progress, leave=False,
                desc=f"{run.task.name} attempt {run.attempt}")
     while run.phase in ("anneal", "hard"):
         run.train_step()
@@ -314,18 +315,32 @@ def _run_attempt(run: Attempt, progress: bool, state_path: Path | None):
     bar.close()
     run.finish()
     scores = run.evaluate(cfg.eval_sequences)
-    keys = [rank_key(run.task, s) for s in scores]
-    r = max(range(len(scores)), key=lambda i: keys[i])
-    history = run.history
-    history.replica, history.final = r, {"scores": scores}
-    history.seconds = time.perf_counter() - t_start
+    run.history.final = {"scores": scores}
+    run.history.seconds = time.perf_counter() - t_start
+    if progress:
+        keys = [rank_key(run.task, s) for s in scores]
+        best = max(range(len(scores)), key=lambda i: keys[i])
+        tqdm.write(f"{run.task.name} attempt {run.attempt}: {sum(k[0] for k in keys)}/{len(keys)} replicas solved; "
+                   f"best {run.history.metric_name}={_metric(run.task, scores[best]):.4g} ({run.history.seconds:.1f}s)")
+    return scores
+
+
+def take_replica(run: Attempt, r: int):
+    """(model, history) for replica r of a finished attempt."""
+    scores = run.history.final["scores"]
+    history = copy.copy(run.history)
+    history.replica = r
     model = run.model.replica(r)
     model.train_info = {"task": run.task.name, "seed": run.seed, "attempt": run.attempt, "replica": r,
                         "score": scores[r]}
-    if progress:
-        solved = sum(k[0] for k in keys)
-        tqdm.write(f"{run.task.name} attempt {run.attempt}: {solved}/{len(keys)} replicas solved; "
-                   f"best {history.metric_name}={_metric(run.task, scores[r]):.4g} ({history.seconds:.1f}s)")
+    return model, history
+
+
+def _run_attempt(run: Attempt, progress: bool, state_path: Path | None):
+    scores = run_attempt(run, progress, state_path)
+    keys = [rank_key(run.task, s) for s in scores]
+    r = max(range(len(scores)), key=lambda i: keys[i])
+    model, history = take_replica(run, r)
     return keys[r], model, history
 
 

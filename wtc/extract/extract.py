@@ -23,8 +23,11 @@ from wtc.extract.compose import boolean_reduce, snap_output
 from wtc.extract.program import POSITION, Line, Program, build_source
 from wtc.extract.readout import head_weights, pad, read
 from wtc.extract.routing import fit_head, routed, rule_keys
+from wtc.extract.verify import agreement
 
 LIVE_FRACTION = 1e-5        # a variable is live when it carries this share of the head's signal
+MIN_AGREEMENT = 0.999       # program vs model decisions on the extraction data (integer tasks)
+MAX_REAL_DEVIATION = 1e-2   # program vs model, relative rms (real tasks)
 MAX_SR_POINTS = 3000
 
 
@@ -115,7 +118,7 @@ def extract(model, task, *, n: int = 2048, seed: int = 0, sr_time_limit: float |
         exprs[mod.name] = expr
         pname[mod.name] = _unique_name(f"m{len(exprs) - 1}", taken)
         symbol[mod.name] = sp.Symbol(pname[mod.name])
-        inputs = list(dict.fromkeys(mod.reads.values()))
+        inputs = _distinct_inputs(mod, pname)
         f = sp.lambdify([sp.Symbol(pname[v]) for v in inputs], expr, modules=["numpy"])
         with np.errstate(all="ignore"):
             out = np.broadcast_to(np.asarray(f(*[prog[v][:, P:] for v in inputs]), dtype=float), (n, T))
@@ -240,8 +243,31 @@ def extract(model, task, *, n: int = 2048, seed: int = 0, sr_time_limit: float |
     kept.reverse()
     source = build_source(task.name, task.n_inputs, task.n_outputs, list(model.input_names), kept, outputs)
     program = Program(task.name, source, task.seq_len, task.n_inputs, task.n_outputs, kept, outputs,
-                      ok=not failures, failures=failures, readings=readings, model=model)
+                      failures=failures, readings=readings, model=model)
+    # the program must reproduce the model it was read from (on the extraction data): the same
+    # rounded decisions for integer tasks; for real tasks the same function up to the network's
+    # own local imprecision (a relu kink a network smooths must not count as a misreading)
+    mine = program(x)
+    if task.output == "integer":
+        agree = agreement(task, mine, ro.y_model)
+        if agree < MIN_AGREEMENT:
+            failures.append(f"the program reproduces the model's decisions on only {agree:.4f} of positions")
+    else:
+        valid = np.isfinite(y_task[..., 0])
+        diff = (mine.reshape(ro.y_model.shape) - ro.y_model)[valid]
+        rel = float(np.sqrt(np.mean(diff**2)) / (np.sqrt(np.mean(ro.y_model[valid] ** 2)) + 1e-12))
+        if rel > MAX_REAL_DEVIATION:
+            failures.append(f"the program deviates from the model by {rel:.3g} (relative rms)")
+    program.ok = not failures
     return program
+
+
+def _distinct_inputs(mod, pname) -> list[str]:
+    """A module's inputs, one per program variable (two slots may read the same value)."""
+    first = {}
+    for v in mod.reads.values():
+        first.setdefault(pname[v], v)
+    return list(first.values())
 
 
 def _formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: float, widen=(1.0, 3.0, 10.0)):
@@ -273,7 +299,7 @@ def _formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: floa
 def _read_mlp(mod, ro, prog, pname, *, rel_tol: float | None = None, abs_tol: float | None = None):
     """A sub-MLP's formula of its inputs (program units) -> (Reading, expression)."""
     P = ro.P
-    inputs = list(dict.fromkeys(mod.reads.values()))
+    inputs = _distinct_inputs(mod, pname)
     X = np.stack([prog[v][:, P:].ravel() for v in inputs], axis=1)
     y = ro.model_values(mod.name)[:, P:].ravel()
     rms = float(np.sqrt(np.mean(y**2))) + 1e-12

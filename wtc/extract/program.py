@@ -42,7 +42,11 @@ class Line:
 
 def expression_ast(expr: sp.Expr, variables: set[str]) -> ast.expr:
     """sympy expression -> AST where variable v reads v[t] (t itself stays t)."""
-    tree = ast.parse(pycode(sp.sympify(expr), fully_qualified_modules=True), mode="eval")
+    try:
+        code = pycode(sp.sympify(expr), fully_qualified_modules=True, strict=True)
+    except Exception as exc:   # sympy refuses functions it cannot print as Python
+        raise ValueError(f"unknown name or unsupported function in expression {expr}: {exc}") from exc
+    tree = ast.parse(code, mode="eval")
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED_NODES):
             raise ValueError(f"unsupported construct in expression {expr}: {type(node).__name__}")
