@@ -9,7 +9,7 @@ import sympy as sp
 from wtc.sr import search
 from wtc.sr.data import TOL_FACTOR, check_inputs, prepare
 from wtc.sr.expr import evaluate, to_str
-from wtc.sr.select import Row, boolean_canonical, choose, equation_str, sympy_form, table
+from wtc.sr.select import Row, boolean_canonical, choose, equation_str, sympy_form, sympy_size, table
 
 DEFAULT_MAX_COMPLEXITY = 20
 
@@ -22,11 +22,14 @@ class Fit:
     equation     readable text of expr (short decimals: 100 - 4.905*t**2)
     exact        True when the formula meets the tolerance: its rmse over all points is at most
                  ``tolerance`` (then it is the simplest such formula found)
-    complexity   node count of the formula as found (constants, variables and operators)
+    complexity   node count of the formula (constants, variables and operators), as found; on 0/1
+                 inputs, of the multilinear form returned
     loss, rmse   mean squared error and its root over all points; max_abs_err, r2 likewise
     tolerance    the absolute rmse a formula had to reach; noise (std) and noise_method say where
                  it came from ('tol' when given, else 'replicates' or 'local-quadratic')
     candidates   the Pareto table (list of Row: complexity, loss, score, equation, expr, passes)
+    operators    the operator set of the last level searched
+    note         why the answer is not exact (or other caveats), '' when nothing to say
     """
     expr: sp.Expr
     equation: str
@@ -45,6 +48,7 @@ class Fit:
     seconds: float = 0.0
     timed_out: bool = False
     backend: str = "builtin"
+    note: str = ""
     tree: tuple | None = field(default=None, repr=False)
 
     def predict(self, X) -> np.ndarray:
@@ -83,20 +87,28 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
     syms = tuple(sp.Symbol(s) for s in names)
     binary = [syms[i] for i in data.binary]
     expr = sympy_form(best.tree, syms, binary)
-    if len(binary) == len(syms):
+    complexity = best.complexity
+    if len(binary) == len(syms):  # on bits: the multilinear canonical form, counted as written
         expr = boolean_canonical(expr, syms)
+        complexity = sympy_size(expr)
     pred = np.broadcast_to(evaluate(best.tree, [X[:, i] for i in range(X.shape[1])]), y.shape)
     resid = y - pred
     sst = float(np.sum((y - y.mean()) ** 2))
     sse = float(np.sum(resid**2))
+    exact = bool(best.passes) and not data.warning
+    note = data.warning or ("" if exact else
+                            f"no formula up to complexity {max_complexity} reaches the tolerance "
+                            f"(rmse <= {data.thr:.3g}); this is the best trade-off found")
+    if log.timed_out:
+        note = (note + "; " if note else "") + f"time limit ({time_limit} s) reached: search incomplete"
     return Fit(
-        expr=expr, equation=equation_str(expr), exact=bool(best.passes), complexity=best.complexity,
+        expr=expr, equation=equation_str(expr), exact=exact, complexity=complexity,
         loss=sse / len(y), rmse=float(np.sqrt(sse / len(y))),
         max_abs_err=float(np.max(np.abs(resid))), r2=1.0 - sse / sst if sst > 0 else float(sse == 0),
         tolerance=data.thr, noise=data.sigma if data.sigma_method != "tol" else data.sigma * TOL_FACTOR,
         noise_method=data.sigma_method, candidates=table(cands, syms, binary, int(max_complexity)),
         names=names, operators=log.levels_tried[-1] if log.levels_tried else levels[0],
-        seconds=log.seconds, timed_out=log.timed_out, tree=best.tree,
+        seconds=log.seconds, timed_out=log.timed_out, note=note, tree=best.tree,
     )
 
 

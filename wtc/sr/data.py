@@ -3,7 +3,7 @@
 - fitting points: the data itself, or, when inputs repeat (bits, small integer grids), one row per
   distinct input with its count as weight and the mean y; the within-group sum of squares is kept
   so that every loss is still the loss over all n points;
-- screening points (m <= 192): a subsample of the fitting points for the fast linear screen;
+- screening points (m ~ N_SCREEN): a subsample of the fitting points for the fast linear screen;
 - probes: the screening points followed by off-distribution points (enumeration dedup).
 """
 from __future__ import annotations
@@ -23,9 +23,10 @@ N_SCREEN = 128
 N_OFF = 24
 TOL_FACTOR = 1.3  # a formula passes when its rmse <= TOL_FACTOR * noise estimate (+ floor)
 REL_FLOOR = 1e-9  # noise-free data: rmse below REL_FLOOR * rms(y) counts as exact
+MAX_REL_NOISE = 0.1  # estimated noise above this fraction of rms(y): nothing can be certified
 
 
-def check_inputs(X, y, names=None) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+def check_inputs(X, y, names=None, max_inputs: int = MAX_INPUTS) -> tuple[np.ndarray, np.ndarray, tuple]:
     """Validate and normalise (X (n, k), y (n,), names); raise ValueError naming the problem."""
     try:
         X = np.asarray(X, dtype=np.float64)
@@ -48,9 +49,9 @@ def check_inputs(X, y, names=None) -> tuple[np.ndarray, np.ndarray, tuple[str, .
     n, k = X.shape
     if k == 0:
         raise ValueError("X has no input columns (k = 0)")
-    if k > MAX_INPUTS:
-        raise ValueError(f"the builtin backend supports at most {MAX_INPUTS} inputs, X has k = {k} "
-                         "(use backend='pysr' for more)")
+    if k > max_inputs:
+        raise ValueError(f"at most {max_inputs} inputs are supported here, X has k = {k}"
+                         + (" (backend='pysr' takes more)" if max_inputs == MAX_INPUTS else ""))
     if n < MIN_POINTS:
         raise ValueError(f"too few points: got n = {n}, need at least {MIN_POINTS}")
     bad_x = ~np.isfinite(X)
@@ -91,6 +92,7 @@ class Data:
     sigma_method: str
     thr: float  # absolute rmse a formula must reach to pass
     binary: tuple  # indices of inputs whose values are all in {0, 1}
+    warning: str = ""  # why no formula can be certified exact, when that is known up front
 
     @property
     def k(self) -> int:
@@ -134,5 +136,9 @@ def prepare(X: np.ndarray, y: np.ndarray, names: tuple, tol: float | None,
         sigma, method = est["sigma"], est["method"]
     thr = TOL_FACTOR * sigma + REL_FLOOR * max(y_rms, 1e-300)
     binary = tuple(i for i in range(k) if np.all((X[:, i] == 0) | (X[:, i] == 1)))
+    warning = ""
+    if tol is None and sigma > MAX_REL_NOISE * y_rms:
+        warning = (f"the estimated noise ({sigma:.3g}) is {100 * sigma / y_rms:.0f}% of rms(y): y looks "
+                   "like noise, so no formula is certified (pass tol to decide yourself)")
     return Data(X, y, names, Xf, yf, wf, ssw, float(wf.sum()), screen, probes, y_rms,
-                float(sigma), method, float(thr), binary)
+                float(sigma), method, float(thr), binary, warning)

@@ -43,14 +43,14 @@ class SymbolicRegressor:
         return {k: getattr(self, k) for k in ("max_complexity", "operators", "tol", "variable_names",
                                               "backend", "random_state", "time_limit")}
 
-    def set_params(self, **params) -> "SymbolicRegressor":
+    def set_params(self, **params) -> SymbolicRegressor:
         for k, v in params.items():
             if k not in self.get_params():
                 raise ValueError(f"unknown parameter {k!r} for SymbolicRegressor")
             setattr(self, k, v)
         return self
 
-    def fit(self, X, y) -> "SymbolicRegressor":
+    def fit(self, X, y) -> SymbolicRegressor:
         if self.backend == "builtin":
             self.fit_: Fit = fit(X, y, names=self.variable_names, tol=self.tol,
                                  max_complexity=self.max_complexity, operators=self.operators,

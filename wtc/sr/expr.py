@@ -12,7 +12,7 @@ Complexity is the number of nodes of the tree (PySR's convention).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import sympy as sp

@@ -19,6 +19,19 @@ from wtc.sr.expr import const_cost, evaluate, size
 Z_SNAP = 3.0  # snap within Z_SNAP standard errors
 
 
+def snap_width(data: Data, r0: float) -> tuple[float, float]:
+    """(sigma behind the standard errors, z) for snapping. With an estimated noise level the
+    interval is statistical (Z_SNAP standard errors). With a user tolerance it also covers every
+    value that alone keeps the rmse within the tolerance: the user asked for the simplest formula
+    within tol, not for the statistically best constants."""
+    floor = REL_FLOOR * max(data.y_rms, 1e-300)
+    sig = max(r0, floor)
+    z = Z_SNAP
+    if data.sigma_method == "tol":
+        z = max(Z_SNAP, float(np.sqrt(max(data.thr**2 - r0**2, 0.0) * data.W)) / sig)
+    return sig, z
+
+
 @dataclass
 class Candidate:
     tree: tuple  # final formula, constants as ("k", Num) leaves
@@ -83,19 +96,22 @@ def snap_coefficients(F: np.ndarray, data: Data, *, base_size: int = 0, bound: i
         return None
     theta, cov, r0 = out
     accept = data.thr if r0 <= data.thr else r0 * 1.01 + floor
-    sig = max(r0, floor)  # noise level behind the standard errors
+    sig, z = snap_width(data, r0)
     if bound is not None:
         # cheap estimate of the snapped complexity: a coefficient costs 2 nodes unless it can be
         # +-1 (0 for theta0); a coefficient that can be 0 removes its term (at least 1 node)
         se = sig * np.sqrt(np.maximum(np.diag(cov), 0.0))
-        near = lambda v, j: abs(theta[j] - v) <= Z_SNAP * se[j]  # noqa: E731
+
+        def near(v, j):
+            return abs(theta[j] - v) <= z * se[j]
+
         est = base_size + (0 if near(0, 0) else 2)
         est += sum(-1 if near(0, j) else 0 if (near(1, j) or near(-1, j)) else 2 for j in range(1, p))
         if est > bound:
             return None
     while len(fixed) < p:
         free = [j for j in range(p) if j not in fixed]
-        options = {j: nb.snap_options(theta[j], sig * np.sqrt(max(cov[j, j], 0.0)), Z_SNAP) for j in free}
+        options = {j: nb.snap_options(theta[j], sig * np.sqrt(max(cov[j, j], 0.0)), z) for j in free}
         order = sorted(free, key=lambda j: (options[j][0].cost, j))
         accepted = False
         for j in order:

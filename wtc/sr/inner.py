@@ -1,13 +1,15 @@
-"""Constants inside nonlinearities: exp(-0.5 x), sin(2x + 1), x**1.5, 1/(1 + 0.3 x^2).
+"""Constants inside nonlinearities: exp(-0.5 x), sin(2x + 1), x**0.75, 1/(1 + 0.3 x^2).
 
-The linear stage only fits outer coefficients. Here the few best shapes of the screen get one or two
-inner constants: the argument s of a nonlinear node becomes c*s, s + c or c*s + d (a divisor and a
-max/min argument get s + c; a power x**c is tried on each positive input). For given inner
-constants the outer coefficients are a linear least-squares problem (variable projection), so only
-the 1-2 inner constants are searched: a coarse grid on the screening points, then Levenberg-Marquardt
-(numpy, finite-difference Jacobian) on all fitting points, then each inner constant is snapped like
-the outer ones (within Z_SNAP standard errors from the Gauss-Newton covariance) while the formula
-still meets the acceptance level.
+The linear stage only fits outer coefficients. Here a shape (chosen by wtc.sr.inner_search) gets
+one or two inner constants: the argument s of a nonlinear node becomes c*s, s + c or c*s + d (a
+divisor or max/min argument gets s + c, max/min also c*s); x**c is its own shape. For given
+inner constants the outer coefficients are a linear least-squares problem (variable projection),
+so only the 1-2 inner constants are searched: a coarse grid on the screening points, then
+Levenberg-Marquardt (numpy, finite-difference Jacobian) on all fitting points. Each inner
+constant is then snapped like the outer ones (within Z_SNAP standard errors from the Gauss-Newton
+covariance), trying every simple choice and keeping the one that gives the simplest passing
+formula. sin/cos arguments are first put in canonical form (positive frequency, phase in
+(-pi, pi], and the sin <-> cos twin with a phase shifted by pi/2 is tried too).
 """
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ import itertools
 import numpy as np
 
 from wtc.sr import numbers as nb
-from wtc.sr.data import REL_FLOOR, Data
+from wtc.sr.data import Data
 from wtc.sr.expr import OPS, evaluate, renumber, substitute
-from wtc.sr.fitting import Z_SNAP, Candidate, fit_terms
+from wtc.sr.fitting import Candidate, fit_terms, snap_width
 
 # grids per axis: (one constant, two constants); log-spaced scales of both signs, linear shifts
 _MUL_GRID = (np.concatenate([-np.logspace(-1.5, 1.5, 33), np.logspace(-1.5, 1.5, 33)]),
@@ -100,7 +102,7 @@ def _grid(tree, p: int, s_scale: float) -> np.ndarray:
 def _roles(t, acc=None):
     acc = {} if acc is None else acc
     if t[0] in OPS:
-        for i, ch in enumerate(t[1:], start=1):
+        for ch in t[1:]:
             if ch[0] == "c":
                 acc[ch[1]] = "mul" if t[0] == "mul" else "pow" if t[0] == "pow" else "add"
             else:
@@ -197,7 +199,7 @@ def coarse(tree, others: list, sub: dict, n_starts: int = 3):
     return float(sse[order[0]]), grid[order], prob
 
 
-def polish(prob_s: "_Problem", starts: np.ndarray, iters: int = 40):
+def polish(prob_s: _Problem, starts: np.ndarray, iters: int = 40):
     """LM from each start on the screening points; the best (sse, c)."""
     best = (np.inf, starts[0])
     for c0 in starts:
@@ -214,7 +216,36 @@ def refine(tree, others: list, c0: np.ndarray, data: Data, fit: dict):
     c, f, J = levenberg_marquardt(prob, c0)
     if not np.isfinite(f):
         return None
-    return _snap_inner(tree, c, J, prob, others, data, fit)
+    best = _snap_inner(tree, c, J, prob, others, data, fit)
+    alt = _swap_sin_cos(tree)
+    if alt is not None and best is not None and best.passes:
+        # cos(u + p) = sin(u + p + pi/2): the same fit, but one of the two phases may be simple
+        tree2, shift = alt
+        c2 = c.copy()
+        for j, d in shift.items():
+            c2[j] += d
+        prob2 = _Problem(tree2, f_vals, fit["cols"], fit["y"], fit["w"], fit["memo"])
+        c2, f2, J2 = levenberg_marquardt(prob2, c2, iters=5)
+        other = _snap_inner(tree2, c2, J2, prob2, others, data, fit) if np.isfinite(f2) else None
+        if other is not None and other.passes and (other.complexity, other.dl) < (best.complexity, best.dl):
+            best = other
+    return best
+
+
+def _swap_sin_cos(t):
+    """The tree with every phased sin <-> cos swapped and the phase shifts that keep it equal."""
+    shift: dict = {}
+
+    def go(u):
+        if u[0] in ("sin", "cos") and u[1][0] == "add" and u[1][2][0] == "c":
+            j = u[1][2][1]
+            shift[j] = np.pi / 2 if u[0] == "cos" else -np.pi / 2
+            return ("sin" if u[0] == "cos" else "cos", (u[1][0], go(u[1][1]), u[1][2]))
+        if u[0] in OPS:
+            return (u[0], *(go(ch) for ch in u[1:]))
+        return u
+    out = go(t)
+    return (out, shift) if shift else None
 
 
 def _candidate(tree, values: dict, others, data: Data, fit) -> Candidate | None:
@@ -233,15 +264,34 @@ def _phase_params(t, acc=None) -> set:
     return acc
 
 
+def _frequency_params(t, acc=None) -> list:
+    """(frequency, phase or None) parameter indices of sin/cos(c*s [+ d]) nodes."""
+    acc = [] if acc is None else acc
+    if t[0] in OPS:
+        if t[0] in ("sin", "cos"):
+            a = t[1]
+            if a[0] == "mul" and a[1][0] == "c":
+                acc.append((a[1][1], None))
+            elif a[0] == "add" and a[1][0] == "mul" and a[1][1][0] == "c" and a[2][0] == "c":
+                acc.append((a[1][1][1], a[2][1]))
+        for ch in t[1:]:
+            _frequency_params(ch, acc)
+    return acc
+
+
 def _snap_inner(tree, c, J, prob: _Problem, others, data: Data, fit) -> Candidate | None:
     """Snap inner constants one at a time; each time every simple choice of the parameter is tried
     (the others refit) and the one giving the simplest passing formula is kept."""
     p = len(c)
     c = c.copy()
+    for i, j in _frequency_params(tree):  # sin(-u) = -sin(u), cos(-u) = cos(u): positive frequency
+        if c[i] < 0:
+            c[i] = -c[i]
+            if j is not None:
+                c[j] = -c[j]
     phases = _phase_params(tree)
     for j in phases:  # periodic: bring the phase into (-pi, pi]
         c[j] = (c[j] + np.pi) % (2 * np.pi) - np.pi
-    floor = REL_FLOOR * max(data.y_rms, 1e-300)
     raw = _candidate(tree, {j: nb.rounded(c[j], 0) for j in range(p)}, others, data, fit)
     if raw is None:
         return None
@@ -249,15 +299,15 @@ def _snap_inner(tree, c, J, prob: _Problem, others, data: Data, fit) -> Candidat
     if r0 > data.thr:  # cannot pass: not worth the snapping search, keep it as a table row
         return raw
     accept = data.thr
-    sig = max(r0, floor)
+    sig, z = snap_width(data, r0)
     fixed: dict[int, nb.Num] = {}
     while len(fixed) < p:
         free = [j for j in range(p) if j not in fixed]
         cov = _cov(J, p, free)
-        choices = {j: nb.snap_choices(c[j], sig * np.sqrt(cov.get(j, 0.0)), Z_SNAP) for j in free}
+        choices = {j: nb.snap_choices(c[j], sig * np.sqrt(cov.get(j, 0.0)), z) for j in free}
         for j in phases & set(free):  # sin(u + c) = -sin(u + c - pi): the outer sign absorbs it
             alt = (c[j] + 2 * np.pi) % (2 * np.pi) - np.pi
-            extra = nb.snap_choices(alt, sig * np.sqrt(cov.get(j, 0.0)), Z_SNAP)
+            extra = nb.snap_choices(alt, sig * np.sqrt(cov.get(j, 0.0)), z)
             choices[j] = sorted(choices[j] + extra, key=lambda n: n.cost)
         j = min(free, key=lambda j: choices[j][0].cost if choices[j] else np.inf)
         rest = [i for i in free if i != j]

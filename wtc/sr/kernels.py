@@ -15,8 +15,8 @@ _COLLINEAR = 1e-9
 
 
 @njit(cache=True)
-def _offer(best_sse, best_idx, lb, sse, i, j, l):
-    """Insert (sse, i, j, l) into the sorted row best_sse[lb] if it is among the n_best."""
+def _offer(best_sse, best_idx, lb, sse, i, j, q):
+    """Insert (sse, i, j, q) into the sorted row best_sse[lb] if it is among the n_best."""
     nb = best_sse.shape[1]
     if sse >= best_sse[lb, nb - 1]:
         return
@@ -30,7 +30,7 @@ def _offer(best_sse, best_idx, lb, sse, i, j, l):
     best_sse[lb, r] = sse
     best_idx[lb, r, 0] = i
     best_idx[lb, r, 1] = j
-    best_idx[lb, r, 2] = l
+    best_idx[lb, r, 2] = q
 
 
 @njit(cache=True)
@@ -76,9 +76,9 @@ def pairs(G, b, yy, sizes, sse_pass, max_lb, pass1, best_sse, best_idx, out_idx,
 
 
 @njit(cache=True)
-def _sse3(G, b, yy, i, j, l):
-    """yy - b' A^-1 b for the 3x3 unit-diagonal Gram block of (i, j, l); inf when collinear."""
-    a, c, e = G[i, j], G[i, l], G[j, l]
+def _sse3(G, b, yy, i, j, q):
+    """yy - b' A^-1 b for the 3x3 unit-diagonal Gram block of (i, j, q); inf when collinear."""
+    a, c, e = G[i, j], G[i, q], G[j, q]
     # A = [[1, a, c], [a, 1, e], [c, e, 1]]; adjugate entries
     m00 = 1.0 - e * e
     m01 = c * e - a
@@ -89,7 +89,7 @@ def _sse3(G, b, yy, i, j, l):
     det = m00 + a * m01 + c * m02
     if det <= _COLLINEAR:
         return np.inf
-    x, y_, z = b[i], b[j], b[l]
+    x, y_, z = b[i], b[j], b[q]
     q = (m00 * x * x + m11 * y_ * y_ + m22 * z * z + 2.0 * (m01 * x * y_ + m02 * x * z + m12 * y_ * z))
     return yy - q / det
 
@@ -107,48 +107,48 @@ def triples(G, b, yy, T, sizes, sse_pass, max_lb, pass1, PP, best_sse, best_idx,
             if sizes[i] + sizes[j] + 3 > max_lb:
                 continue
             for c_ in range(b_ + 1, nt):
-                l = T[c_]
-                lb = sizes[i] + sizes[j] + sizes[l] + 2
+                q = T[c_]
+                lb = sizes[i] + sizes[j] + sizes[q] + 2
                 if lb > max_lb:
                     continue
-                sse = _sse3(G, b, yy, i, j, l)
+                sse = _sse3(G, b, yy, i, j, q)
                 if sse == np.inf:
                     continue
-                _offer(best_sse, best_idx, lb, sse, i, j, l)
-                if sse <= sse_pass and n_out < cap:
-                    if not (pass1[i] or pass1[j] or pass1[l] or PP[i, j] or PP[i, l] or PP[j, l]):
-                        out_idx[n_out, 0] = i
-                        out_idx[n_out, 1] = j
-                        out_idx[n_out, 2] = l
-                        out_sse[n_out] = sse
-                        n_out += 1
+                _offer(best_sse, best_idx, lb, sse, i, j, q)
+                if sse <= sse_pass and n_out < cap and not (
+                        pass1[i] or pass1[j] or pass1[q] or PP[i, j] or PP[i, q] or PP[j, q]):
+                    out_idx[n_out, 0] = i
+                    out_idx[n_out, 1] = j
+                    out_idx[n_out, 2] = q
+                    out_sse[n_out] = sse
+                    n_out += 1
     return n_out
 
 
 @njit(cache=True)
 def extend(G, b, yy, top_idx, n_top, inT, sizes, sse_pass, max_lb, pass1, PP, best_sse, best_idx,
            out_idx, out_sse, n_out, cap):
-    """Every third term l on each of the top pairs (skipping triples fully inside T, done above)."""
+    """Every third term q on each of the top pairs (skipping triples fully inside T, done above)."""
     N = G.shape[0]
     for t in range(n_top):
         i, j = top_idx[t, 0], top_idx[t, 1]
         if i < 0:
             continue
-        for l in range(N):
-            if l == i or l == j or (inT[i] and inT[j] and inT[l]):
+        for q in range(N):
+            if q == i or q == j or (inT[i] and inT[j] and inT[q]):
                 continue
-            lb = sizes[i] + sizes[j] + sizes[l] + 2
+            lb = sizes[i] + sizes[j] + sizes[q] + 2
             if lb > max_lb:
                 continue
-            sse = _sse3(G, b, yy, i, j, l)
+            sse = _sse3(G, b, yy, i, j, q)
             if sse == np.inf:
                 continue
-            _offer(best_sse, best_idx, lb, sse, i, j, l)
-            if sse <= sse_pass and n_out < cap:
-                if not (pass1[i] or pass1[j] or pass1[l] or PP[i, j] or PP[i, l] or PP[j, l]):
-                    out_idx[n_out, 0] = i
-                    out_idx[n_out, 1] = j
-                    out_idx[n_out, 2] = l
-                    out_sse[n_out] = sse
-                    n_out += 1
+            _offer(best_sse, best_idx, lb, sse, i, j, q)
+            if sse <= sse_pass and n_out < cap and not (
+                    pass1[i] or pass1[j] or pass1[q] or PP[i, j] or PP[i, q] or PP[j, q]):
+                out_idx[n_out, 0] = i
+                out_idx[n_out, 1] = j
+                out_idx[n_out, 2] = q
+                out_sse[n_out] = sse
+                n_out += 1
     return n_out

@@ -73,7 +73,7 @@ def local_sigma(X: np.ndarray, y: np.ndarray, rng: np.random.Generator, n_query:
 def estimate_sigma(X: np.ndarray, y: np.ndarray, rng: np.random.Generator | None = None) -> dict:
     """Noise std of y given X; returns {'sigma', 'method', 'dof'}."""
     rng = np.random.default_rng(0) if rng is None else rng
-    uniq, inv, counts = group_rows(X)
+    _, inv, counts = group_rows(X)
     s_rep, dof = replicate_sigma(y, inv, counts)
     if dof >= 20 and dof >= 0.2 * len(y):
         return {"sigma": s_rep, "method": "replicates", "dof": dof}

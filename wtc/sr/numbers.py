@@ -1,10 +1,10 @@
 """Snapping fitted constants to the simplest number a person would write.
 
-Given an estimate ``theta`` and its standard error, :func:`simplest_in` returns the cheapest number
-inside ``[theta - z*se, theta + z*se]``, where the cost is the count of digits one writes:
+Given an estimate ``theta`` and its standard error, :func:`simplest_in` returns the cheapest
+number inside ``[theta - z*se, theta + z*se]``, where the cost is the count of digits one writes:
 0 and small integers, short decimals (4.905, 9.81), small fractions (1/3, 7/9 via Stern-Brocot),
-and small rational multiples of pi, e, sqrt(2), sqrt(3), log(2) and log(10). A constant that cannot be pinned is rounded to the fewest
-significant digits its error allows.
+and small rational multiples of pi, e, sqrt(2), sqrt(3), log(2) and log(10). A constant that
+cannot be pinned is rounded to the fewest significant digits its error allows.
 """
 from __future__ import annotations
 

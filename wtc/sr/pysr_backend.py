@@ -60,14 +60,14 @@ def availability() -> tuple[bool, str]:
 
 def fit_pysr(X, y, names=None, tol=None, *, max_complexity=20, operators=None, time_limit=None,
              random_state=0) -> Fit:
+    X, y, names = check_inputs(X, y, names, max_inputs=MAX_INPUTS)
     ok, missing = availability()
     if not ok:
         raise BackendUnavailable(f"backend='pysr' is not usable here: missing {missing}. "
                                  "Use backend='builtin'.")
-    X, y, names = _check(X, y, names)
     rng = np.random.default_rng(random_state)
     data = prepare(X, y, names, tol, rng)
-    from pysr import PySRRegressor  # noqa: PLC0415  (starts Julia: only here)
+    from pysr import PySRRegressor  # starts Julia: only here
 
     binary, unary = _pysr_operators(operators)
     model = PySRRegressor(
@@ -99,16 +99,6 @@ def fit_pysr(X, y, names=None, tol=None, *, max_complexity=20, operators=None, t
                noise=data.sigma if data.sigma_method != "tol" else data.sigma * TOL_FACTOR,
                noise_method=data.sigma_method, candidates=rows, names=names,
                operators=tuple(binary) + tuple(unary), backend="pysr")
-
-
-def _check(X, y, names):
-    from wtc.sr import data as d
-    saved = d.MAX_INPUTS
-    d.MAX_INPUTS = MAX_INPUTS  # PySR handles more inputs than the builtin enumeration
-    try:
-        return check_inputs(X, y, names)
-    finally:
-        d.MAX_INPUTS = saved
 
 
 def _pysr_operators(operators):

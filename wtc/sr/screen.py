@@ -1,20 +1,22 @@
 """Fast linear screen: every y ~ theta0 + sum_j theta_j g_j with 1, 2 or 3 library terms g_j.
 
-On the screening points (m <= ~200, weighted) terms are centred (absorbs theta0) and normalised, so
-one Gram matrix G = U U' and b = U y give the residual sum of squares of any subset in closed form:
+On the screening points (~128, weighted) terms are centred (absorbs theta0) and normalised, so one
+Gram matrix G = U U' and b = U y give the residual sum of squares of any subset in closed form:
   1 term   sse = yy - b_i^2
   2 terms  sse = yy - (b_i^2 + b_j^2 - 2 b_i b_j G_ij) / (1 - G_ij^2)
-  3 terms  the 2-term formula on the system with term i projected out.
-Pairs are screened exhaustively, triples among the small terms plus every third term on the best
-pairs (numba kernels in wtc.sr.kernels). The screen returns (a) subsets whose estimated rmse passes a loose
-threshold, without those that contain a smaller passing subset, and (b) the best few subsets per
-lower bound of complexity, for the Pareto table and as seeds of the inner-constant pass.
+  3 terms  yy - b' A^-1 b with the 3x3 block A of G (adjugate formula).
+Pairs are screened exhaustively, triples among the smallest terms plus every third term on the best
+pairs (numba kernels in wtc.sr.kernels). The screen returns (a) subsets whose estimated rmse passes
+a loose threshold, without those that contain a smaller passing subset, and (b) the best few
+subsets per lower bound of complexity, for the Pareto table and as seeds of the inner pass.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+SCREEN_MARGIN = 1.5  # the screen lets through rmse <= SCREEN_MARGIN * tolerance (it sees a sample)
 
 
 @dataclass
@@ -118,3 +120,16 @@ def screen(U: np.ndarray, yc: np.ndarray, sizes: np.ndarray, sse_pass: float, *,
     del passing[max_pass:]
     best.sort(key=lambda c: (c.lb, c.sse))
     return ScreenResult(passing, best, sse_min)
+
+
+def sse_threshold(data, zs: np.ndarray, ws: np.ndarray, margin: float = SCREEN_MARGIN) -> float:
+    """Screen threshold on the weighted sse of the screening points (values zs, weights ws) for
+    an rmse over all points of at most margin * tolerance. When the screen is all fitting points
+    the within-group sum of squares is part of every loss and is taken off."""
+    full = len(data.screen) == len(data.yf)
+    W_s = data.W if full else float(data.wf[data.screen].sum())
+    out = (margin * data.thr) ** 2 * W_s
+    if full:
+        out = max(out - data.ssw, 0.0)
+    zc = zs - np.dot(ws, zs) / ws.sum()
+    return out + 1e-12 * float(np.dot(ws * zc, zc))  # the closed form loses ~1e-16: never tighter

@@ -1,12 +1,14 @@
-"""The search: operator levels, growing libraries, linear screen, inner constants, early stop.
+"""The search: operator levels, growing libraries, linear screen, transforms, inner constants.
 
-For each operator level ({+,-,*,square} -> +{/,max,min,abs,relu} -> +{neg,sqrt,exp,log,sin,cos,
-tanh}), libraries of growing size are enumerated and screened; combinations that pass the screen
-are refit and snapped in order of their complexity lower bound, stopping as soon as nothing left
-can beat the simplest passing formula. The next level is tried only when nothing passed, or when
-what passed is still large (complexity > SIMPLE_ENOUGH). Only then do the levels with nonlinear
-operators get the (costlier) inner-constant pass, in the same order. The simplest passing formula
-over everything tried wins.
+1. For each operator level ({+,-,*,square} -> +{/,max,min,abs,relu} -> +{neg,sqrt,exp,log,sin,
+   cos,tanh}) libraries of growing size are enumerated and screened; combinations that pass the
+   screen are refit and snapped in order of their complexity lower bound, stopping as soon as
+   nothing left can beat the simplest passing formula. The next level is tried only when nothing
+   passed, or when what passed is still large (complexity > SIMPLE_ENOUGH: polynomial stand-ins
+   for exp or x**1.5 must not end the search).
+2. Unless something small passed, the same libraries are screened against 1/y and y^2.
+3. Unless something simple passed, the richest library gets the inner-constant pass.
+The caller selects: the simplest passing formula over everything tried wins.
 """
 from __future__ import annotations
 
@@ -15,23 +17,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wtc.sr import inner, transforms
+from wtc.sr import transforms
 from wtc.sr.data import Data
 from wtc.sr.enumeration import enumerate_library
-from wtc.sr.expr import LEVELS, OPS, level_ops, size
+from wtc.sr.expr import LEVELS, OPS, level_ops, resolve_ops
 from wtc.sr.fitting import Candidate, fit_terms
-from wtc.sr.screen import prepare_columns, screen
+from wtc.sr.inner_search import inner_pass
+from wtc.sr.screen import prepare_columns, screen, sse_threshold
 
 TERM_BUDGETS = (250, 2500)  # library sizes tried per level, smallest first
-SCREEN_MARGIN = 1.5  # the screen lets through rmse <= SCREEN_MARGIN * tolerance
 SIMPLE_ENOUGH = 9  # a passing formula this small ends the widening of operator sets
 TRANSFORM_IF_ABOVE = 5  # ... and the transformed-target pass unless it is at most this small
 MAX_REFITS = 60  # full refits of passing combinations per library
-N_INNER_SEEDS = 200  # smallest nonlinear terms given one inner constant
-N_INNER_SEEDS_2 = 16  # of those, the best given two
-N_INNER_COMBOS = 6  # multi-term combinations given inner constants
-N_INNER_POLISH = 24  # best grid results per pool given a short LM before ranking
-N_INNER_REFINE = 8  # variants refined by LM after the grid (half as many combinations)
 
 
 @dataclass
@@ -57,7 +54,6 @@ def op_levels(operators) -> list[tuple[str, ...]]:
         return [level_ops(lv) for lv in LEVELS]
     if isinstance(operators, str):
         raise ValueError(f"operators must be None, 'auto' or a list of operator names, got {operators!r}")
-    from wtc.sr.expr import resolve_ops
     ops = tuple(o for o in resolve_ops(operators) if o != "pow")
     return [tuple(dict.fromkeys(("add", "sub", "mul", *ops)))]
 
@@ -117,7 +113,7 @@ def run(data: Data, *, max_complexity: int, operators=None, time_limit: float | 
     # 3. constants inside nonlinearities, on the richest library (its small terms include the
     # smaller operator sets' shapes): costlier than a level, so last
     if screens and not done() and any(OPS[o].nonlinear for o in screens[-1][0]):
-        _inner_pass(screens[-1][1], data, cands, fit["memo"], fit["cols"], deadline, max_complexity)
+        inner_pass(screens[-1][1], data, cands, fit, deadline, max_complexity)
     if screens and not deadline.over():  # rows of the table from the richest operator set tried
         _pareto_rows(screens[-1][1], data, cands, fit["memo"], fit["cols"])
     log.timed_out = deadline.over()
@@ -132,7 +128,7 @@ def _linear(lib, data: Data, tr, cands, fit, best_passing, deadline, max_complex
     zs, ws = z[s], w[s]
     U, zc, kept = prepare_columns(lib.vals[:, : len(s)], zs, ws)
     sizes = np.asarray(lib.sizes)[kept] + (tr.cost if tr is not None else 0)
-    res = screen(U, zc, sizes, _sse_pass(data, zs, ws), max_lb=max_complexity)
+    res = screen(U, zc, sizes, sse_threshold(data, zs, ws), max_lb=max_complexity)
     for n_fit, combo in enumerate(res.passing):
         b = best_passing()
         if (b is not None and combo.lb > b.complexity) or n_fit >= MAX_REFITS or deadline.over():
@@ -142,24 +138,6 @@ def _linear(lib, data: Data, tr, cands, fit, best_passing, deadline, max_complex
         if c is not None:
             cands.append(c)
     return lib, kept, res
-
-
-def _sse_pass(data: Data, zs: np.ndarray, ws: np.ndarray) -> float:
-    """Screen threshold on the weighted sse of the screening points: rmse <= SCREEN_MARGIN * tol."""
-    full = len(data.screen) == len(data.yf)
-    W_s = float(data.wf[data.screen].sum()) if not full else data.W
-    out = (SCREEN_MARGIN * data.thr) ** 2 * W_s
-    if full:
-        out = max(out - data.ssw, 0.0)
-    zc = zs - np.dot(ws, zs) / ws.sum()
-    return out + 1e-12 * float(np.dot(ws * zc, zc))  # the closed form loses ~1e-16: never tighter
-
-
-def _simple_enough(best: Candidate | None) -> bool:
-    """Stop widening: a passing formula small enough that a richer operator set is unlikely to
-    beat it. Larger ones (often polynomial stand-ins for exp, x**1.5, ...) keep the search going
-    and compete on complexity with what the next level finds."""
-    return best is not None and best.complexity <= SIMPLE_ENOUGH
 
 
 def _pareto_rows(last, data, cands, memo, cols, per_lb: int = 1):
@@ -177,102 +155,3 @@ def _pareto_rows(last, data, cands, memo, cols, per_lb: int = 1):
         c = fit_terms(list(terms), data, memo=memo, cols=cols)
         if c is not None:
             cands.append(c)
-
-
-def _inner_pass(last, data: Data, cands, memo, cols, deadline, max_complexity):
-    """Inner constants on the small nonlinear shapes (singles) and the best multi-term fits.
-
-    A: one-constant variants of every small nonlinear term (and x**c) on a coarse grid;
-    B: two-constant variants of the best A seeds; C: LM + snapping of the best of A and B,
-    singles and multi-term combinations ranked apart (extra terms always lower the loss)."""
-    lib, kept, res = last
-    sub = {"cols": data.cols("screen"), "y": data.yf[data.screen], "w": data.wf[data.screen], "memo": {}}
-    fit = {"cols": cols, "memo": memo, "y": data.yf, "w": data.wf}
-    trees = [lib.trees[i] for i in kept]
-    sizes = np.asarray(lib.sizes)[kept]
-    sse1 = _single_sse(lib.vals[kept][:, : len(data.screen)], sub["y"], sub["w"])
-    pools: dict[str, list] = {"single": [], "combo": []}
-
-    def run_jobs(pool, seed_terms, n_params):
-        for j, term in enumerate(seed_terms):
-            others = list(seed_terms[:j] + seed_terms[j + 1:])
-            for v, n_p in inner.variants(term):
-                if n_p != n_params:
-                    continue
-                if deadline.over():
-                    return
-                sse, starts, prob = inner.coarse(v, others, sub)
-                if starts is not None:
-                    pools[pool].append((sse, v, others, starts, prob, tuple(seed_terms)))
-
-    # A: singles up to the size where ~N_INNER_SEEDS terms are reached, then combos
-    small = [i for i in np.argsort(sizes, kind="stable") if sizes[i] + 2 <= max_complexity
-             and inner.variants(trees[i])][:N_INNER_SEEDS]
-    for i in small:
-        run_jobs("single", (trees[i],), 1)
-        if sizes[i] == 2:  # u(x): the one-neuron shape u(c*x + d) always gets both constants
-            run_jobs("single", (trees[i],), 2)
-    best_single = [trees[i] for i in np.argsort(sse1)[:2]]
-    for shape in inner.power_shapes(data):
-        for others in ([], *([t] for t in best_single)):
-            sse, starts, prob = inner.coarse(shape, others, sub)
-            if starts is not None:
-                pools["single" if not others else "combo"].append(
-                    (sse, shape, others, starts, prob, (shape, *others)))
-    combos = [c for c in sorted(res.best, key=lambda c: c.sse) if len(c.terms) > 1
-              and any(inner.variants(trees[i]) for i in c.terms)][:N_INNER_COMBOS]
-    for c in combos:
-        run_jobs("combo", tuple(trees[i] for i in c.terms), 1)
-    # B: two constants on the seeds that did best with one
-    for pool, n_seeds in (("single", N_INNER_SEEDS_2), ("combo", 3)):
-        pools[pool].sort(key=lambda s: s[0])
-        seeds = list(dict.fromkeys(s[5] for s in pools[pool]))[:n_seeds]
-        for seed in seeds:
-            if seed[0][0] != "pow" and not (len(seed) == 1 and len(seed[0]) == 2 and seed[0][1][0] == "x"):
-                run_jobs(pool, seed, 2)
-    # A': a short LM on the screening points from the best grid points, so that coarse grids
-    # (two constants) are ranked by what they can reach, not by where the grid happened to fall.
-    # Several shapes often come within the noise: the near ones are taken smallest first.
-    sse_pass = _sse_pass(data, sub["y"], sub["w"])
-    ranked: dict[str, list] = {}
-    for pool in pools:
-        jobs = [j for j in pools[pool] if j[3].shape[1] == 1]
-        near = sorted((j for j in jobs if j[0] <= 100 * sse_pass), key=lambda j: (_job_size(j), j[0]))
-        far = sorted((j for j in jobs if j[0] > 100 * sse_pass), key=lambda j: j[0])
-        two = [j for j in pools[pool] if j[3].shape[1] == 2]  # coarse 2-D grids: all polished
-        short = []
-        for sse, tree, others, starts, prob, _ in near[: N_INNER_POLISH // 2] + far[: N_INNER_POLISH // 2] + two:
-            if deadline.over():
-                return
-            f, c = inner.polish(prob, starts[:2], iters=12)
-            short.append((f, tree, others, c))
-        ranked[pool] = sorted(short, key=lambda s: (s[0] > 1.2 * sse_pass, _job_size(s), s[0]))
-    # C: LM on all fitting points and snapping for the best; stop at the first that passes when
-    # nothing after it can be simpler
-    for pool, n in (("single", N_INNER_REFINE), ("combo", N_INNER_REFINE // 2)):
-        for f, tree, others, c0 in ranked[pool][:n]:
-            b = min((c.complexity for c in cands if c.passes), default=None)
-            if deadline.over():
-                return
-            if b is not None and _job_size((f, tree, others)) > b:
-                continue
-            c = inner.refine(tree, others, c0, data, fit)
-            if c is not None:
-                cands.append(c)
-
-
-def _job_size(job) -> int:
-    """Nodes of the parametrised term and its companions: a lower bound of the formula's size."""
-    tree, others = job[1], job[2]
-    return size(tree) + sum(size(o) + 1 for o in others)
-
-
-def _single_sse(vals: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    W = w.sum()
-    with np.errstate(all="ignore"):
-        vc = vals - (vals @ w)[:, None] / W
-        yc = y - np.dot(w, y) / W
-        num = (vc * w) @ yc
-        den = np.einsum("nm,nm,m->n", vc, vc, w)
-        sse = np.dot(w * yc, yc) - num**2 / den
-    return np.where(np.isfinite(sse) & (den > 0), sse, np.inf)

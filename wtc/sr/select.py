@@ -98,7 +98,7 @@ def sympy_form(tree, symbols, binary_syms=(), simplify: bool = True) -> sp.Expr:
     if simplify:
         try:
             s = sp.simplify(e)
-            if sp.count_ops(s) <= sp.count_ops(e):
+            if sp.count_ops(s) < sp.count_ops(e):
                 e = s
         except Exception:  # simplification is cosmetic: never lose the answer to it
             pass
@@ -156,3 +156,16 @@ def boolean_canonical(e: sp.Expr, symbols) -> sp.Expr:
         if coef != 0:
             out += coef * sp.Mul(*[x for x, bit in zip(symbols, S) if bit])
     return sp.expand(out)
+
+
+def sympy_size(e: sp.Expr) -> int:
+    """Node count of a sympy expression in the tree convention of wtc.sr.expr (binary + - * /,
+    unary functions, x**2 one node, constants and symbols one each)."""
+    if e.is_Atom:
+        return 1
+    if e.is_Add or e.is_Mul:
+        args = [a for a in e.args if not (e.is_Mul and a == -1)]  # a factor -1 folds into a minus
+        return sum(sympy_size(a) for a in args) + len(args) - 1
+    if e.is_Pow:
+        return sympy_size(e.base) + (1 if e.exp == 2 else 1 + sympy_size(e.exp))
+    return 1 + sum(sympy_size(a) for a in e.args)

@@ -8,7 +8,7 @@ criterion as least squares on y itself); every candidate is then judged on y.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
