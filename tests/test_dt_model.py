@@ -144,7 +144,7 @@ def test_config_validation(kw, message):
 
 
 def test_config_roundtrip():
-    cfg = DTConfig(n_heads=(1, 2), read={"L0.m*": ["x"]})
+    cfg = DTConfig(n_layers=2, n_heads=(1, 2), read={"L0.m*": ["x"]})
     assert DTConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ConfigError, match="unknown"):
         DTConfig.from_dict({"n_layer": 2})

@@ -32,7 +32,8 @@ class Attention(nn.Module):
     """One layer's pointer heads (H) and aggregate heads (A) for R replicas."""
 
     def __init__(self, layer: int, replicas: int, n_heads: int, n_agg: int, n_bins: int,
-                 seq_len: int, pad: int, variable_names: list[str], mask_fn, content: torch.Tensor):
+                 seq_len: int, pad: int, variable_names: list[str], mask_fn, content: torch.Tensor,
+                 offset_prior: float = 1.0):
         super().__init__()
         R, H, A, N = replicas, n_heads, n_agg, n_bins
         self.layer, self.H, self.A, self.T, self.P = layer, H, A, seq_len, pad
@@ -45,7 +46,15 @@ class Attention(nn.Module):
         # content scores start neutral: a head routes by position unless content pays off
         self.W = nn.Parameter(torch.zeros(R, H, N, N))
         self.u = nn.Parameter(torch.zeros(R, H, N))
-        self.rel = nn.Parameter(0.1 * torch.randn(R, H, L))   # offsets 0 .. L-1
+        # offsets 0 .. L-1; each head starts with a mild preference for a different small offset
+        # (1, 2, 3, ... rotated across replicas): identical heads all lock onto the one offset with the
+        # strongest signal (seen: every head at t-2 on x_t x_{t-1} + x_{t-2})
+        rel = 0.1 * torch.randn(R, H, L)
+        spread = max(1, min(H, L - 1))
+        for r in range(R):
+            for h in range(H):
+                rel[r, h, 1 + (h + r) % spread if L > 1 else 0] += offset_prior
+        self.rel = nn.Parameter(rel)
         self.abs = nn.Parameter(0.1 * torch.randn(R, H, L))   # key positions (pads first)
         # one log-scale per head: under Adam a single scalar can sharpen a head quickly, where
         # growing every score entry takes many steps (pointers must beat the Gumbel noise)
@@ -99,6 +108,8 @@ class Attention(nn.Module):
                 if sampling.stats:  # training log: how far heads are from hard pointers
                     stats["attn_entropy"] = entropy(torch.softmax(s.detach() / sampling.tau, -1)).mean(dim=(1, 3))
                 attn = self.hook_pattern(attn)
+                if sampling.noise and H > 1 and choice.weights is not None:
+                    stats["redundancy"] = self.redundancy(attn, choice.weights[:, 2 * H:3 * H])
                 val = choice.read(stream, slice(2 * H, 3 * H)).transpose(2, 3)   # (R, B, H, L)
                 outs.append((attn @ val.unsqueeze(-1)).squeeze(-1))             # (R, B, H, T)
         if A:
@@ -106,6 +117,20 @@ class Attention(nn.Module):
             count = torch.arange(1, self.T + 1, dtype=val.dtype, device=val.device)
             outs.append(val.cumsum(-1) / count)
         return self.hook_z(torch.cat(outs, dim=2)), stats
+
+    @staticmethod
+    def redundancy(attn: torch.Tensor, value_sel: torch.Tensor) -> torch.Tensor:
+        """(R,) how much pairs of heads route the same variable from the same keys.
+
+        attn (R, B, H, T, L), value_sel (R, H, V). Two heads with one pointer and one value variable
+        are one head: a penalty on this overlap keeps heads from collapsing onto the offset with the
+        strongest signal (seen: every head at t-2 on x_t x_{t-1} + x_{t-2}).
+        """
+        B, H, T = attn.shape[1], attn.shape[2], attn.shape[3]
+        overlap = torch.einsum("rbhtl,rbgtl->rhg", attn, attn) / (B * T)           # (R, H, H)
+        same_value = torch.einsum("rhv,rgv->rhg", value_sel, value_sel)
+        pairs = torch.triu(torch.ones(H, H, dtype=attn.dtype, device=attn.device), diagonal=1)
+        return (overlap * same_value * pairs).sum(dim=(1, 2))
 
     def _attend(self, s: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         noise = gumbel_like(s, sampling.generator) if sampling.noise else None

@@ -44,6 +44,10 @@ class DTConfig:
                    route by position only. Soft content attention approximates a windowed max
                    easily but rarely exactly, while pointers plus max sub-MLPs are exact: a mixed
                    population tries both inductive biases in the same run
+      redundancy_penalty  weight of the penalty on pairs of heads that route the same variable from the
+                   same keys during annealing (keeps heads from collapsing onto one offset)
+      offset_prior initial score bonus of each head's preferred offset (head h of replica r prefers
+                   t - 1 - (h + r) mod H): recent positions first, a different one per head
     Training:
       steps        annealing steps (tau geometric tau_start -> tau_end, updated every step)
       hard_steps   steps with argmax forward and straight-through gradients at lr * hard_lr_scale
@@ -55,10 +59,10 @@ class DTConfig:
       max_attempts populations tried (new seeds) until one replica solves the task
     """
 
-    n_layers: int = 2
-    n_heads: int | tuple[int, ...] = 2
+    n_layers: int = 1
+    n_heads: int | tuple[int, ...] = 3
     n_agg_heads: int | tuple[int, ...] = 0
-    n_mlps: int | tuple[int, ...] = 2
+    n_mlps: int | tuple[int, ...] = 3
     mlp_inputs: int = 2
     mlp_hidden: int = 24
     mlp_activation: str = "relu+silu"
@@ -66,9 +70,11 @@ class DTConfig:
     pad: int | None = None
     read: dict[str, list[str]] = field(default_factory=dict)
     qk_position: bool = False
-    content_fraction: float = 0.5
+    content_fraction: float = 0.25
+    redundancy_penalty: float = 0.1
+    offset_prior: float = 4.0
 
-    steps: int = 2000
+    steps: int = 1000
     hard_steps: int = 300
     polish_iters: int = 200
     refine_steps: int = 0
@@ -109,6 +115,8 @@ class DTConfig:
             raise ConfigError(f"tau_end ({self.tau_end}) must not exceed tau_start ({self.tau_start})")
         if not 0.0 <= float(self.content_fraction) <= 1.0:
             raise ConfigError(f"content_fraction must be in [0, 1], got {self.content_fraction}")
+        if self.redundancy_penalty < 0:
+            raise ConfigError(f"redundancy_penalty must be >= 0, got {self.redundancy_penalty}")
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.mlp_activation not in ACTIVATIONS:

@@ -73,7 +73,7 @@ class DiscreteTransformer(nn.Module):
             mask_fn = lambda slots, variables: read_mask(slots, variables, config)  # noqa: E731
             if H + A:
                 attn = Attention(layer, R, H, A, config.ple_bins, seq_len, self.P, names, mask_fn,
-                                 content_replicas(R, config.content_fraction))
+                                 content_replicas(R, config.content_fraction), config.offset_prior)
                 names = names + attn.output_names
             if M:
                 mlp = SubMLPs(layer, R, M, config.mlp_inputs, config.mlp_hidden, config.mlp_activation,
@@ -153,15 +153,16 @@ class DiscreteTransformer(nn.Module):
         """
         track = track_ranges if not bool(self.frozen) else False
         stream = self.initial_stream(x)
-        stats: dict[str, list] = {"attn_entropy": []}
+        stats: dict[str, list] = {"attn_entropy": [], "redundancy": []}
         for block in self.blocks:
             if block.attn is not None:
                 V = stream.shape[-1]
                 lo, span = self.var_lo[:, None, None, :V], (self.var_hi - self.var_lo)[:, None, None, :V]
                 unit = (stream - lo) / span.clamp(min=1e-6)                      # (R, B, L, V) on [0, 1]
                 z, s = block.attn(stream, unit, sampling)                        # (R, B, H+A, T)
-                if "attn_entropy" in s:
-                    stats["attn_entropy"].append(s["attn_entropy"])
+                for key in ("attn_entropy", "redundancy"):
+                    if key in s:
+                        stats[key].append(s[key])
                 stream = self._append(stream, z.transpose(2, 3), track)
             if block.mlp is not None:
                 m = block.mlp(stream[:, :, self.P:], sampling)                   # (R, B, T, M)

@@ -124,8 +124,11 @@ class Attempt:
         sampling = dataclasses.replace(sampling, stats=log_entropy)
         pred, stats = self.model(xt, sampling, track_ranges="ema")
         loss_r = masked_mse(pred, yt, valid)
+        objective = loss_r.sum()
+        if cfg.redundancy_penalty and stats["redundancy"]:
+            objective = objective + cfg.redundancy_penalty * torch.stack(stats["redundancy"]).sum()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_r.sum().backward()
+        objective.backward()
         self.optimizer.step()
         if log_entropy:
             with torch.no_grad():

@@ -192,14 +192,24 @@ def extract(model, task, *, n: int = 2048, seed: int = 0, sr_time_limit: float |
         # variables that move this output by more than a tenth of its tolerance, one per program name
         strength = {nm: abs(W[names.index(nm), o]) * float(np.sqrt(np.mean(ro.model_values(nm)[:, P:] ** 2)))
                     for nm in names if nm in live}
-        direct = [nm for nm in names if nm in prog and strength.get(nm, 0.0) > 0.1 * tol_out]
-        via_mlp = [v for m in head_only if strength.get(m.name, 0.0) > 0.1 * tol_out for v in m.reads.values()]
-        leaves = list({pname[v]: v for v in reversed(direct + via_mlp)}.values())[::-1]
+        weight = {}
+        for nm in names:
+            if nm in prog and strength.get(nm, 0.0) > 0.1 * tol_out:
+                weight[pname[nm]] = max(weight.get(pname[nm], (0.0, nm))[0] + strength[nm], 0.0), nm
+        for m in head_only:
+            if strength.get(m.name, 0.0) > 0.1 * tol_out:
+                for v in m.reads.values():
+                    weight[pname[v]] = weight.get(pname[v], (0.0, v))[0] + strength[m.name], v
+        # one regression takes at most 3 variables: keep the strongest (verification judges)
+        ranked = sorted(weight.values(), key=lambda wv: -wv[0])
+        leaves = [v for _, v in ranked[:3]] if len(ranked) > 3 else [v for _, v in ranked]
+        leaves = sorted(leaves, key=names.index)
         keep = np.isfinite(y_task[:, :, o])
         target = y_target[:, :, o][keep]
         if len(leaves) <= 3:
             X = np.stack([prog[v][:, P:][keep] for v in leaves], axis=1) if leaves else np.zeros((len(target), 0))
-            expr, evidence, ok = _formula(X, target, tuple(pname[v] for v in leaves), tol_out)
+            expr, evidence, ok = _formula(X, target, tuple(pname[v] for v in leaves), tol_out,
+                                          widen=(1.0, 3.0, 10.0, 30.0, 100.0))
             if not ok:
                 failures.append(f"output {o}: no formula within tolerance ({evidence})")
             readings.append(Reading(f"output {o}", "head", "out", ", ".join(pname[v] for v in leaves),
