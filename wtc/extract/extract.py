@@ -25,8 +25,10 @@ from wtc.extract.readout import head_weights, pad, read
 from wtc.extract.routing import fit_head, routed, rule_keys
 from wtc.extract.verify import agreement
 
-LIVE_FRACTION = 1e-5        # a variable is live when it carries this share of the head's signal
+LIVE_SHARE = 0.1            # live: moves an output by more than this share of the output tolerance
 MAX_DEVIATION = 0.05        # program vs model output on the extraction data, relative rms
+MIN_DECISION_AGREEMENT = 0.8  # integer outputs: a formula must share this share of the model's decisions
+DECISION_SLACK = 0.05         # ... and may trail the best candidate's agreement by this much
 MAX_SR_POINTS = 3000
 ALONE_TIME_LIMIT = 3.0      # seconds per sub-MLP read alone for the report (its formula is in the output)
 
@@ -66,6 +68,8 @@ def _route_name(rule, source: str, var: str) -> str:
         return f"prev{p['d']}_{source}"
     if rule.kind == "absolute":
         return f"first_{source}" if p["p"] == 0 else f"at{p['p']}_{source}"
+    if rule.kind == "switch":
+        return f"{source}_by_{p['var']}"
     span = "run" if p["w"] is None else str(p["w"])
     return f"{p['op']}{span}_{source}" if var == source else f"{source}_at_{p['op']}{span}_{var}"
 
@@ -96,8 +100,10 @@ def extract(model, task, *, n: int = 2048, seed: int = 0, sr_time_limit: float |
     taken = set(pname.values())
 
     # live variables (preliminary: q/k of content heads count as read)
-    contrib = np.abs(W).sum(1) * np.sqrt(np.mean(ro.stream[:, P:] ** 2, axis=(0, 1)))
-    live = {names[v] for v in range(len(names)) if contrib[v] > LIVE_FRACTION * contrib.sum()}
+    tol_out = _output_tolerance(task, y_task)
+    # a variable is live when it moves some output by more than a tenth of what the task can notice
+    contrib = np.abs(W).max(1) * np.sqrt(np.mean(ro.stream[:, P:] ** 2, axis=(0, 1)))
+    live = {names[v] for v in range(len(names)) if contrib[v] > LIVE_SHARE * tol_out}
     for mod in reversed(ro.modules):
         if mod.name in live:
             slots = ["v"] if mod.kind != "mlp" else list(mod.reads)
@@ -105,7 +111,6 @@ def extract(model, task, *, n: int = 2048, seed: int = 0, sr_time_limit: float |
                 slots += ["q", "k"]
             live |= {mod.reads[s] for s in slots}
 
-    tol_out = _output_tolerance(task, y_task)
     lines: list[Line] = []
     readings: list[Reading] = []
     failures: list[str] = []
@@ -140,7 +145,8 @@ def extract(model, task, *, n: int = 2048, seed: int = 0, sr_time_limit: float |
             window = [mod.reads["k"]] if mod.content else []
             view = {pname[k]: v for k, v in prog.items()}
             fit = fit_head(mod.name, ro.pointers[mod.name], pname[src], view, P, T,
-                           window_vars=[pname[w] for w in window])
+                           window_vars=[pname[w] for w in window],
+                           query_vars=[pname[mod.reads["q"]]] if mod.content else [])
             best = fit.rule or fit.candidates[0]
             evidence = f"agreement {best.rate:.5f} (99% lower bound {best.lower_bound:.5f}, n={best.n})"
             if fit.rule is None:
@@ -187,7 +193,9 @@ def extract(model, task, *, n: int = 2048, seed: int = 0, sr_time_limit: float |
 
     # each output as one formula of the variables it depends on
     outputs = []
-    y_target = ro.y_model if task.output == "real" else np.round(ro.y_model)   # the model's decision
+    # integer tasks: the model's decisions (rounded outputs) are what it computes; a network that
+    # wobbles around x*y by 0.3 must not teach the regression the wobble
+    y_target = ro.y_model if task.output == "real" else np.round(ro.y_model)
     for o in range(task.n_outputs):
         # variables that move this output by more than a tenth of its tolerance, one per program name
         strength = {nm: abs(W[names.index(nm), o]) * float(np.sqrt(np.mean(ro.model_values(nm)[:, P:] ** 2)))
@@ -208,8 +216,11 @@ def extract(model, task, *, n: int = 2048, seed: int = 0, sr_time_limit: float |
         target = y_target[:, :, o][keep]
         if len(leaves) <= 3:
             X = np.stack([prog[v][:, P:][keep] for v in leaves], axis=1) if leaves else np.zeros((len(target), 0))
-            expr, evidence, ok = _formula(X, target, tuple(pname[v] for v in leaves), tol_out,
-                                          widen=(1.0, 3.0, 10.0, 30.0, 100.0))
+            # a network is often less precise than the formula it approximates: widen the tolerance
+            # (integer outputs: never past what rounding forgives); verification has the last word
+            widen = (1.0, 3.0, 6.0) if task.output == "integer" else (1.0, 3.0, 10.0, 30.0, 100.0)
+            expr, evidence, ok = _formula(X, target, tuple(pname[v] for v in leaves), tol_out, widen=widen,
+                                          decisions=task.output == "integer")
             if not ok:
                 failures.append(f"output {o}: no formula within tolerance ({evidence})")
             readings.append(Reading(f"output {o}", "head", "out", ", ".join(pname[v] for v in leaves),
@@ -246,7 +257,7 @@ def extract(model, task, *, n: int = 2048, seed: int = 0, sr_time_limit: float |
         if line.name in needed:
             kept.append(line)
             needed |= {line.source} if line.source else set()
-            if line.rule is not None and line.rule.kind == "window":
+            if line.rule is not None and line.rule.kind in ("window", "switch"):
                 needed.add(line.rule.params["var"])
             if line.expr is not None:
                 needed |= {s.name for s in line.expr.free_symbols}
@@ -280,22 +291,30 @@ def _distinct_inputs(mod, pname) -> list[str]:
 
 
 def _formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: float, widen=(1.0, 3.0, 10.0),
-             time_limit: float | None = None):
+             time_limit: float | None = None, decisions: bool = False):
     """Simplest formula y = f(X) within tol_abs (rms), widening the tolerance if nothing passes.
 
+    decisions=True (integer outputs, y = the model's rounded outputs): among the regression's
+    Pareto candidates, the simplest whose rounded values agree with y (weighted by how often each
+    input occurs) within DECISION_SLACK of the best agreement any candidate reaches: a network that
+    rounds wrong on a few inputs must not buy a formula that copies its wobble (seen: x*y plus
+    sin/cos terms at +0.5% agreement on product_last2).
     Returns (sympy expression, evidence text, passed)."""
     if X.shape[1] == 0:
         value = float(np.mean(y))
         ok = float(np.sqrt(np.mean((y - value) ** 2))) <= tol_abs
         return sp.nsimplify(value, rational=True, tolerance=tol_abs), "constant", ok
-    X, idx = np.unique(np.round(X, 12), axis=0, return_index=True)
-    y = y[idx]
+    X, inverse, counts = np.unique(np.round(X, 12), axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.ravel()
+    y = np.bincount(inverse, weights=y) / counts                                  # mean per distinct input
+    if decisions:
+        y = np.round(y)
     if len(y) > MAX_SR_POINTS:
         pick = np.random.default_rng(0).choice(len(y), MAX_SR_POINTS, replace=False)
-        X, y = X[pick], y[pick]
+        X, y, counts = X[pick], y[pick], counts[pick]
     if len(y) < 8:   # e.g. two bits: 4 distinct inputs; repeat them so the regression has its minimum
         reps = -(-8 // len(y))
-        X, y = np.tile(X, (reps, 1)), np.tile(y, reps)
+        X, y, counts = np.tile(X, (reps, 1)), np.tile(y, reps), np.tile(counts, reps) / reps
     rms = float(np.sqrt(np.mean(y**2))) + 1e-12
     fit = None
     for w in widen:
@@ -303,9 +322,23 @@ def _formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: floa
         if fit.exact:
             break
     evidence = f"rmse {fit.rmse:.3g} (tolerance {fit.tolerance:.3g}), R^2 {fit.r2:.6f}, complexity {fit.complexity}"
-    return fit.expr, evidence, bool(fit.exact)
-
-
+    if not decisions:
+        return fit.expr, evidence, bool(fit.exact)
+    symbols = [sp.Symbol(n) for n in names]
+    scored = []
+    for row in sorted(fit.candidates, key=lambda r: r.complexity):
+        f = sp.lambdify(symbols, row.expr, modules=["numpy"])
+        with np.errstate(all="ignore"):
+            pred = np.broadcast_to(np.asarray(f(*X.T), dtype=float), y.shape)
+        agree = float(np.sum(counts * (np.round(pred) == y)) / np.sum(counts))
+        scored.append((row, agree))
+    if not scored:
+        return fit.expr, evidence, bool(fit.exact)
+    best = max(a for _, a in scored)
+    row, agree = next((r, a) for r, a in scored if a >= best - DECISION_SLACK)
+    evidence = (f"agrees with the model's decisions on {agree:.4f} of inputs (best candidate {best:.4f}); "
+                f"complexity {row.complexity}")
+    return row.expr, evidence, agree >= MIN_DECISION_AGREEMENT
 def _read_mlp(mod, ro, prog, pname, *, rel_tol: float | None = None, abs_tol: float | None = None,
               time_limit: float | None = None, widen=(1.0, 3.0, 10.0)):
     """A sub-MLP's formula of its inputs (program units) -> (Reading, expression)."""

@@ -101,6 +101,10 @@ def _route_stmts(line: Line) -> list[ast.stmt]:
             return _stmt(f"{name}[t] = {src}[0]")
         fallback = "0.0" if p["before"] == "pad" else f"{src}[t]"
         return _stmt(f"{name}[t] = {src}[{q}] if t >= {q} else {fallback}")
+    if kind == "switch":
+        table = ", ".join(f"{float(v)!r}: {int(d)}" for v, d in p["table"])
+        return _stmt(f"d = {{{table}}}.get({p['var']}[t], 0)\n"
+                     f"{name}[t] = {src}[t - d] if t >= d else 0.0")
     if kind == "window":
         w = "None" if p["w"] is None else str(int(p["w"]))
         return _stmt(f"k = _window_key({p['var']}, t, {w}, {p['op']!r}, {not p['real']}, {p['ties']!r})\n"

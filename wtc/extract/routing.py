@@ -5,6 +5,8 @@ simplest first:
 
   offset(d)        key = t - d; before the start (t < d) the key is a pad, where every variable is 0
   absolute(p)      key = p; for t < p the key is a pad ("before_pad") or t itself ("before_self")
+  switch(q)        key = t - d(q_t): the offset is looked up from the query variable's value
+                   (variables with at most 4 distinct values, e.g. a flag: v_t if f_t else v_{t-1})
   window max/min   key = argmax/argmin of a variable u over [t-w+1, t] (w >= 2) or the whole prefix;
                    "real": pads excluded; ties go to the earliest ("first") or latest ("last") key
 
@@ -84,11 +86,21 @@ class Rule:
             return "current position" if p["d"] == 0 else f"offset {p['d']} (t-{p['d']}; 0 before the start)"
         if self.kind == "absolute":
             return f"absolute position {p['p']}" + ("" if p["p"] == 0 else f" ({p['before']} before it)")
+        if self.kind == "switch":
+            table = ", ".join(f"{_num(k)}: t-{d}" for k, d in p["table"])
+            return f"offset chosen by {p['var']}: {{{table}}}"
         if self.kind == "window":
             span = "whole prefix" if p["w"] is None else f"last {p['w']} positions"
             pads = "" if p["real"] else ", pads (0) included"
             return f"arg{p['op']} of {p['var']} over the {span}{pads}, ties {p['ties']}"
         return "mean over the prefix"
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+MAX_SWITCH_VALUES = 4
 
 
 @dataclass
@@ -112,6 +124,12 @@ def rule_keys(rule: Rule, values: dict[str, np.ndarray], P: int, T: int) -> np.n
     if kind == "absolute":
         fallback = np.zeros_like(t) if p["before"] == "pad" else P + t
         return np.where(t >= p["p"], P + p["p"], fallback)
+    if kind == "switch":
+        q = values[p["var"]][:, P:]                                             # (n, T)
+        d = np.zeros_like(t)
+        for value, offset in p["table"]:
+            d = np.where(q == value, offset, d)
+        return np.maximum(P + t - d, 0)
     if kind == "window":
         u = values[p["var"]]                                                    # (n, L)
         sign = 1.0 if p["op"] == "max" else -1.0
@@ -150,19 +168,42 @@ def candidate_rules(T: int, window_vars: list[str]) -> list[Rule]:
     return rules
 
 
+def switch_rules(pointer: np.ndarray, values: dict[str, np.ndarray], query_vars: list[str], P: int, T: int) -> list[Rule]:
+    """For each few-valued query variable: the offset the head takes most often per value."""
+    rules = []
+    offsets = P + np.arange(T)[None, :] - pointer                                   # (n, T)
+    for var in query_vars:
+        q = values[var][:, P:]
+        levels = np.unique(q)
+        if not 2 <= len(levels) <= MAX_SWITCH_VALUES:
+            continue
+        table = []
+        for level in levels:
+            picked = offsets[q == level]
+            table.append((float(level), int(np.bincount(np.minimum(picked, T)).argmax())))
+        if len({d for _, d in table}) > 1:
+            rules.append(Rule("switch", {"var": var, "table": table}))
+    return rules
+
+
 def fit_head(head: str, pointer: np.ndarray, value_var: str, values: dict[str, np.ndarray], P: int, T: int,
-             window_vars: list[str] | None = None, min_rate: float = MIN_RATE, atol: float = 1e-9) -> RoutingFit:
+             window_vars: list[str] | None = None, min_rate: float = MIN_RATE, atol: float = 1e-9,
+             query_vars: list[str] | None = None) -> RoutingFit:
     """Test rules for one head.
 
     pointer (n, T): keys the head picked; values: {variable: (n, L)} in program units with the pads
-    in front (zeros); value_var: the variable the head routes.
+    in front (zeros); value_var: the variable the head routes; window_vars / query_vars: the
+    variables a content head scores keys / queries by.
     """
     v = values[value_var]
     got = routed(v, pointer, P)
     scale = 1.0 + np.abs(got)
     window_vars = list(dict.fromkeys([value_var] + list(window_vars or [])))
     tested = []
-    for rule in candidate_rules(T, window_vars):
+    rules = candidate_rules(T, window_vars)
+    n_simple = next(i for i, r in enumerate(rules) if r.kind == "window") if any(r.kind == "window" for r in rules) else len(rules)
+    rules[n_simple:n_simple] = switch_rules(pointer, values, list(query_vars or []), P, T)
+    for rule in rules:
         want = routed(v, rule_keys(rule, values, P, T), P)
         ok = np.abs(got - want) <= atol * scale
         rule.agree, rule.n = int(ok.sum()), int(ok.size)
