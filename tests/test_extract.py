@@ -128,16 +128,19 @@ def test_program_rejects_bad_shapes():
 def test_lines_compile_for_every_rule():
     from wtc.extract.routing import Rule
     lines = [Line("prev3_x", "route", "x", Rule("offset", {"d": 3})),
+             Line("prev2s_x", "route", "x", Rule("offset", {"d": 2, "before": "self"})),
              Line("first_x", "route", "x", Rule("absolute", {"p": 0, "before": "pad"})),
              Line("at2_x", "route", "x", Rule("absolute", {"p": 2, "before": "self"})),
              Line("maxrun_x", "route", "x", Rule("window", {"var": "x", "op": "max", "w": None, "real": True, "ties": "first"})),
              Line("min2_x", "route", "x", Rule("window", {"var": "x", "op": "min", "w": 2, "real": False, "ties": "last"})),
              Line("mean_x", "mean", "x")]
     syms = [sp.Symbol(ln.name) for ln in lines]
-    src = build_source("demo", 1, 6, ["x"], lines, syms)
-    program = wtc.Program("demo", src, 5, 1, 6)
+    src = build_source("demo", 1, 7, ["x"], lines, syms)
+    program = wtc.Program("demo", src, 5, 1, 7)
     out = program(np.array([[3.0, -1.0, 4.0, 1.0, 5.0]]))[0]
     np.testing.assert_array_equal(out[:, 0], [0, 0, 0, 3, -1])
+    np.testing.assert_array_equal(out[:, 1], [3, -1, 3, -1, 4])
+    out = out[:, [0] + list(range(2, 7))]
     np.testing.assert_array_equal(out[:, 1], [3, 3, 3, 3, 3])
     np.testing.assert_array_equal(out[:, 2], [3, -1, 4, 4, 4])
     np.testing.assert_array_equal(out[:, 3], [3, 3, 4, 4, 5])

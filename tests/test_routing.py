@@ -28,6 +28,7 @@ def test_binomial_lower_bound_known_values():
 
 @pytest.mark.parametrize("rule", [
     Rule("offset", {"d": 1}), Rule("offset", {"d": 3}), Rule("offset", {"d": 0}),
+    Rule("offset", {"d": 2, "before": "self"}),
     Rule("absolute", {"p": 0, "before": "pad"}),
     Rule("window", {"var": "x", "op": "max", "w": 3, "real": True, "ties": "first"}),
     Rule("window", {"var": "y", "op": "min", "w": None, "real": True, "ties": "first"}),

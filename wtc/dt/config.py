@@ -52,6 +52,8 @@ class DTConfig:
       steps        annealing steps (tau geometric tau_start -> tau_end, updated every step)
       hard_steps   steps with argmax forward and straight-through gradients at lr * hard_lr_scale
       polish_iters L-BFGS iterations on the frozen model (sub-MLPs + head, full batch)
+      precision_iters  float64 L-BFGS iterations for the (two) best replicas that are close but not
+                   solved after the float32 polish (0 disables)
       refine_steps steps fitting each frozen pointer head to its counterfactually best keys
                    (wtc.dt.refine; 0 disables)
       replicas     independent models trained side by side in one batched forward (a population:
@@ -78,6 +80,7 @@ class DTConfig:
     hard_steps: int = 300
     polish_iters: int = 200
     refine_steps: int = 0
+    precision_iters: int = 500
     batch_size: int = 128
     lr: float = 1e-2
     hard_lr_scale: float = 0.01
@@ -103,7 +106,7 @@ class DTConfig:
         for name in ("mlp_inputs", "mlp_hidden", "ple_bins", "batch_size", "replicas", "max_attempts",
                      "eval_sequences"):
             positive(name, getattr(self, name))
-        for name in ("steps", "hard_steps", "polish_iters", "refine_steps"):
+        for name in ("steps", "hard_steps", "polish_iters", "refine_steps", "precision_iters"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")

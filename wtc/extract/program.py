@@ -94,7 +94,8 @@ def _route_stmts(line: Line) -> list[ast.stmt]:
     kind = line.rule.kind
     if kind == "offset":
         d = p["d"]
-        return _stmt(f"{name}[t] = {src}[t - {d}] if t >= {d} else 0.0")
+        fallback = f"{src}[t]" if p.get("before", "pad") == "self" else "0.0"
+        return _stmt(f"{name}[t] = {src}[t - {d}] if t >= {d} else {fallback}")
     if kind == "absolute":
         q = p["p"]
         if q == 0:

@@ -3,7 +3,8 @@
 For every (sequence, query position t) we know the key the frozen head picked. Candidate rules,
 simplest first:
 
-  offset(d)        key = t - d; before the start (t < d) the key is a pad, where every variable is 0
+  offset(d)        key = t - d; before the start (t < d) the key is a pad, where every variable is 0,
+                   or (variant "self") the query's own position
   absolute(p)      key = p; for t < p the key is a pad ("before_pad") or t itself ("before_self")
   switch(q)        key = t - d(q_t): the offset is looked up from the query variable's value
                    (variables with at most 4 distinct values, e.g. a flag: v_t if f_t else v_{t-1})
@@ -83,7 +84,10 @@ class Rule:
     def describe(self) -> str:
         p = self.params
         if self.kind == "offset":
-            return "current position" if p["d"] == 0 else f"offset {p['d']} (t-{p['d']}; 0 before the start)"
+            if p["d"] == 0:
+                return "current position"
+            before = "0 before the start" if p.get("before", "pad") == "pad" else "t itself while t < d"
+            return f"offset {p['d']} (t-{p['d']}; {before})"
         if self.kind == "absolute":
             return f"absolute position {p['p']}" + ("" if p["p"] == 0 else f" ({p['before']} before it)")
         if self.kind == "switch":
@@ -120,7 +124,10 @@ def rule_keys(rule: Rule, values: dict[str, np.ndarray], P: int, T: int) -> np.n
     t = np.arange(T)[None, :].repeat(n, 0)
     kind, p = rule.kind, rule.params
     if kind == "offset":
-        return np.maximum(P + t - p["d"], 0)
+        key = P + t - p["d"]
+        if p.get("before", "pad") == "self":
+            return np.where(t >= p["d"], key, P + t)
+        return np.maximum(key, 0)
     if kind == "absolute":
         fallback = np.zeros_like(t) if p["before"] == "pad" else P + t
         return np.where(t >= p["p"], P + p["p"], fallback)
@@ -158,6 +165,7 @@ def routed(v: np.ndarray, keys: np.ndarray, P: int) -> np.ndarray:
 def candidate_rules(T: int, window_vars: list[str]) -> list[Rule]:
     """All rules, simplest first."""
     rules = [Rule("offset", {"d": d}) for d in range(T)]
+    rules += [Rule("offset", {"d": d, "before": "self"}) for d in range(1, T)]
     rules += [Rule("absolute", {"p": p, "before": b}) for p in range(T) for b in (("pad",) if p == 0 else ("pad", "self"))]
     for var in window_vars:
         for w in list(range(2, T + 1)) + [None]:
