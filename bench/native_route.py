@@ -8,12 +8,8 @@ sizes and thread counts; appends rows to bench/results/native_route.csv and prin
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import os
-import platform
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,7 +17,9 @@ import torch
 from wtc import _native
 from wtc.dt import DTConfig, DiscreteTransformer
 
-OUT = Path(__file__).parent / "results" / "native_route.csv"
+from common import append_rows, machine, stamp  # bench/common.py (run as a script)
+
+OUT = "native_route"
 
 
 def frozen_model(seq_len: int) -> DiscreteTransformer:
@@ -50,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     if _native.cpu_module() is None:
         raise SystemExit("wtc._C is not built")
-    stamp = datetime.datetime.now().isoformat(timespec="seconds")
+    when = stamp()
     rows = []
     for seq_len in (10, 64):
         model = frozen_model(seq_len)
@@ -64,20 +62,14 @@ def main() -> None:
                     os.environ["WTC_KERNELS"] = mode
                     timing[mode] = best_time(lambda: model.predict(x), args.repeats)
                 os.environ.pop("WTC_KERNELS")
-                row = {"date": stamp, "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+                row = {"date": when, "machine": machine(),
                        "seq_len": seq_len, "sequences": n, "threads": threads,
                        "reference_ms": round(1e3 * timing["reference"], 2), "native_ms": round(1e3 * timing["native"], 2),
                        "speedup": round(timing["reference"] / timing["native"], 2)}
                 rows.append(row)
                 print(f"T={seq_len:3d} n={n:6d} threads={threads}: reference {row['reference_ms']:8.2f} ms, "
                       f"native {row['native_ms']:8.2f} ms, speedup {row['speedup']:.2f}x", flush=True)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    new = not OUT.exists()
-    with OUT.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    out = append_rows(OUT, rows)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,7 @@ population size. Prints a table and appends rows to bench/results/train_step.csv
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
-import platform
 import time
-from pathlib import Path
 
 import torch
 
@@ -18,7 +14,9 @@ import wtc
 from wtc.dt import DTConfig
 from wtc.dt.train import Attempt, torch_threads
 
-OUT = Path(__file__).parent / "results" / "train_step.csv"
+from common import append_rows, machine, stamp  # bench/common.py (run as a script)
+
+OUT = "train_step"
 
 
 def time_steps(task, config: DTConfig, mode: str, steps: int) -> tuple[float, float]:
@@ -46,7 +44,7 @@ def main() -> None:
     task = wtc.tasks.get(args.task)
     modes = ["eager"] + ([] if args.no_compile else ["compile"])
     rows = []
-    stamp = datetime.datetime.now().isoformat(timespec="seconds")
+    when = stamp()
     for replicas in (1, 8):
         for threads in (1, 2):
             for mode in modes:
@@ -57,7 +55,7 @@ def main() -> None:
                         note = ""
                     except Exception as exc:  # torch.compile can fail on some setups: report it
                         sps, warm, note = float("nan"), float("nan"), f"{type(exc).__name__}: {exc}"[:120]
-                rows.append({"date": stamp, "machine": f"{platform.node()} {platform.machine()} {torch.get_num_threads()}t",
+                rows.append({"date": when, "machine": machine(),
                              "task": task.name, "batch": args.batch, "replicas": replicas, "threads": threads,
                              "mode": mode, "steps_per_s": round(sps, 2),
                              "replica_steps_per_s": round(sps * replicas, 2), "warmup_s": round(warm, 1),
@@ -65,14 +63,8 @@ def main() -> None:
                 r = rows[-1]
                 print(f"R={replicas} threads={threads} {mode:8s} {r['steps_per_s']:8.2f} steps/s  "
                       f"{r['replica_steps_per_s']:8.2f} replica-steps/s  warm-up {r['warmup_s']}s {note}", flush=True)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    new = not OUT.exists()
-    with OUT.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            w.writeheader()
-        w.writerows(rows)
-    print(f"appended {len(rows)} rows to {OUT}")
+    out = append_rows(OUT, rows)
+    print(f"appended {len(rows)} rows to {out}")
 
 
 if __name__ == "__main__":

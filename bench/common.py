@@ -1,0 +1,30 @@
+"""Shared by the bench scripts: where results go and how rows are appended."""
+from __future__ import annotations
+
+import csv
+import datetime
+import platform
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def stamp() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+def machine() -> str:
+    return f"{platform.node()} {platform.processor() or platform.machine()}"
+
+
+def append_rows(name: str, rows: list[dict]) -> Path:
+    """Append rows to bench/results/<name>.csv (header written once)."""
+    path = RESULTS / f"{name}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+    return path
