@@ -12,7 +12,7 @@ from wtc.extract import extract, verify
 from wtc.extract.program import Line, build_source, expression_ast
 
 
-def planted(task_name: str, offsets: list[int], mlp_reads: list[tuple[str, str]], seed: int = 0):
+def planted(task_name, offsets: list[int], mlp_reads: list[tuple[str, str]], seed: int = 0):
     """A frozen 1-layer model whose heads point at fixed offsets and whose sub-MLPs read the given
     variables, fitted (head refit + L-BFGS) to the task."""
     task = wtc.tasks.get(task_name)
@@ -70,6 +70,27 @@ def test_planted_functions_are_recovered_exactly(name, offsets, reads, expected)
     diff = sp.simplify(program.outputs[0] - want)
     assert diff == 0 or (diff.is_Piecewise is False and sp.simplify(sp.piecewise_fold(diff)) == 0), program.outputs
     assert verify(program, task, n=2000, seed=2).solved
+
+
+def _shifted(x, k):
+    return np.concatenate([np.zeros((len(x), k)), x[:, :-k]], axis=1)
+
+
+@pytest.mark.parametrize("target,reads,expected", [
+    (lambda x: x + _shifted(x, 1) + _shifted(x, 2) + _shifted(x, 3), [("x", "x")],
+     "x + prev1_x + prev2_x + prev3_x"),
+    (lambda x: x * _shifted(x, 1) + _shifted(x, 2) - 2 * _shifted(x, 3), [("x", "L0.h0")],
+     "x*prev1_x + prev2_x - 2*prev3_x"),
+])
+def test_outputs_over_more_than_three_variables(target, reads, expected):
+    """Linear terms are read directly; the sub-MLPs' part by one regression over their inputs."""
+    task = wtc.Task("four_terms", lambda rng, n: rng.integers(0, 10, (n, 10)), target, seq_len=10)
+    task, model = planted(task, [1, 2, 3], reads)
+    program = extract(model, task)
+    assert program.ok, program.failures
+    want = sp.sympify(expected, locals={n: sp.Symbol(n) for n in ("x", "prev1_x", "prev2_x", "prev3_x")})
+    assert sp.simplify(program.outputs[0] - want) == 0, program.outputs
+    assert verify(program, task, n=2000, seed=3).solved
 
 
 def test_emitted_source_is_standalone_and_matches(rng):
@@ -133,13 +154,15 @@ def test_lines_compile_for_every_rule():
              Line("at2_x", "route", "x", Rule("absolute", {"p": 2, "before": "self"})),
              Line("maxrun_x", "route", "x", Rule("window", {"var": "x", "op": "max", "w": None, "real": True, "ties": "first"})),
              Line("min2_x", "route", "x", Rule("window", {"var": "x", "op": "min", "w": 2, "real": False, "ties": "last"})),
-             Line("mean_x", "mean", "x")]
+             Line("mean_x", "mean", "x"),
+             Line("prev2_t", "route", "t", Rule("offset", {"d": 2}))]
     syms = [sp.Symbol(ln.name) for ln in lines]
-    src = build_source("demo", 1, 7, ["x"], lines, syms)
-    program = wtc.Program("demo", src, 5, 1, 7)
+    src = build_source("demo", 1, 8, ["x"], lines, syms)
+    program = wtc.Program("demo", src, 5, 1, 8)
     out = program(np.array([[3.0, -1.0, 4.0, 1.0, 5.0]]))[0]
     np.testing.assert_array_equal(out[:, 0], [0, 0, 0, 3, -1])
     np.testing.assert_array_equal(out[:, 1], [3, -1, 3, -1, 4])
+    np.testing.assert_array_equal(out[:, 7], [0, 0, 0, 1, 2])      # the position routed like a value
     out = out[:, [0] + list(range(2, 7))]
     np.testing.assert_array_equal(out[:, 1], [3, 3, 3, 3, 3])
     np.testing.assert_array_equal(out[:, 2], [3, -1, 4, 4, 4])

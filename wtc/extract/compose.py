@@ -31,14 +31,18 @@ def terms_of(expr: sp.Expr) -> tuple[float, list[tuple[float, sp.Expr]]]:
             const += float(coeff)
         else:
             out[mono] = out.get(mono, 0.0) + float(coeff)
-    return const, list(out.items())
+    return const, [(coeff, mono) for mono, coeff in out.items()]
 
 
 def snap_output(expr: sp.Expr, symbols: list[sp.Symbol], data: dict[str, np.ndarray], target: np.ndarray,
-                tol: float, binary: set[sp.Symbol]) -> sp.Expr:
+                tol: float, binary: set[sp.Symbol], score=None, slack: float = 0.0,
+                widths: tuple[float, ...] = (1.0, 10.0, 100.0)) -> sp.Expr:
     """Refit and snap the coefficients of expr's expanded terms against `target` (flat arrays).
 
-    tol: absolute error the output may carry; a coefficient may move by tol / (rms(term) sqrt(m)).
+    tol: absolute error the output may carry; a coefficient may move by tol / (rms(term) sqrt(m)),
+    times each of `widths` in turn (a network is often less precise than the formula it stands
+    for). With `score(pred) -> float` (higher is better) the simplest snapped form (fewest terms,
+    then cheapest constants) scoring within `slack` of the best is returned; else the first width.
     """
     expr = boolean_reduce(expr, binary)
     _, terms = terms_of(expr)
@@ -53,27 +57,47 @@ def snap_output(expr: sp.Expr, symbols: list[sp.Symbol], data: dict[str, np.ndar
     F = np.column_stack([np.ones_like(target)] + columns)
     if not np.all(np.isfinite(F)):
         return expr
+    monomials = [sp.Integer(1)] + [mono for _, mono in terms]
+    options = []
+    for k in widths:
+        values, nums = _snap(F, target, tol * k)
+        pred = F @ values
+        cost = (int(np.count_nonzero(values)), sum(n.cost if n is not None else 20 for n in nums if n is None or n.value))
+        options.append((cost, pred, values, nums))
+        if score is None:
+            break
+    if score is not None:
+        scores = [score(pred) for _, pred, _, _ in options]
+        best = max(scores)
+        options = sorted((opt for opt, sc in zip(options, scores) if sc >= best - slack), key=lambda o: o[0])
+    _, _, values, nums = options[0]
+    out = sp.Integer(0)
+    for j, (value, num) in enumerate(zip(values, nums)):
+        if value == 0:
+            continue
+        coeff = num.sym if num is not None and num.exact else sp.Float(value, 12)
+        out += coeff * monomials[j]
+    return out
+
+
+def _snap(F: np.ndarray, target: np.ndarray, tol: float):
+    """Snap coefficients one at a time (largest effect first), refitting the rest each time; a term
+    whose whole effect is below tol is dropped. Returns (values, Num or None per column)."""
+    m = F.shape[1]
     coef, *_ = np.linalg.lstsq(F, target, rcond=None)
     rms = np.sqrt(np.mean(F**2, axis=0)) + 1e-300
-    m = F.shape[1]
-    snapped = []
-    free = list(range(m))
-    # snap one coefficient at a time (largest effect first), refitting the rest each time
     fixed: dict[int, float] = {}
-    order = sorted(range(m), key=lambda j: -abs(coef[j]) * rms[j])
-    for j in order:
-        rest = [i for i in free if i not in fixed]
-        resid = target - sum(F[:, i] * v for i, v in fixed.items()) if fixed else target.copy()
+    nums: list = [None] * m
+    for j in sorted(range(m), key=lambda i: -abs(coef[i]) * rms[i]):
+        rest = [i for i in range(m) if i not in fixed]
+        resid = target - sum(F[:, i] * v for i, v in fixed.items()) if fixed else target
         c, *_ = np.linalg.lstsq(F[:, rest], resid, rcond=None)
         value = float(c[rest.index(j)])
+        if abs(value) * rms[j] <= tol:
+            fixed[j] = 0.0
+            continue
         width = tol / (rms[j] * np.sqrt(m))
         num = numbers.simplest_in(value - width, value + width, center=value)
         fixed[j] = float(num.value) if num is not None else value
-        snapped.append((j, num))
-    out = sp.Integer(0)
-    for j, num in snapped:
-        value = num.sym if num is not None and num.exact else sp.Float(fixed[j], 12)
-        if value == 0:
-            continue
-        out += value * (sp.Integer(1) if j == 0 else terms[j - 1][1])
-    return out
+        nums[j] = num
+    return np.array([fixed[j] for j in range(m)]), nums

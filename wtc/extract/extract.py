@@ -19,7 +19,7 @@ import sympy as sp
 
 from wtc import sr
 from wtc import tasks as task_registry
-from wtc.extract.compose import boolean_reduce, snap_output
+from wtc.extract.compose import snap_output
 from wtc.extract.program import POSITION, Line, Program, build_source
 from wtc.extract.readout import head_weights, pad, read
 from wtc.extract.routing import fit_head, routed, rule_keys
@@ -74,7 +74,7 @@ def _route_name(rule, source: str, var: str) -> str:
     return f"{p['op']}{span}_{source}" if var == source else f"{source}_at_{p['op']}{span}_{var}"
 
 
-def extract(model, task, *, n: int = 2048, seed: int = 0, sr_time_limit: float | None = 20.0) -> Program:
+def extract(model, task, *, n: int = 2048, seed: int = 0) -> Program:
     """Read `model` (a frozen single-replica DiscreteTransformer trained on `task`) as a Program."""
     task = task_registry.get(task)
     if getattr(model, "R", 1) != 1:
@@ -84,202 +84,253 @@ def extract(model, task, *, n: int = 2048, seed: int = 0, sr_time_limit: float |
     if (model.seq_len, model.n_inputs, model.n_outputs) != (task.seq_len, task.n_inputs, task.n_outputs):
         raise ValueError(f"model shape (seq_len, n_inputs, n_outputs) = {(model.seq_len, model.n_inputs, model.n_outputs)}"
                          f" does not match task {task.name!r}: {(task.seq_len, task.n_inputs, task.n_outputs)}")
-    x, y_task = task.batch(np.random.default_rng([seed, 77]), n)
-    ro = read(model, x)
-    P, T, names = ro.P, ro.T, ro.names
-    W = head_weights(model)                                                     # (V, O)
-    scale = model.x_scale.double().numpy()
+    return _Extraction(model, task, n, seed).run()
 
-    # program values (n, P + T) and model = factor * program for linearly scaled variables
-    prog: dict[str, np.ndarray] = {}
-    factor: dict[str, float] = {}
-    pname: dict[str, str] = {}                                                  # stream -> program name
-    for i, nm in enumerate(model.input_names):
-        prog[nm], factor[nm], pname[nm] = pad(x[:, :, i], P), 1.0 / scale[i], nm
-    prog["pos"], factor["pos"], pname["pos"] = pad(np.tile(np.arange(T, dtype=float), (n, 1)), P), 1.0 / max(T - 1, 1), POSITION
-    taken = set(pname.values())
 
-    # live variables (preliminary: q/k of content heads count as read)
-    tol_out = _output_tolerance(task, y_task)
-    # a variable is live when it moves some output by more than a tenth of what the task can notice
-    contrib = np.abs(W).max(1) * np.sqrt(np.mean(ro.stream[:, P:] ** 2, axis=(0, 1)))
-    live = {names[v] for v in range(len(names)) if contrib[v] > LIVE_SHARE * tol_out}
-    for mod in reversed(ro.modules):
-        if mod.name in live:
-            slots = ["v"] if mod.kind != "mlp" else list(mod.reads)
-            if mod.kind == "head" and mod.content:
-                slots += ["q", "k"]
-            live |= {mod.reads[s] for s in slots}
+class _Extraction:
+    """State of one extraction: program values and names of every variable read so far."""
 
-    lines: list[Line] = []
-    readings: list[Reading] = []
-    failures: list[str] = []
-    exprs: dict[str, sp.Expr] = {}                                              # mlp -> formula
-    routes: dict[tuple, str] = {}                                               # (rule, source) -> name
-    symbol = {nm: sp.Symbol(pname[nm]) for nm in pname}
-    head_only = []
+    def __init__(self, model, task, n: int, seed: int):
+        self.model, self.task, self.n = model, task, n
+        self.x, self.y_task = task.batch(np.random.default_rng([seed, 77]), n)
+        self.ro = ro = read(model, self.x)
+        self.P, self.T, self.names = ro.P, ro.T, ro.names
+        self.W = head_weights(model)                                              # (V, O)
+        self.tol_out = _output_tolerance(task, self.y_task)
+        # program values (n, P + T); model value = factor * program value where that is linear
+        self.prog: dict[str, np.ndarray] = {}
+        self.factor: dict[str, float | None] = {}
+        self.pname: dict[str, str] = {}                                            # stream -> program name
+        scale = model.x_scale.double().numpy()
+        for i, nm in enumerate(model.input_names):
+            self._set(nm, nm, pad(self.x[:, :, i], self.P), 1.0 / scale[i])
+        positions = pad(np.tile(np.arange(self.T, dtype=float), (n, 1)), self.P)
+        self._set("pos", POSITION, positions, 1.0 / max(self.T - 1, 1))
+        self.taken = set(self.pname.values())
+        self.lines: list[Line] = []
+        self.readings: list[Reading] = []
+        self.failures: list[str] = []
+        self.exprs: dict[str, sp.Expr] = {}                                        # sub-MLP -> formula
+        self.routes: dict[tuple, str] = {}                                         # (rule, source) -> name
+        self.head_only = []                                                        # sub-MLPs read via outputs
+        self.live = self._live()
 
-    def _add_mlp(mod, expr, reading):
-        exprs[mod.name] = expr
-        pname[mod.name] = _unique_name(f"m{len(exprs) - 1}", taken)
-        symbol[mod.name] = sp.Symbol(pname[mod.name])
-        inputs = _distinct_inputs(mod, pname)
-        f = sp.lambdify([sp.Symbol(pname[v]) for v in inputs], expr, modules=["numpy"])
-        with np.errstate(all="ignore"):
-            out = np.broadcast_to(np.asarray(f(*[prog[v][:, P:] for v in inputs]), dtype=float), (n, T))
-        prog[mod.name] = pad(out, P)
-        factor[mod.name] = 1.0
-        reading.name = pname[mod.name]
-        readings.append(reading)
-        if not reading.ok:
-            failures.append(f"{mod.name}: no formula within tolerance ({reading.evidence})")
-        lines.append(Line(pname[mod.name], "expr", expr=expr, comment=reading.finding))
+    def _set(self, name: str, program_name: str, values: np.ndarray, factor: float | None) -> None:
+        self.prog[name], self.pname[name], self.factor[name] = values, program_name, factor
 
-    for mod in ro.modules:
-        if mod.name not in live:
-            readings.append(Reading(mod.name, mod.kind, "", ", ".join(f"{k}={v}" for k, v in mod.reads.items()),
-                                    "dead (no effect on the output)", "", True, live=False))
-            continue
-        if mod.kind == "head":
-            src = mod.reads["v"]
-            window = [mod.reads["k"]] if mod.content else []
-            view = {pname[k]: v for k, v in prog.items()}
-            fit = fit_head(mod.name, ro.pointers[mod.name], pname[src], view, P, T,
-                           window_vars=[pname[w] for w in window],
-                           query_vars=[pname[mod.reads["q"]]] if mod.content else [])
-            best = fit.rule or fit.candidates[0]
-            evidence = f"agreement {best.rate:.5f} (99% lower bound {best.lower_bound:.5f}, n={best.n})"
-            if fit.rule is None:
-                failures.append(f"{mod.name}: pointer fits no routing rule (best: {best.describe()}, "
-                                f"agreement {best.rate:.4f})")
-                keys = ro.pointers[mod.name]
+    def _strength(self, name: str, o: int | None = None) -> float:
+        """How much a variable moves an output (raw units, rms); the largest output when o is None."""
+        w = np.abs(self.W[self.names.index(name)])
+        w = w.max() if o is None else w[o]
+        return float(w * np.sqrt(np.mean(self.ro.model_values(name)[:, self.P:] ** 2)))
+
+    def _live(self) -> set[str]:
+        """Variables that move an output by more than LIVE_SHARE of what the task notices, and what
+        live modules read (q and k of content heads included)."""
+        live = {nm for nm in self.names if self._strength(nm) > LIVE_SHARE * self.tol_out}
+        for mod in reversed(self.ro.modules):
+            if mod.name in live:
+                slots = ["v"] if mod.kind != "mlp" else list(mod.reads)
+                if mod.kind == "head" and mod.content:
+                    slots += ["q", "k"]
+                live |= {mod.reads[s] for s in slots}
+        return live
+
+    # ------------------------------------------------------------------ modules
+    def run(self) -> Program:
+        for mod in self.ro.modules:
+            if mod.name not in self.live:
+                self.readings.append(Reading(mod.name, mod.kind, "", _reads(mod), "dead (no effect on the output)",
+                                             "", True, live=False))
+            elif mod.kind == "head":
+                self._head(mod)
+            elif mod.kind == "aggregate":
+                self._aggregate(mod)
+            elif any(mod.name in m.reads.values() for m in self.ro.modules if m.name in self.live):
+                reading, expr = _read_mlp(mod, self.ro, self.prog, self.pname, rel_tol=1e-3)
+                self._add_mlp(mod, expr, reading)        # an intermediate variable: its own line
             else:
-                keys = rule_keys(fit.rule, view, P, T)
-            prog[mod.name] = pad(routed(prog[src], keys, P), P)
-            factor[mod.name] = factor.get(src)
-            same = routes.get((repr(best.kind), repr(best.params), src)) if fit.rule is not None else None
-            if fit.rule is not None and fit.rule.kind == "offset" and fit.rule.params["d"] == 0:
-                pname[mod.name] = pname[src]                                    # reads the current position
-            elif same is not None:
-                pname[mod.name] = same                                          # another head routes the same
-            else:
-                var = fit.rule.params.get("var", pname[src]) if fit.rule else pname[src]
-                pname[mod.name] = _unique_name(_route_name(best, pname[src], var), taken)
-                lines.append(Line(pname[mod.name], "route", pname[src], best, comment=best.describe()))
-                if fit.rule is not None:
-                    routes[(repr(best.kind), repr(best.params), src)] = pname[mod.name]
-            symbol[mod.name] = sp.Symbol(pname[mod.name])
-            readings.append(Reading(mod.name, "head", pname[mod.name], f"v={src}" + (f", k={mod.reads['k']}" if window else ""),
-                                    best.describe(), evidence, fit.rule is not None))
-        elif mod.kind == "aggregate":
-            src = mod.reads["v"]
-            values = prog[src][:, P:]
-            prog[mod.name] = pad(np.cumsum(values, axis=1) / np.arange(1, T + 1), P)
-            factor[mod.name] = factor.get(src)
-            pname[mod.name] = _unique_name(f"mean_{pname[src]}", taken)
-            symbol[mod.name] = sp.Symbol(pname[mod.name])
-            lines.append(Line(pname[mod.name], "mean", pname[src], comment="mean over the prefix"))
-            readings.append(Reading(mod.name, "aggregate", pname[mod.name], f"v={src}", "mean over the prefix",
-                                    "by construction", True))
+                self.head_only.append(mod)               # read through the output formula
+        outputs = [self._output(o) for o in range(self.task.n_outputs)]
+        for mod in self.head_only:   # report each head-only sub-MLP alone too (its formula is in the output)
+            if mod.name not in self.exprs:
+                reading, _ = _read_mlp(mod, self.ro, self.prog, self.pname, rel_tol=1e-2,
+                                       time_limit=ALONE_TIME_LIMIT, widen=(1.0,))
+                reading.name, reading.finding = "(in output)", f"alone: {reading.finding}"
+                self.readings.append(reading)
+        return self._assemble(outputs)
+
+    def _head(self, mod) -> None:
+        P, T = self.P, self.T
+        src = mod.reads["v"]
+        view = {self.pname[k]: v for k, v in self.prog.items()}
+        fit = fit_head(mod.name, self.ro.pointers[mod.name], self.pname[src], view, P, T,
+                       window_vars=[self.pname[mod.reads["k"]]] if mod.content else [],
+                       query_vars=[self.pname[mod.reads["q"]]] if mod.content else [])
+        best = fit.rule or fit.candidates[0]
+        if fit.rule is None:
+            self.failures.append(f"{mod.name}: pointer fits no routing rule (best: {best.describe()}, "
+                                 f"agreement {best.rate:.4f})")
+            keys = self.ro.pointers[mod.name]       # keep going with what the head really does
         else:
-            consumers = [m for m in ro.modules if m.name in live and mod.name in m.reads.values()]
-            if not consumers:
-                head_only.append(mod)                    # read through the output formula below
-                symbol[mod.name] = None
-                continue
-            # an intermediate variable: its own formula, a program line
-            reading, expr = _read_mlp(mod, ro, prog, pname, rel_tol=1e-3)
-            _add_mlp(mod, expr, reading)
+            keys = rule_keys(fit.rule, view, P, T)
+        key = (best.kind, repr(best.params), src)
+        if fit.rule is not None and fit.rule.kind == "offset" and fit.rule.params["d"] == 0:
+            name = self.pname[src]                  # reads the current position: no line
+        elif fit.rule is not None and key in self.routes:
+            name = self.routes[key]                 # another head routes the same
+        else:
+            var = best.params.get("var", self.pname[src])
+            name = _unique_name(_route_name(best, self.pname[src], var), self.taken)
+            self.lines.append(Line(name, "route", self.pname[src], best, comment=best.describe()))
+            if fit.rule is not None:
+                self.routes[key] = name
+        self._set(mod.name, name, pad(routed(self.prog[src], keys, P), P), self.factor.get(src))
+        evidence = f"agreement {best.rate:.5f} (99% lower bound {best.lower_bound:.5f}, n={best.n})"
+        reads = f"v={src}" + (f", q={mod.reads['q']}, k={mod.reads['k']}" if mod.content else "")
+        self.readings.append(Reading(mod.name, "head", name, reads, best.describe(), evidence, fit.rule is not None))
 
-    # each output as one formula of the variables it depends on
-    outputs = []
-    # integer tasks: the model's decisions (rounded outputs) are what it computes; a network that
-    # wobbles around x*y by 0.3 must not teach the regression the wobble
-    y_target = ro.y_model if task.output == "real" else np.round(ro.y_model)
-    for o in range(task.n_outputs):
-        # variables that move this output by more than a tenth of its tolerance, one per program name
-        strength = {nm: abs(W[names.index(nm), o]) * float(np.sqrt(np.mean(ro.model_values(nm)[:, P:] ** 2)))
-                    for nm in names if nm in live}
-        weight = {}
-        for nm in names:
-            if nm in prog and strength.get(nm, 0.0) > 0.1 * tol_out:
-                weight[pname[nm]] = max(weight.get(pname[nm], (0.0, nm))[0] + strength[nm], 0.0), nm
-        for m in head_only:
-            if strength.get(m.name, 0.0) > 0.1 * tol_out:
-                for v in m.reads.values():
-                    weight[pname[v]] = weight.get(pname[v], (0.0, v))[0] + strength[m.name], v
-        # one regression takes at most 3 variables: keep the strongest (verification judges)
-        ranked = sorted(weight.values(), key=lambda wv: -wv[0])
-        leaves = [v for _, v in ranked[:3]] if len(ranked) > 3 else [v for _, v in ranked]
-        leaves = sorted(leaves, key=names.index)
-        keep = np.isfinite(y_task[:, :, o])
-        target = y_target[:, :, o][keep]
+    def _aggregate(self, mod) -> None:
+        src = mod.reads["v"]
+        values = self.prog[src][:, self.P:]
+        name = _unique_name(f"mean_{self.pname[src]}", self.taken)
+        self._set(mod.name, name, pad(np.cumsum(values, axis=1) / np.arange(1, self.T + 1), self.P),
+                  self.factor.get(src))
+        self.lines.append(Line(name, "mean", self.pname[src], comment="mean over the prefix"))
+        self.readings.append(Reading(mod.name, "aggregate", name, f"v={src}", "mean over the prefix",
+                                     "by construction", True))
+
+    def _add_mlp(self, mod, expr: sp.Expr, reading: Reading) -> None:
+        """A sub-MLP becomes a program line; downstream modules see its formula's values."""
+        self.exprs[mod.name] = expr
+        name = _unique_name(f"m{len(self.exprs) - 1}", self.taken)
+        inputs = _distinct_inputs(mod, self.pname)
+        f = sp.lambdify([sp.Symbol(self.pname[v]) for v in inputs], expr, modules=["numpy"])
+        with np.errstate(all="ignore"):
+            out = f(*[self.prog[v][:, self.P:] for v in inputs])
+        self._set(mod.name, name, pad(np.broadcast_to(np.asarray(out, dtype=float), (self.n, self.T)), self.P), 1.0)
+        reading.name = name
+        self.readings.append(reading)
+        if not reading.ok:
+            self.failures.append(f"{mod.name}: no formula within tolerance ({reading.evidence})")
+        self.lines.append(Line(name, "expr", expr=expr, comment=reading.finding))
+
+    # ------------------------------------------------------------------ outputs
+    def _output(self, o: int) -> sp.Expr:
+        """Output o as a formula: one regression over the variables it depends on when they are at
+        most 3 (sub-MLPs and head read together); otherwise linear terms plus one regression over
+        the sub-MLPs' inputs."""
+        P, task = self.P, self.task
+        keep = np.isfinite(self.y_task[:, :, o])
+        # integer tasks: the model's decisions (rounded outputs) are what it computes; a network that
+        # wobbles around x*y by 0.3 must not teach the regression the wobble
+        target = (self.ro.y_model if task.output == "real" else np.round(self.ro.y_model))[:, :, o][keep]
+        floor = 0.1 * self.tol_out
+        direct = {}
+        for nm in self.names:
+            if nm in self.prog and nm in self.live and self._strength(nm, o) > floor:
+                direct.setdefault(self.pname[nm], nm)
+        via = {}
+        for mod in self.head_only:
+            if self._strength(mod.name, o) > floor:
+                for v in mod.reads.values():
+                    via.setdefault(self.pname[v], v)
+        leaves = sorted({**direct, **via}.values(), key=self.names.index)
+        # a network is often less precise than the formula it approximates: widen the tolerance
+        # (integer outputs: never past what rounding forgives); verification has the last word
+        widen = (1.0, 3.0, 6.0) if task.output == "integer" else (1.0, 3.0, 10.0, 30.0, 100.0)
         if len(leaves) <= 3:
-            X = np.stack([prog[v][:, P:][keep] for v in leaves], axis=1) if leaves else np.zeros((len(target), 0))
-            # a network is often less precise than the formula it approximates: widen the tolerance
-            # (integer outputs: never past what rounding forgives); verification has the last word
-            widen = (1.0, 3.0, 6.0) if task.output == "integer" else (1.0, 3.0, 10.0, 30.0, 100.0)
-            expr, evidence, ok = _formula(X, target, tuple(pname[v] for v in leaves), tol_out, widen=widen,
-                                          decisions=task.output == "integer")
-            if not ok:
-                failures.append(f"output {o}: no formula within tolerance ({evidence})")
-            readings.append(Reading(f"output {o}", "head", "out", ", ".join(pname[v] for v in leaves),
-                                    str(expr), evidence, ok))
-        else:   # too many variables for one regression: each sub-MLP alone, then compose
-            for mod in head_only:
-                if mod.name not in exprs:
-                    gain = float(np.abs(W[names.index(mod.name)]).max()) * max(len(head_only), 1)
-                    reading, e = _read_mlp(mod, ro, prog, pname, abs_tol=tol_out / max(gain, 1e-12))
-                    _add_mlp(mod, e, reading)
-            c0 = float((model.b_out[0, o] * model.y_scale[o] + model.y_mean[o]).detach())
-            expr = sp.Float(c0)
-            for nm in names:
-                if nm in live and nm in prog:
-                    v = names.index(nm)
-                    expr += W[v, o] * (exprs[nm] if nm in exprs else factor[nm] * symbol[nm])
-            used = [nm for nm in names if nm in live and nm in prog and nm not in exprs]
-            data = {pname[nm]: prog[nm][:, P:][keep] for nm in used}
-            binary = {sp.Symbol(k) for k, v in data.items() if set(np.unique(v)) <= {0.0, 1.0}}
-            syms = sorted({sp.Symbol(k) for k in data}, key=lambda q: q.name)
-            expr = snap_output(expr, syms, data, target, tol_out, binary)
-            readings.append(Reading(f"output {o}", "head", "out", "composed sub-MLP formulas", str(expr), "", True))
-        outputs.append(expr)
-    for mod in head_only:   # report each head-only sub-MLP alone too (its formula is inside the output)
-        if mod.name not in exprs:
-            reading, _ = _read_mlp(mod, ro, prog, pname, rel_tol=1e-2, time_limit=ALONE_TIME_LIMIT, widen=(1.0,))
-            reading.name, reading.finding = "(in output)", f"alone: {reading.finding}"
-            readings.append(reading)
+            X = np.stack([self.prog[v][:, P:][keep] for v in leaves], axis=1) if leaves else np.zeros((len(target), 0))
+            expr, evidence, ok = _formula(X, target, tuple(self.pname[v] for v in leaves), self.tol_out,
+                                          widen=widen, decisions=task.output == "integer")
+            reads = ", ".join(self.pname[v] for v in leaves)
+        else:
+            expr, evidence, ok = self._decomposed_output(o, direct, via, keep, target, widen)
+            reads = "linear terms + " + ", ".join(via)
+        if not ok:
+            self.failures.append(f"output {o}: no formula within tolerance ({evidence})")
+        self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, ok))
+        return expr
 
-    # keep only the lines the outputs need (formulas were inlined into the outputs)
-    needed = set().union(*[{s.name for s in e.free_symbols} for e in outputs])
-    kept: list[Line] = []
-    for line in reversed(lines):
-        if line.name in needed:
-            kept.append(line)
-            needed |= {line.source} if line.source else set()
-            if line.rule is not None and line.rule.kind in ("window", "switch"):
-                needed.add(line.rule.params["var"])
-            if line.expr is not None:
-                needed |= {s.name for s in line.expr.free_symbols}
-    kept.reverse()
-    source = build_source(task.name, task.n_inputs, task.n_outputs, list(model.input_names), kept, outputs)
-    program = Program(task.name, source, task.seq_len, task.n_inputs, task.n_outputs, kept, outputs,
-                      failures=failures, readings=readings, model=model)
-    # the program must reproduce the model it was read from (on the extraction data), up to the
-    # network's own imprecision: a program may be exact where the network is only close (a product
-    # on a grid, a relu kink), so compare with the raw output, not with rounded decisions
-    mine = program(x).reshape(ro.y_model.shape)
-    valid = np.isfinite(y_task)
-    diff = (mine - ro.y_model)[valid]
-    deviation = float(np.sqrt(np.mean(diff**2)) / (np.sqrt(np.mean(ro.y_model[valid] ** 2)) + 1e-12))
-    decisions = agreement(task, mine, ro.y_model)
-    readings.append(Reading("program vs model", "check", "", "extraction data", f"relative rms deviation {deviation:.3g}",
-                            f"agreement {decisions:.4f} by the task's criterion", deviation <= MAX_DEVIATION))
-    if deviation > MAX_DEVIATION:
-        failures.append(f"the program deviates from the model by {deviation:.3g} (relative rms; "
-                        f"agreement {decisions:.4f})")
-    program.ok = not failures
-    return program
+    def _decomposed_output(self, o, direct, via, keep, target, widen):
+        """More than 3 variables: the head's direct terms are linear; the sub-MLPs' joint
+        contribution is one regression over their inputs (at most 3). Each Pareto candidate of that
+        regression, plus the linear terms, is refit and snapped against the target; the simplest
+        that scores within slack of the best candidate is kept (decisions for integer outputs)."""
+        P = self.P
+        if len(via) > 3:
+            return sp.Float(float(np.mean(target))), f"the sub-MLPs read {len(via)} variables (> 3)", False
+        data = {p: self.prog[nm][:, P:][keep] for p, nm in {**direct, **via}.items()}
+        binary = {sp.Symbol(k) for k, v in data.items() if set(np.unique(v)) <= {0.0, 1.0}}
+        symbols = sorted((sp.Symbol(k) for k in data), key=lambda s: s.name)
+        linear = sum((sp.Symbol(p) for p in direct), sp.Integer(0))
+        shapes = [sp.Integer(0)]
+        if via:
+            contribution = sum(self.W[self.names.index(m.name), o] * self.ro.model_values(m.name)[:, P:]
+                               for m in self.head_only)
+            X = np.stack([self.prog[v][:, P:][keep] for v in via.values()], axis=1)
+            fit = _sr_fit(X, np.asarray(contribution)[keep], tuple(via), self.tol_out, widen)
+            shapes = [row.expr for row in sorted(fit.candidates, key=lambda r: r.complexity)] or [fit.expr]
+        integer = self.task.output == "integer"
+
+        def score(pred):   # integer outputs: the model's decisions; real: closeness to its output
+            return float(np.mean(np.round(pred) == target)) if integer else -float(np.sqrt(np.mean((pred - target) ** 2)))
+
+        scored = []
+        for shape in shapes[:12]:
+            expr = snap_output(shape + linear, symbols, data, target, self.tol_out, binary, score=score,
+                               slack=DECISION_SLACK / 5 if integer else self.tol_out)
+            f = sp.lambdify(symbols, expr, modules=["numpy"])
+            with np.errstate(all="ignore"):
+                pred = np.broadcast_to(np.asarray(f(*[data[s.name] for s in symbols]), dtype=float), target.shape)
+            scored.append((expr, score(pred)))
+        best = max(sc for _, sc in scored)
+        slack = DECISION_SLACK if integer else max(widen) * self.tol_out
+        expr, score = next((e, sc) for e, sc in scored if sc >= best - slack)
+        if integer:
+            return expr, f"linear terms + sub-MLPs; agrees with the model's decisions on {score:.4f}", \
+                score >= MIN_DECISION_AGREEMENT
+        return expr, f"linear terms + sub-MLPs; rmse {-score:.3g}", -score <= max(widen) * self.tol_out
+
+    # ------------------------------------------------------------------ program
+    def _assemble(self, outputs: list[sp.Expr]) -> Program:
+        """Keep the lines the outputs need, build the program, check it against the model."""
+        needed = set().union(*[{s.name for s in e.free_symbols} for e in outputs])
+        kept: list[Line] = []
+        for line in reversed(self.lines):
+            if line.name in needed:
+                kept.append(line)
+                needed |= {line.source} if line.source else set()
+                if line.rule is not None and line.rule.kind in ("window", "switch"):
+                    needed.add(line.rule.params["var"])
+                if line.expr is not None:
+                    needed |= {s.name for s in line.expr.free_symbols}
+        kept.reverse()
+        task = self.task
+        source = build_source(task.name, task.n_inputs, task.n_outputs, list(self.model.input_names), kept, outputs)
+        program = Program(task.name, source, task.seq_len, task.n_inputs, task.n_outputs, kept, outputs,
+                          failures=self.failures, readings=self.readings, model=self.model)
+        # the program must reproduce the model it was read from (on the extraction data), up to the
+        # network's own imprecision: a program may be exact where the network is only close (a
+        # product on a grid, a relu kink), so compare with the raw output, not rounded decisions
+        y_model = self.ro.y_model
+        mine = program(self.x).reshape(y_model.shape)
+        valid = np.isfinite(self.y_task)
+        diff = (mine - y_model)[valid]
+        deviation = float(np.sqrt(np.mean(diff**2)) / (np.sqrt(np.mean(y_model[valid] ** 2)) + 1e-12))
+        decisions = agreement(task, mine, y_model)
+        self.readings.append(Reading("program vs model", "check", "", "extraction data",
+                                     f"relative rms deviation {deviation:.3g}",
+                                     f"agreement {decisions:.4f} by the task's criterion", deviation <= MAX_DEVIATION))
+        if deviation > MAX_DEVIATION:
+            self.failures.append(f"the program deviates from the model by {deviation:.3g} (relative rms; "
+                                 f"agreement {decisions:.4f})")
+        program.ok = not self.failures
+        return program
+
+
+def _reads(mod) -> str:
+    return ", ".join(f"{k}={v}" for k, v in mod.reads.items())
 
 
 def _distinct_inputs(mod, pname) -> list[str]:
@@ -315,12 +366,7 @@ def _formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: floa
     if len(y) < 8:   # e.g. two bits: 4 distinct inputs; repeat them so the regression has its minimum
         reps = -(-8 // len(y))
         X, y, counts = np.tile(X, (reps, 1)), np.tile(y, reps), np.tile(counts, reps) / reps
-    rms = float(np.sqrt(np.mean(y**2))) + 1e-12
-    fit = None
-    for w in widen:
-        fit = sr.fit(X, y, names=names, tol=min(1.0, w * tol_abs / rms), time_limit=time_limit)
-        if fit.exact:
-            break
+    fit = _sr_fit(X, y, names, tol_abs, widen, time_limit)
     evidence = f"rmse {fit.rmse:.3g} (tolerance {fit.tolerance:.3g}), R^2 {fit.r2:.6f}, complexity {fit.complexity}"
     if not decisions:
         return fit.expr, evidence, bool(fit.exact)
@@ -339,6 +385,17 @@ def _formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: floa
     evidence = (f"agrees with the model's decisions on {agree:.4f} of inputs (best candidate {best:.4f}); "
                 f"complexity {row.complexity}")
     return row.expr, evidence, agree >= MIN_DECISION_AGREEMENT
+def _sr_fit(X, y, names, tol_abs, widen, time_limit=None):
+    """wtc.sr.fit at tol_abs (absolute rms), widened step by step until a formula passes."""
+    rms = float(np.sqrt(np.mean(y**2))) + 1e-12
+    fit = None
+    for w in widen:
+        fit = sr.fit(X, y, names=names, tol=min(1.0, w * tol_abs / rms), time_limit=time_limit)
+        if fit.exact:
+            break
+    return fit
+
+
 def _read_mlp(mod, ro, prog, pname, *, rel_tol: float | None = None, abs_tol: float | None = None,
               time_limit: float | None = None, widen=(1.0, 3.0, 10.0)):
     """A sub-MLP's formula of its inputs (program units) -> (Reading, expression)."""
@@ -349,5 +406,4 @@ def _read_mlp(mod, ro, prog, pname, *, rel_tol: float | None = None, abs_tol: fl
     rms = float(np.sqrt(np.mean(y**2))) + 1e-12
     tol = abs_tol if abs_tol is not None else rel_tol * rms
     expr, evidence, ok = _formula(X, y, tuple(pname[v] for v in inputs), tol, time_limit=time_limit, widen=widen)
-    reads = ", ".join(f"{k}={v}" for k, v in mod.reads.items())
-    return Reading(mod.name, "mlp", "", reads, str(expr), evidence, ok), expr
+    return Reading(mod.name, "mlp", "", _reads(mod), str(expr), evidence, ok), expr

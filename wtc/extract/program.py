@@ -89,27 +89,37 @@ def _window_key(u, t, w, op, pads, ties):
 '''
 
 
+def _at(var: str, index: str) -> str:
+    """Source text for variable `var` at position `index` (the position variable is the index)."""
+    return f"({index})" if var == POSITION else f"{var}[{index}]"
+
+
+def _series(var: str) -> str:
+    """Source text for the whole list of a variable."""
+    return "list(range(T))" if var == POSITION else var
+
+
 def _route_stmts(line: Line) -> list[ast.stmt]:
     name, src, p = line.name, line.source, line.rule.params
     kind = line.rule.kind
     if kind == "offset":
         d = p["d"]
-        fallback = f"{src}[t]" if p.get("before", "pad") == "self" else "0.0"
-        return _stmt(f"{name}[t] = {src}[t - {d}] if t >= {d} else {fallback}")
+        fallback = _at(src, "t") if p.get("before", "pad") == "self" else "0.0"
+        return _stmt(f"{name}[t] = {_at(src, f't - {d}')} if t >= {d} else {fallback}")
     if kind == "absolute":
         q = p["p"]
         if q == 0:
-            return _stmt(f"{name}[t] = {src}[0]")
-        fallback = "0.0" if p["before"] == "pad" else f"{src}[t]"
-        return _stmt(f"{name}[t] = {src}[{q}] if t >= {q} else {fallback}")
+            return _stmt(f"{name}[t] = {_at(src, '0')}")
+        fallback = "0.0" if p["before"] == "pad" else _at(src, "t")
+        return _stmt(f"{name}[t] = {_at(src, str(q))} if t >= {q} else {fallback}")
     if kind == "switch":
         table = ", ".join(f"{float(v)!r}: {int(d)}" for v, d in p["table"])
-        return _stmt(f"d = {{{table}}}.get({p['var']}[t], 0)\n"
-                     f"{name}[t] = {src}[t - d] if t >= d else 0.0")
+        return _stmt(f"d = {{{table}}}.get({_at(p['var'], 't')}, 0)\n"
+                     f"{name}[t] = {_at(src, 't - d')} if t >= d else 0.0")
     if kind == "window":
         w = "None" if p["w"] is None else str(int(p["w"]))
-        return _stmt(f"k = _window_key({p['var']}, t, {w}, {p['op']!r}, {not p['real']}, {p['ties']!r})\n"
-                     f"{name}[t] = {src}[k] if k >= 0 else 0.0")
+        return _stmt(f"k = _window_key({_series(p['var'])}, t, {w}, {p['op']!r}, {not p['real']}, {p['ties']!r})\n"
+                     f"{name}[t] = {_at(src, 'k')} if k >= 0 else 0.0")
     raise ValueError(f"no code for rule kind {kind!r}")
 
 
@@ -134,7 +144,7 @@ def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: lis
         if ln.kind == "route":
             loop += _route_stmts(ln)
         elif ln.kind == "mean":
-            loop += _stmt(f"{ln.name}[t] = sum({ln.source}[:t + 1]) / (t + 1)")
+            loop += _stmt(f"{ln.name}[t] = sum({_series(ln.source)}[:t + 1]) / (t + 1)")
         elif ln.kind == "expr":
             target = ast.Subscript(value=ast.Name(ln.name, ast.Load()), slice=ast.Name(POSITION, ast.Load()),
                                    ctx=ast.Store())
