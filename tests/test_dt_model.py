@@ -143,6 +143,14 @@ def test_config_validation(kw, message):
         DTConfig(**kw)
 
 
+def test_config_replace_follows_layers():
+    cfg = DTConfig(n_heads=3, n_mlps=2).replace(n_layers=2, n_heads=(3, 0))
+    assert cfg.n_heads == (3, 0) and cfg.n_mlps == (2, 2) and cfg.n_agg_heads == (0, 0)
+    from wtc.discover import LADDER
+    for _, changes in LADDER:    # every rung of discover's ladder is a valid configuration
+        DTConfig().replace(**changes)
+
+
 def test_config_roundtrip():
     cfg = DTConfig(n_layers=2, n_heads=(1, 2), read={"L0.m*": ["x"]})
     assert DTConfig.from_dict(cfg.to_dict()) == cfg

@@ -139,6 +139,12 @@ class DTConfig:
             raise ConfigError("the model has no modules: set n_heads, n_agg_heads or n_mlps")
 
     def replace(self, **changes) -> "DTConfig":
+        """A copy with changes; per-layer counts not given follow a new n_layers when uniform."""
+        if "n_layers" in changes:
+            for key in ("n_heads", "n_agg_heads", "n_mlps"):
+                values = getattr(self, key)
+                if key not in changes and len(set(values)) == 1:
+                    changes[key] = values[0]
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
