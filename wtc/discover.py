@@ -2,8 +2,8 @@
 
 Each attempt trains a population of Discrete Transformers (wtc.dt), reads the best replicas out as
 programs (wtc.extract) and verifies them on fresh data. Attempts climb a ladder of configurations
-(new seeds, a second layer of sub-MLPs for chained operators, aggregate heads for prefix sums and
-counts, pointer heads in both layers) until a program verifies or the budget is spent. The result
+(aggregate heads for prefix sums, counts and means; a second layer of sub-MLPs for chained
+operators; new seeds; pointer heads in both layers) until a program verifies or the budget is spent. The result
 is the verified program, or an honest failure with the best attempt's evidence.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ REPLICAS_TO_READ = 3
 # (label, DTConfig changes): tried in order, then again with new seeds
 LADDER = [
     ("one layer", {}),
-    ("one layer, new seed", {}),
+    ("one layer + aggregate heads", {"n_agg_heads": 2}),
     ("two layers: chained sub-MLPs", {"n_layers": 2, "n_heads": (3, 0), "n_mlps": (3, 2)}),
-    ("aggregate heads", {"n_agg_heads": 2}),
+    ("one layer, new seed", {}),
     ("two layers: heads in both", {"n_layers": 2, "n_heads": (3, 2), "n_mlps": (3, 2)}),
 ]
 

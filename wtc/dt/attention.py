@@ -46,9 +46,9 @@ class Attention(nn.Module):
         # content scores start neutral: a head routes by position unless content pays off
         self.W = nn.Parameter(torch.zeros(R, H, N, N))
         self.u = nn.Parameter(torch.zeros(R, H, N))
-        # offsets 0 .. L-1; each head starts with a mild preference for a different small offset
-        # (1, 2, 3, ... rotated across replicas): identical heads all lock onto the one offset with the
-        # strongest signal (seen: every head at t-2 on x_t x_{t-1} + x_{t-2})
+        # offsets 0 .. L-1; each head starts preferring a different small offset (1, 2, 3, ... rotated
+        # across replicas; DTConfig.offset_prior): identical heads all lock onto the offset with the
+        # strongest signal (seen: every head at t-2 on x_t x_{t-1} + x_{t-2}, a product left unfound)
         rel = 0.1 * torch.randn(R, H, L)
         spread = max(1, min(H, L - 1))
         for r in range(R):
@@ -68,7 +68,7 @@ class Attention(nn.Module):
         self.hook_scores = HookPoint()    # (R, B, H, T, L)
         self.hook_pattern = HookPoint()   # (R, B, H, T, L)
         self.hook_z = HookPoint()         # (R, B, H + A, T): routed values
-        self.pinned: torch.Tensor | None = None   # (R, B, H, T) key indices, see pin_pointers()
+        self.pinned: torch.Tensor | None = None   # (R, B, H, T) key indices, see DiscreteTransformer.pinned_pointers
 
     @property
     def output_names(self) -> list[str]:
