@@ -155,14 +155,17 @@ def test_lines_compile_for_every_rule():
              Line("maxrun_x", "route", "x", Rule("window", {"var": "x", "op": "max", "w": None, "real": True, "ties": "first"})),
              Line("min2_x", "route", "x", Rule("window", {"var": "x", "op": "min", "w": 2, "real": False, "ties": "last"})),
              Line("mean_x", "mean", "x"),
-             Line("prev2_t", "route", "t", Rule("offset", {"d": 2}))]
+             Line("prev2_t", "route", "t", Rule("offset", {"d": 2})),
+             Line("max2b_x", "route", "x", Rule("window", {"var": "x", "op": "max", "w": 2, "real": True,
+                                                          "ties": "first", "end": 1}))]
     syms = [sp.Symbol(ln.name) for ln in lines]
-    src = build_source("demo", 1, 8, ["x"], lines, syms)
-    program = wtc.Program("demo", src, 5, 1, 8)
+    src = build_source("demo", 1, 9, ["x"], lines, syms)
+    program = wtc.Program("demo", src, 5, 1, 9)
     out = program(np.array([[3.0, -1.0, 4.0, 1.0, 5.0]]))[0]
     np.testing.assert_array_equal(out[:, 0], [0, 0, 0, 3, -1])
     np.testing.assert_array_equal(out[:, 1], [3, -1, 3, -1, 4])
     np.testing.assert_array_equal(out[:, 7], [0, 0, 0, 1, 2])      # the position routed like a value
+    np.testing.assert_array_equal(out[:, 8], [0, 3, 3, 4, 4])      # max of the 2 positions before t
     out = out[:, [0] + list(range(2, 7))]
     np.testing.assert_array_equal(out[:, 1], [3, 3, 3, 3, 3])
     np.testing.assert_array_equal(out[:, 2], [3, -1, 4, 4, 4])

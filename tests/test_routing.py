@@ -32,6 +32,7 @@ def test_binomial_lower_bound_known_values():
     Rule("absolute", {"p": 0, "before": "pad"}),
     Rule("window", {"var": "x", "op": "max", "w": 3, "real": True, "ties": "first"}),
     Rule("window", {"var": "y", "op": "min", "w": None, "real": True, "ties": "first"}),
+    Rule("window", {"var": "x", "op": "max", "w": 2, "real": True, "ties": "first", "end": 1}),
 ])
 def test_planted_rules_are_recovered(rng, rule):
     values = stream(rng)

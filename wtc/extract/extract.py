@@ -71,6 +71,8 @@ def _route_name(rule, source: str, var: str) -> str:
     if rule.kind == "switch":
         return f"{source}_by_{p['var']}"
     span = "run" if p["w"] is None else str(p["w"])
+    if p.get("end", 0):
+        span = f"_before{span}"
     return f"{p['op']}{span}_{source}" if var == source else f"{source}_at_{p['op']}{span}_{var}"
 
 

@@ -72,12 +72,14 @@ def _stmt(code: str) -> list[ast.stmt]:
 
 
 WINDOW_HELPER = '''
-def _window_key(u, t, w, op, pads, ties):
-    """Index of the max/min of u over [t - w + 1, t] (w None: the whole prefix); -1 = before the
-    start (value 0), a candidate only when pads is true. ties: 'first' or 'last' key wins."""
-    lo = 0 if w is None else t - w + 1
-    keys = list(range(max(lo, 0), t + 1))
-    if pads and lo < 0:
+def _window_key(u, t, w, op, pads, ties, end=0):
+    """Index of the max/min of u over [t - end - w + 1, t - end] (w None: the whole prefix up to
+    t - end); -1 = before the start (value 0), a candidate only when pads is true (or when the
+    window holds no position at all). ties: 'first' or 'last' key wins."""
+    hi = t - end
+    lo = 0 if w is None else hi - w + 1
+    keys = list(range(max(lo, 0), hi + 1))
+    if (pads and lo < 0) or not keys:
         keys = [-1] + keys
     sign = 1.0 if op == "max" else -1.0
     best = None
@@ -118,7 +120,8 @@ def _route_stmts(line: Line) -> list[ast.stmt]:
                      f"{name}[t] = {_at(src, 't - d')} if t >= d else 0.0")
     if kind == "window":
         w = "None" if p["w"] is None else str(int(p["w"]))
-        return _stmt(f"k = _window_key({_series(p['var'])}, t, {w}, {p['op']!r}, {not p['real']}, {p['ties']!r})\n"
+        return _stmt(f"k = _window_key({_series(p['var'])}, t, {w}, {p['op']!r}, {not p['real']}, {p['ties']!r}, "
+                     f"{int(p.get('end', 0))})\n"
                      f"{name}[t] = {_at(src, 'k')} if k >= 0 else 0.0")
     raise ValueError(f"no code for rule kind {kind!r}")
 

@@ -8,7 +8,8 @@ simplest first:
   absolute(p)      key = p; for t < p the key is a pad ("before_pad") or t itself ("before_self")
   switch(q)        key = t - d(q_t): the offset is looked up from the query variable's value
                    (variables with at most 4 distinct values, e.g. a flag: v_t if f_t else v_{t-1})
-  window max/min   key = argmax/argmin of a variable u over [t-w+1, t] (w >= 2) or the whole prefix;
+  window max/min   key = argmax/argmin of a variable u over [t-w+1, t] (w >= 2) or the whole prefix,
+                   or over the w positions before t ([t-w, t-1], "previous");
                    "real": pads excluded; ties go to the earliest ("first") or latest ("last") key
 
 A rule is accepted when the routed values agree with what the rule routes (pads all route 0, so
@@ -95,6 +96,8 @@ class Rule:
             return f"offset chosen by {p['var']}: {{{table}}}"
         if self.kind == "window":
             span = "whole prefix" if p["w"] is None else f"last {p['w']} positions"
+            if p.get("end", 0):
+                span = "whole prefix before t" if p["w"] is None else f"{p['w']} positions before t"
             pads = "" if p["real"] else ", pads (0) included"
             return f"arg{p['op']} of {p['var']} over the {span}{pads}, ties {p['ties']}"
         return "mean over the prefix"
@@ -143,9 +146,12 @@ def rule_keys(rule: Rule, values: dict[str, np.ndarray], P: int, T: int) -> np.n
         L = u.shape[1]
         keys = np.empty((n, T), dtype=np.int64)
         for q in range(T):
-            hi = P + q
+            hi = P + q - p.get("end", 0)
             lo = 0 if p["w"] is None else hi - p["w"] + 1
             lo = max(lo, P) if p["real"] else max(lo, 0)
+            if hi < lo:        # nothing but pads before the start
+                keys[:, q] = 0
+                continue
             seg = sign * u[:, lo:hi + 1]
             if p["ties"] == "first":
                 keys[:, q] = lo + seg.argmax(1)
@@ -168,11 +174,13 @@ def candidate_rules(T: int, window_vars: list[str]) -> list[Rule]:
     rules += [Rule("offset", {"d": d, "before": "self"}) for d in range(1, T)]
     rules += [Rule("absolute", {"p": p, "before": b}) for p in range(T) for b in (("pad",) if p == 0 else ("pad", "self"))]
     for var in window_vars:
-        for w in list(range(2, T + 1)) + [None]:
-            for op in ("max", "min"):
-                for real in (True, False):
-                    for ties in ("first", "last"):
-                        rules.append(Rule("window", {"var": var, "op": op, "w": w, "real": real, "ties": ties}))
+        for end, widths in ((0, range(2, T + 1)), (1, range(2, T))):
+            for w in list(widths) + [None]:
+                for op in ("max", "min"):
+                    for real in (True, False):
+                        for ties in ("first", "last"):
+                            rules.append(Rule("window", {"var": var, "op": op, "w": w, "real": real, "ties": ties,
+                                                         "end": end}))
     return rules
 
 
