@@ -62,9 +62,12 @@ class Discovery:
         t = self.task
         out = [f"# {t.name}", "", f"*{t.description}*", ""]
         out.append(f"**{'Solved' if self.solved else 'Not solved'}** in {self.seconds:.0f} s "
-                   f"({len(self.attempts)} attempt(s)). {self.verification or ''}")
+                   f"({len(self.attempts)} attempt(s)). Best program: {self.verification or 'none'}")
         if self.program is not None:
             if self.program.failures:
+                if self.verification is not None and self.verification.solved:
+                    out += ["", "The program scores on fresh data, but it is not accepted: parts of it are not "
+                            "what the model does (below), so it would be a guess, not a reading."]
                 out += ["", "Modules that could not be read:", ""] + [f"- {f}" for f in self.program.failures]
             out += ["", "## Program", "", "```python", self.program.source.rstrip(), "```", "",
                     "## Modules", "", "| module | kind | program name | reads | reading | evidence |",
