@@ -19,6 +19,7 @@ from wtc import tasks as task_registry
 from wtc.dt.config import DTConfig
 from wtc.dt.train import Attempt, rank_key, run_attempt, take_replica, torch_threads
 from wtc.extract import extract, verify
+from wtc.extract.extract import ExtractionError
 
 DEFAULT_BUDGET_S = 600.0
 REPLICAS_TO_READ = 3
@@ -133,7 +134,11 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
                       "verified": False}
             for r in order[:REPLICAS_TO_READ]:
                 model, history = take_replica(run, r)
-                program = extract(model, task, seed=seed + attempt)
+                try:
+                    program = extract(model, task, seed=seed + attempt)
+                except ExtractionError as exc:       # reported, and the search goes on
+                    record.setdefault("errors", []).append(f"replica {r}: {exc}")
+                    continue
                 ver = verify(program, task, n=10000, seed=int(np.random.default_rng([seed, attempt, r]).integers(2**31)))
                 record["replicas_read"] += 1
                 key = (ver.solved and program.ok, program.ok, rank_key(task, scores[r]), -program.n_lines)
@@ -152,5 +157,7 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
         attempt += 1
         if record["verified"]:
             break
+    if best is None:
+        return Discovery(task, None, None, None, None, time.perf_counter() - t0, attempts)
     _, program, model, history, ver = best
     return Discovery(task, program, model, history, ver, time.perf_counter() - t0, attempts)

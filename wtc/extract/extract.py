@@ -33,6 +33,10 @@ MAX_SR_POINTS = 3000
 ALONE_TIME_LIMIT = 3.0      # seconds per sub-MLP read alone for the report (its formula is in the output)
 
 
+class ExtractionError(RuntimeError):
+    """A step of the extraction could not run (not: could not find a rule or formula)."""
+
+
 @dataclass
 class Reading:
     """What extraction concluded about one module (a row of the report)."""
@@ -392,7 +396,12 @@ def _sr_fit(X, y, names, tol_abs, widen, time_limit=None):
     rms = float(np.sqrt(np.mean(y**2))) + 1e-12
     fit = None
     for w in widen:
-        fit = sr.fit(X, y, names=names, tol=min(1.0, w * tol_abs / rms), time_limit=time_limit)
+        try:
+            fit = sr.fit(X, y, names=names, tol=min(1.0, w * tol_abs / rms), time_limit=time_limit)
+        except (ValueError, OverflowError, ZeroDivisionError) as exc:
+            if fit is not None:      # keep the last good answer; nothing wider will be simpler
+                break
+            raise ExtractionError(f"symbolic regression over {names} failed: {exc}") from exc
         if fit.exact:
             break
     return fit

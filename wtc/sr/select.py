@@ -132,7 +132,10 @@ def _decimalise(e: sp.Expr) -> sp.Expr:
 
 def equation_str(e: sp.Expr) -> str:
     """Readable text: short decimals (4.905) instead of 981/200, floats at their own precision."""
-    return StrPrinter({"full_prec": False}).doprint(_decimalise(e))
+    try:
+        return StrPrinter({"full_prec": False}).doprint(_decimalise(e))
+    except ValueError:   # a constant with thousands of digits (e.g. exp of a large rational)
+        return StrPrinter({"full_prec": False}).doprint(e.xreplace({n: sp.Float(n, 6) for n in e.atoms(sp.Rational)}))
 
 
 def max_abs_err(pred: np.ndarray, y: np.ndarray) -> float:
