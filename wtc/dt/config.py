@@ -80,7 +80,7 @@ class DTConfig:
     hard_steps: int = 300
     polish_iters: int = 200
     refine_steps: int = 0
-    precision_iters: int = 500
+    precision_iters: int = 1000
     batch_size: int = 128
     lr: float = 1e-2
     hard_lr_scale: float = 0.01
