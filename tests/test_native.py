@@ -101,3 +101,13 @@ def test_kernels_override_is_validated(monkeypatch):
     monkeypatch.setenv("WTC_KERNELS", "fast")
     with pytest.raises(ValueError, match="WTC_KERNELS='fast'"):
         _native.kernels_override()
+
+
+@needs_native
+def test_native_routing_is_chosen_by_size_and_override(monkeypatch):
+    monkeypatch.delenv("WTC_KERNELS", raising=False)
+    assert not _native.use_native_cpu(100) and _native.use_native_cpu(10 * _native.NATIVE_MIN_POSITIONS)
+    monkeypatch.setenv("WTC_KERNELS", "native")
+    assert _native.use_native_cpu(1)
+    monkeypatch.setenv("WTC_KERNELS", "reference")
+    assert not _native.use_native_cpu(10**9)

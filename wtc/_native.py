@@ -57,14 +57,22 @@ def kernels_override() -> str | None:
     return value
 
 
-def use_native_cpu() -> bool:
-    """Whether CPU-side hard routing should go through wtc._C (default when built)."""
+# Hard routing through wtc._C pays off from about 10^4 query positions per call: bench/native_route.py
+# measured 0.92x at 1000 sequences x 10 positions, 1.2x at 10^5 positions and 2.4-3.9x at 64 positions.
+NATIVE_MIN_POSITIONS = 20_000
+
+
+def use_native_cpu(positions: int | None = None) -> bool:
+    """Whether CPU-side hard routing of `positions` query positions should go through wtc._C:
+    WTC_KERNELS=native forces it, =reference forbids it, otherwise when built and large enough."""
     choice = kernels_override()
     if choice == "reference":
         return False
-    if choice == "native" and cpu_module() is None:
-        raise RuntimeError(f"WTC_KERNELS=native but wtc._C is not importable: {_load('_C')[1]}")
-    return cpu_module() is not None
+    if choice == "native":
+        if cpu_module() is None:
+            raise RuntimeError(f"WTC_KERNELS=native but wtc._C is not importable: {_load('_C')[1]}")
+        return True
+    return cpu_module() is not None and (positions is None or positions >= NATIVE_MIN_POSITIONS)
 
 
 def backends() -> list[Backend]:

@@ -100,7 +100,7 @@ class Attention(nn.Module):
             if self.pinned is not None:
                 val = choice.read(stream, slice(2 * H, 3 * H)).transpose(2, 3)   # (R, B, H, L)
                 outs.append(val.gather(-1, self.pinned))
-            elif sampling.native and self.select.frozen and _native.use_native_cpu() and not stream.is_cuda:
+            elif sampling.native and self.select.frozen and not stream.is_cuda:
                 outs.append(self._route_native(stream, unit))
             else:
                 s = self.hook_scores(self.scores(unit, choice))

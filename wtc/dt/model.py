@@ -288,11 +288,11 @@ class DiscreteTransformer(nn.Module):
         self.eval()
         try:
             from wtc import _native
-            sampling = Sampling(native=bool(self.frozen) and _native.use_native_cpu())
             outs = []
             for start in range(0, len(x), batch_size):
                 xb = self.normalize_inputs(torch.as_tensor(x[start:start + batch_size], dtype=torch.float32))
-                outs.append(self.denormalize_outputs(self(xb, sampling)[0]))
+                native = bool(self.frozen) and _native.use_native_cpu(xb.shape[0] * self.seq_len)
+                outs.append(self.denormalize_outputs(self(xb, Sampling(native=native))[0]))
             y = torch.cat(outs, dim=1).double().numpy()                          # (R, n, T, O)
         finally:
             self.train(was_training)
