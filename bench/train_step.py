@@ -1,5 +1,6 @@
 """DT training throughput on CPU: steps/s at B=256, T=10, eager vs torch.compile, by threads and
-population size. Prints a table and appends rows to bench/results/train_step.csv.
+population size (hard-phase steps, see time_steps). Prints a table and appends rows to
+bench/results/train_step.csv.
 
     python bench/train_step.py [--steps 30] [--task parity_last2] [--no-compile]
 """
@@ -22,6 +23,9 @@ OUT = "train_step"
 def time_steps(task, config: DTConfig, mode: str, steps: int) -> tuple[float, float]:
     """(steps/s, compile-or-warmup seconds) of Attempt.train_step under `mode`."""
     run = Attempt(task, config, seed=0, attempt=0)
+    # time hard-phase steps: tau is fixed there. During annealing tau changes every step, and a
+    # Python float in the graph makes torch.compile recompile each step (it falls back to eager).
+    run.phase, run.step = "hard", config.steps
     if mode == "compile":
         run.model.forward = torch.compile(run.model.forward, dynamic=False)
     t0 = time.perf_counter()

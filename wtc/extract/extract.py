@@ -199,10 +199,13 @@ class _Extraction:
     def _aggregate(self, mod) -> None:
         src = mod.reads["v"]
         values = self.prog[src][:, self.P:]
-        name = _unique_name(f"mean_{self.pname[src]}", self.taken)
+        key = ("mean", "", src)
+        name = self.routes.get(key)
+        if name is None:                          # another aggregate head may already read it
+            name = self.routes[key] = _unique_name(f"mean_{self.pname[src]}", self.taken)
+            self.lines.append(Line(name, "mean", self.pname[src], comment="mean over the prefix"))
         self._set(mod.name, name, pad(np.cumsum(values, axis=1) / np.arange(1, self.T + 1), self.P),
                   self.factor.get(src))
-        self.lines.append(Line(name, "mean", self.pname[src], comment="mean over the prefix"))
         self.readings.append(Reading(mod.name, "aggregate", name, f"v={src}", "mean over the prefix",
                                      "by construction", True))
 
