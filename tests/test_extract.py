@@ -12,12 +12,12 @@ from wtc.extract import extract, verify
 from wtc.extract.program import Line, build_source, expression_ast
 
 
-def planted(task_name, offsets: list[int], mlp_reads: list[tuple[str, str]], seed: int = 0):
-    """A frozen 1-layer model whose heads point at fixed offsets and whose sub-MLPs read the given
-    variables, fitted (head refit + L-BFGS) to the task."""
+def planted(task_name, offsets: list[int], mlp_reads: list[tuple[str, str]], seed: int = 0, aggregates: int = 0):
+    """A frozen 1-layer model whose heads point at fixed offsets (aggregate heads average x) and
+    whose sub-MLPs read the given variables, fitted (head refit + L-BFGS) to the task."""
     task = wtc.tasks.get(task_name)
-    cfg = DTConfig(n_layers=1, n_heads=len(offsets), n_mlps=max(len(mlp_reads), 1), replicas=1,
-                   content_fraction=0.0, mlp_hidden=16)
+    cfg = DTConfig(n_layers=1, n_heads=len(offsets), n_agg_heads=aggregates, n_mlps=max(len(mlp_reads), 1),
+                   replicas=1, content_fraction=0.0, mlp_hidden=16)
     torch.manual_seed(seed)
     run = Attempt(task, cfg, seed=seed, attempt=0)
     model = run.model
@@ -29,6 +29,7 @@ def planted(task_name, offsets: list[int], mlp_reads: list[tuple[str, str]], see
         for h, d in enumerate(offsets):
             attn.rel[0, h, d] = 30.0
         v_slots = [attn.select.slot_names.index(f"L0.h{h}.v") for h in range(len(offsets))]
+        v_slots += [attn.select.slot_names.index(f"L0.a{a}.v") for a in range(aggregates)]
         for s in v_slots:
             attn.select.logits[0, s] = -10.0
             attn.select.logits[0, s, names.index(model.input_names[-1])] = 10.0
@@ -91,6 +92,20 @@ def test_outputs_over_more_than_three_variables(target, reads, expected):
     want = sp.sympify(expected, locals={n: sp.Symbol(n) for n in ("x", "prev1_x", "prev2_x", "prev3_x")})
     assert sp.simplify(program.outputs[0] - want) == 0, program.outputs
     assert verify(program, task, n=2000, seed=3).solved
+
+
+@pytest.mark.parametrize("name,reads,expected", [
+    ("running_mean", [("x", "x")], "mean_x"),
+    ("running_sum", [("L0.a0", "pos")], "(t + 1)*mean_x"),
+])
+def test_aggregate_heads_are_read(name, reads, expected):
+    task, model = planted(name, [1], reads, aggregates=2)
+    program = extract(model, task)
+    assert program.ok, program.failures
+    want = sp.sympify(expected, locals={"t": sp.Symbol("t"), "mean_x": sp.Symbol("mean_x")})
+    assert sp.simplify(program.outputs[0] - want) == 0, program.outputs
+    assert sum(line.kind == "mean" for line in program.lines) == 1     # both aggregate heads: one line
+    assert verify(program, task, n=2000, seed=4).solved
 
 
 def test_emitted_source_is_standalone_and_matches(rng):
