@@ -2,8 +2,9 @@
 
 Each attempt trains a population of Discrete Transformers (wtc.dt), reads the best replicas out as
 programs (wtc.extract) and verifies them on fresh data. Attempts climb a ladder of configurations
-(aggregate heads for prefix sums, counts and means; a second layer of sub-MLPs for chained
-operators; new seeds; pointer heads in both layers) until a program verifies or the budget is spent. The result
+(3-input sub-MLPs for three-way operators such as a windowed maximum; aggregate heads for prefix
+sums, counts and means; a second layer of sub-MLPs for chained operators; pointer heads in both
+layers; then the same again with new seeds) until a program verifies or the budget is spent. The result
 is the verified program, or an honest failure with the best attempt's evidence.
 """
 from __future__ import annotations
@@ -27,9 +28,9 @@ REPLICAS_TO_READ = 3
 # (label, DTConfig changes): tried in order, then again with new seeds
 LADDER = [
     ("one layer", {}),
+    ("one layer, 3-input sub-MLPs", {"mlp_inputs": 3}),
     ("one layer + aggregate heads", {"n_agg_heads": 2}),
     ("two layers: chained sub-MLPs", {"n_layers": 2, "n_heads": (3, 0), "n_mlps": (3, 2)}),
-    ("one layer, new seed", {}),
     ("two layers: heads in both", {"n_layers": 2, "n_heads": (3, 2), "n_mlps": (3, 2)}),
 ]
 

@@ -29,6 +29,7 @@ LIVE_SHARE = 0.1            # live: moves an output by more than this share of t
 MAX_DEVIATION = 0.05        # program vs model output on the extraction data, relative rms
 MIN_DECISION_AGREEMENT = 0.8  # integer outputs: a formula must share this share of the model's decisions
 DECISION_SLACK = 0.05         # ... and may trail the best candidate's agreement by this much
+RAW_READ_DEVIATION = 0.03     # ... or, failing that, read the raw output within this relative rms
 MAX_SR_POINTS = 3000
 ALONE_TIME_LIMIT = 3.0      # seconds per sub-MLP read alone for the report (its formula is in the output)
 
@@ -115,7 +116,7 @@ class _Extraction:
         self.taken = set(self.pname.values())
         self.lines: list[Line] = []
         self.readings: list[Reading] = []
-        self.failures: list[str] = []
+        self.failures: list[tuple[str | None, str]] = []   # (program variable or None, why)
         self.exprs: dict[str, sp.Expr] = {}                                        # sub-MLP -> formula
         self.routes: dict[tuple, str] = {}                                         # (rule, source) -> name
         self.head_only = []                                                        # sub-MLPs read via outputs
@@ -175,8 +176,8 @@ class _Extraction:
                        query_vars=[self.pname[mod.reads["q"]]] if mod.content else [])
         best = fit.rule or fit.candidates[0]
         if fit.rule is None:
-            self.failures.append(f"{mod.name}: pointer fits no routing rule (best: {best.describe()}, "
-                                 f"agreement {best.rate:.4f})")
+            unread = (mod.name, f"{mod.name}: pointer fits no routing rule (best: {best.describe()}, "
+                                f"agreement {best.rate:.4f})")
             keys = self.ro.pointers[mod.name]       # keep going with what the head really does
         else:
             keys = rule_keys(fit.rule, view, P, T)
@@ -192,6 +193,8 @@ class _Extraction:
             if fit.rule is not None:
                 self.routes[key] = name
         self._set(mod.name, name, pad(routed(self.prog[src], keys, P), P), self.factor.get(src))
+        if fit.rule is None:
+            self.failures.append((name, unread[1]))
         evidence = f"agreement {best.rate:.5f} (99% lower bound {best.lower_bound:.5f}, n={best.n})"
         reads = f"v={src}" + (f", q={mod.reads['q']}, k={mod.reads['k']}" if mod.content else "")
         self.readings.append(Reading(mod.name, "head", name, reads, best.describe(), evidence, fit.rule is not None))
@@ -221,7 +224,7 @@ class _Extraction:
         reading.name = name
         self.readings.append(reading)
         if not reading.ok:
-            self.failures.append(f"{mod.name}: no formula within tolerance ({reading.evidence})")
+            self.failures.append((name, f"{mod.name}: no formula within tolerance ({reading.evidence})"))
         self.lines.append(Line(name, "expr", expr=expr, comment=reading.finding))
 
     # ------------------------------------------------------------------ outputs
@@ -250,14 +253,26 @@ class _Extraction:
         widen = (1.0, 3.0, 6.0) if task.output == "integer" else (1.0, 3.0, 10.0, 30.0, 100.0)
         if len(leaves) <= 3:
             X = np.stack([self.prog[v][:, P:][keep] for v in leaves], axis=1) if leaves else np.zeros((len(target), 0))
-            expr, evidence, ok = _formula(X, target, tuple(self.pname[v] for v in leaves), self.tol_out,
-                                          widen=widen, decisions=task.output == "integer")
+            names = tuple(self.pname[v] for v in leaves)
+            expr, evidence, ok = _formula(X, target, names, self.tol_out, widen=widen,
+                                          decisions=task.output == "integer")
+            if not ok and task.output == "integer" and leaves:
+                # a network too imprecise to round right (max of three values through one sub-MLP):
+                # read its raw output as a function, the simplest formula within a few percent
+                raw = self.ro.y_model[:, :, o][keep]
+                expr2, evidence2, ok2 = _formula(X, raw, names, self.tol_out, widen=(1.0, 3.0, 10.0, 30.0))
+                f = sp.lambdify([sp.Symbol(nm) for nm in names], expr2, modules=["numpy"])
+                with np.errstate(all="ignore"):
+                    pred = np.broadcast_to(np.asarray(f(*X.T), dtype=float), raw.shape)
+                ok2 = ok2 and np.sqrt(np.mean((pred - raw) ** 2)) <= RAW_READ_DEVIATION * np.sqrt(np.mean(raw**2))
+                if ok2:
+                    expr, evidence, ok = expr2, f"raw output: {evidence2} (decisions: {evidence})", True
             reads = ", ".join(self.pname[v] for v in leaves)
         else:
             expr, evidence, ok = self._decomposed_output(o, direct, via, keep, target, widen)
             reads = "linear terms + " + ", ".join(via)
         if not ok:
-            self.failures.append(f"output {o}: no formula within tolerance ({evidence})")
+            self.failures.append((None, f"output {o}: no formula within tolerance ({evidence})"))
         self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, ok))
         return expr
 
@@ -297,8 +312,16 @@ class _Extraction:
         slack = DECISION_SLACK if integer else max(widen) * self.tol_out
         expr, score = next((e, sc) for e, sc in scored if sc >= best - slack)
         if integer:
-            return expr, f"linear terms + sub-MLPs; agrees with the model's decisions on {score:.4f}", \
-                score >= MIN_DECISION_AGREEMENT
+            evidence = f"linear terms + sub-MLPs; agrees with the model's decisions on {score:.4f}"
+            if score >= MIN_DECISION_AGREEMENT:
+                return expr, evidence, True
+            # too imprecise to round right: accept the formula if it reads the raw output closely
+            f = sp.lambdify(symbols, expr, modules=["numpy"])
+            with np.errstate(all="ignore"):
+                pred = np.broadcast_to(np.asarray(f(*[data[s.name] for s in symbols]), dtype=float), target.shape)
+            raw = self.ro.y_model[:, :, o][keep]
+            deviation = float(np.sqrt(np.mean((pred - raw) ** 2)) / (np.sqrt(np.mean(raw**2)) + 1e-12))
+            return expr, f"{evidence}; raw output within {deviation:.3g} relative rms", deviation <= RAW_READ_DEVIATION
         return expr, f"linear terms + sub-MLPs; rmse {-score:.3g}", -score <= max(widen) * self.tol_out
 
     # ------------------------------------------------------------------ program
@@ -316,6 +339,17 @@ class _Extraction:
                     needed |= {s.name for s in line.expr.free_symbols}
         kept.reverse()
         task = self.task
+        # a module the program does not use cannot make it wrong: its effect on the model's output
+        # is what the deviation check below measures
+        used = {line.name for line in kept} | needed
+        failures = []
+        for name, why in self.failures:
+            if name is None or name in used:
+                failures.append(why)
+            else:
+                self.readings.append(Reading("unused by the program", "note", name, "", why,
+                                             "excluded; see the program vs model check", True))
+        self.failures = failures
         source = build_source(task.name, task.n_inputs, task.n_outputs, list(self.model.input_names), kept, outputs)
         program = Program(task.name, source, task.seq_len, task.n_inputs, task.n_outputs, kept, outputs,
                           failures=self.failures, readings=self.readings, model=self.model)
