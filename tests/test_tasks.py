@@ -96,3 +96,13 @@ def test_bad_callables_are_named():
 def test_unknown_task_suggests():
     with pytest.raises(TaskError, match="did you mean parity_last2"):
         wtc.tasks.get("parity_last")
+
+
+def test_public_functions_survive_submodule_imports():
+    """`import wtc.discover` / `import wtc.extract` must not shadow the functions of the same name."""
+    import subprocess
+    import sys
+    code = ("import wtc.discover, wtc.extract, wtc; "
+            "assert callable(wtc.discover) and callable(wtc.extract), (wtc.discover, wtc.extract); "
+            "from wtc.extract import verify; assert callable(verify)")
+    subprocess.run([sys.executable, "-c", code], check=True)

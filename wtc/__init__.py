@@ -6,6 +6,8 @@ weights. ``import wtc`` is light: torch and the native modules load on first use
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 from wtc._native import backends
 from wtc.tasks import Task
@@ -40,3 +42,18 @@ def __getattr__(name: str):
     value = module if attr is None else getattr(module, attr)
     globals()[name] = value
     return value
+
+
+class _Package(types.ModuleType):
+    """The import system binds every loaded submodule on its package (``wtc.extract`` the package
+    would replace ``wtc.extract`` the function once anything ran ``import wtc.extract``). Public
+    names that are functions keep winning; the submodules stay reachable through ``sys.modules``
+    and ``from wtc.extract import ...``."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name, (None, None))[1] is not None:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
