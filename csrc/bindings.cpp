@@ -4,9 +4,11 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cmath>
 #include <sstream>
 #include <string>
 
+#include "kl.h"
 #include "ple_route.h"
 
 namespace py = pybind11;
@@ -87,6 +89,66 @@ py::tuple route_hard(farr q, farr k, farr v, farr q_bins, farr k_bins, farr W, f
   return py::make_tuple(idx, value, margin);
 }
 
+void expect_finite(const float* data, int64_t n, const char* name) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(data[i])) {
+      std::ostringstream msg;
+      msg << name << " holds a non-finite value at flat index " << i;
+      throw py::value_error(msg.str());
+    }
+}
+
+py::array_t<double> kl_rows(farr logp, farr logits) {
+  expect_dims(logp, 2, "logp", "(N, V)");
+  expect_dims(logits, 3, "logits", "(A, N, V)");
+  const int64_t N = logp.shape(0), V = logp.shape(1), A = logits.shape(0);
+  expect_dim(logits.shape(1), N, "logits", 1);
+  expect_dim(logits.shape(2), V, "logits", 2);
+  expect_finite(logp.data(), logp.size(), "logp");
+  expect_finite(logits.data(), logits.size(), "logits");
+  py::array_t<double> out({A, N});
+  {
+    py::gil_scoped_release nogil;
+    wtc::kl_rows_cpu(logp.data(), logits.data(), A, N, V, out.mutable_data());
+  }
+  return out;
+}
+
+py::tuple kl_unembed(farr logp, farr h, farr W, int64_t v0, int64_t v1, bool per_position) {
+  expect_dims(logp, 2, "logp", "(N, V)");
+  expect_dims(h, 2, "h", "(N, D)");
+  expect_dims(W, 2, "W", "(V, D)");
+  const int64_t N = logp.shape(0), V = logp.shape(1), D = h.shape(1);
+  expect_dim(h.shape(0), N, "h", 0);
+  expect_dim(W.shape(0), V, "W", 0);
+  expect_dim(W.shape(1), D, "W", 1);
+  if (v0 < 0 || v1 > V || v0 > v1) throw py::value_error("rows [v0, v1) must lie within [0, V)");
+  py::array_t<double> total({v1 - v0, D});
+  py::array_t<float> per = per_position ? py::array_t<float>({v1 - v0, D, N}) : py::array_t<float>(0);
+  {
+    py::gil_scoped_release nogil;
+    wtc::kl_unembed_cpu(logp.data(), h.data(), W.data(), N, V, D, v0, v1,
+                        per_position ? per.mutable_data() : nullptr, total.mutable_data());
+  }
+  return py::make_tuple(total, per);
+}
+
+py::tuple importance_positions(farr kl, double mass) {
+  expect_dims(kl, 2, "kl", "(M, N)");
+  if (!(mass > 0.0 && mass <= 1.0)) throw py::value_error("mass must be in (0, 1]");
+  std::vector<int64_t> offsets;
+  std::vector<int32_t> positions;
+  {
+    py::gil_scoped_release nogil;
+    wtc::importance_positions_cpu(kl.data(), kl.shape(0), kl.shape(1), mass, offsets, positions);
+  }
+  py::array_t<int64_t> off(static_cast<py::ssize_t>(offsets.size()));
+  std::copy(offsets.begin(), offsets.end(), off.mutable_data());
+  py::array_t<int32_t> pos(static_cast<py::ssize_t>(positions.size()));
+  std::copy(positions.begin(), positions.end(), pos.mutable_data());
+  return py::make_tuple(off, pos);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -97,6 +159,14 @@ PYBIND11_MODULE(_C, m) {
         py::arg("k_bins"), py::arg("W"), py::arg("u"), py::arg("rel"), py::arg("abs"),
         py::arg("q_offset"),
         "Argmax routing of G heads over N sequences -> (index int64, value, margin), each (G, N, Lq).");
+  m.def("kl_rows", &kl_rows, py::arg("logp"), py::arg("logits"),
+        "Per-position KL(p || softmax(logits)): logp (N, V), logits (A, N, V) -> (A, N) float64.");
+  m.def("kl_unembed", &kl_unembed, py::arg("logp"), py::arg("h"), py::arg("W"), py::arg("v0"),
+        py::arg("v1"), py::arg("per_position") = false,
+        "Closed-form KL of zeroing each W[v, j], v in [v0, v1): (total (rows, D) float64, "
+        "per-position (rows, D, N) float32 or empty).");
+  m.def("importance_positions", &importance_positions, py::arg("kl"), py::arg("mass") = 0.9,
+        "Smallest position sets holding `mass` of each row's KL: (offsets (M + 1), positions) CSR.");
   m.def("num_threads", []() { return omp_get_max_threads(); },
         "OpenMP threads the kernels may use.");
   m.def("set_num_threads", [](int n) { omp_set_num_threads(n); }, py::arg("n"));

@@ -146,9 +146,20 @@ def test_config_validation(kw, message):
 def test_config_replace_follows_layers():
     cfg = DTConfig(n_heads=3, n_mlps=2).replace(n_layers=2, n_heads=(3, 0))
     assert cfg.n_heads == (3, 0) and cfg.n_mlps == (2, 2) and cfg.n_agg_heads == (0, 0)
-    from wtc.discover import LADDER
-    for _, changes in LADDER:    # every rung of discover's ladder is a valid configuration
+    from wtc.dt.config import LADDER
+    for _, changes in LADDER:    # every rung of the restart ladder is a valid configuration
         DTConfig().replace(**changes)
+
+
+def test_restarts_climb_the_ladder_only_when_growing():
+    base = DTConfig(mlp_hidden=16)
+    labels = [base.rung(i)[0] for i in range(6)]
+    assert labels[0] == "as configured" and labels[5] == labels[0] and len(set(labels)) == 5
+    assert base.rung(0)[1] == base
+    assert base.rung(1)[1].mlp_inputs == 3 and base.rung(1)[1].mlp_hidden == 16   # user settings kept
+    assert base.rung(3)[1].n_layers == 2
+    fixed = base.replace(grow=False)
+    assert all(fixed.rung(i)[1] == fixed for i in range(5))
 
 
 def test_config_roundtrip():

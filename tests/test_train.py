@@ -1,4 +1,4 @@
-"""Training mechanics on tiny configurations (fast); the solving runs live in test_train_slow.py."""
+"""Training mechanics on tiny configurations (fast); the solving runs live in test_integration.py."""
 import json
 
 import numpy as np
@@ -110,3 +110,20 @@ def test_history_plot(tmp_path):
     _, history = train("prev2", TINY, seed=0, progress=False)
     path = history.plot(tmp_path / "h.png")
     assert (tmp_path / "h.png").stat().st_size > 1000 and path.endswith("h.png")
+
+
+def test_parallel_attempts_give_the_sequential_result(tmp_path):
+    """Two attempts in worker processes pick the same model as the sequential loop."""
+    cfg = TINY.replace(max_attempts=2, steps=10, hard_steps=2)
+    seq, hs = train("max_last3", cfg.replace(workers=1), seed=1, progress=False)
+    par, hp = train("max_last3", cfg.replace(workers=2), seed=1, progress=False)
+    assert seq.train_info["attempt"] == par.train_info["attempt"]
+    assert seq.config.mlp_inputs == par.config.mlp_inputs
+    x, _ = wtc.tasks.get("max_last3").batch(np.random.default_rng(5), 32)
+    np.testing.assert_array_equal(seq.predict(x), par.predict(x))
+    assert hs.final == hp.final
+
+
+def test_restarts_grow_the_model():
+    cfg = TINY.replace(max_attempts=2, steps=5, hard_steps=1, workers=1)
+    assert Attempt(wtc.tasks.get("prev2"), cfg.rung(1)[1], 0, 1).model.config.mlp_inputs == 3

@@ -1,7 +1,7 @@
 """discover: train -> extract -> verify, retried within a time budget.
 
 Each attempt trains a population of Discrete Transformers (wtc.dt), reads the best replicas out as
-programs (wtc.extract) and verifies them on fresh data. Attempts climb a ladder of configurations
+programs (wtc.extract) and verifies them on fresh data. Attempts climb a ladder of configurations (DTConfig.rung)
 (3-input sub-MLPs for three-way operators such as a windowed maximum; aggregate heads for prefix
 sums, counts and means; a second layer of sub-MLPs for chained operators; pointer heads in both
 layers; then the same again with new seeds) until a program verifies or the budget is spent. The result
@@ -24,16 +24,6 @@ from wtc.extract.extract import ExtractionError
 
 DEFAULT_BUDGET_S = 600.0
 REPLICAS_TO_READ = 3
-
-# (label, DTConfig changes): tried in order, then again with new seeds
-LADDER = [
-    ("one layer", {}),
-    ("one layer, 3-input sub-MLPs", {"mlp_inputs": 3}),
-    ("one layer + aggregate heads", {"n_agg_heads": 2}),
-    ("two layers: chained sub-MLPs", {"n_layers": 2, "n_heads": (3, 0), "n_mlps": (3, 2)}),
-    ("two layers: heads in both", {"n_layers": 2, "n_heads": (3, 2), "n_mlps": (3, 2)}),
-]
-
 
 @dataclass
 class Discovery:
@@ -123,8 +113,7 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
         elapsed = time.perf_counter() - t0
         if attempt and elapsed + longest > budget:
             break
-        label, changes = LADDER[attempt % len(LADDER)]
-        cfg = base.replace(**changes) if config is None or attempt else base
+        label, cfg = base.rung(attempt)
         started = time.perf_counter()
         with torch_threads(cfg.threads):
             run = Attempt(task, cfg, seed, attempt)

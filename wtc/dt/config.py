@@ -59,6 +59,12 @@ class DTConfig:
       replicas     independent models trained side by side in one batched forward (a population:
                    tiny models are overhead-bound, so R replicas cost far less than R runs)
       max_attempts populations tried (new seeds) until one replica solves the task
+      workers      attempts trained at once in worker processes (None: one per CPU core, at most
+                   max_attempts; 1: sequential in this process). Same result for any value
+      grow         restarts climb the capacity ladder (LADDER below: 3-input sub-MLPs, aggregate heads,
+                   a second layer) instead of repeating the same architecture with new seeds. A
+                   windowed maximum needs a three-way operator or two chained ones; a prefix sum
+                   needs an aggregate head: the engine finds out by trying, not the user
     """
 
     n_layers: int = 1
@@ -91,6 +97,8 @@ class DTConfig:
     straight_through: bool = False
     replicas: int = 8
     max_attempts: int = 4
+    grow: bool = True
+    workers: int | None = None
     eval_sequences: int = 2048
     threads: int | None = 1
 
@@ -128,6 +136,9 @@ class DTConfig:
             raise ConfigError("mlp_activation='relu+silu' needs mlp_hidden >= 2")
         if self.pad is not None and (not isinstance(self.pad, int) or self.pad < 0):
             raise ConfigError(f"pad must be None or a non-negative integer, got {self.pad!r}")
+        if self.workers is not None and (not isinstance(self.workers, int) or isinstance(self.workers, bool)
+                                         or self.workers < 1):
+            raise ConfigError(f"workers must be None or a positive integer, got {self.workers!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ConfigError(f"threads must be None or a positive integer, got {self.threads!r}")
         if not isinstance(self.read, dict) or not all(
@@ -137,6 +148,13 @@ class DTConfig:
         self.read = {k: list(v) for k, v in self.read.items()}
         if all(h + a + m == 0 for h, a, m in zip(self.n_heads, self.n_agg_heads, self.n_mlps)):
             raise ConfigError("the model has no modules: set n_heads, n_agg_heads or n_mlps")
+
+    def rung(self, attempt: int) -> tuple[str, "DTConfig"]:
+        """(label, config) of restart `attempt`: the next LADDER step when `grow`, else this config."""
+        if not self.grow:
+            return "as configured", self
+        label, changes = LADDER[attempt % len(LADDER)]
+        return label, self.replace(**changes)
 
     def replace(self, **changes) -> "DTConfig":
         """A copy with changes; per-layer counts not given follow a new n_layers when uniform."""
@@ -163,3 +181,13 @@ class DTConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
+
+
+# (label, DTConfig changes) applied to the user's config on restart i (i mod len), cheapest first.
+LADDER = [
+    ("as configured", {}),
+    ("3-input sub-MLPs", {"mlp_inputs": 3}),
+    ("+ aggregate heads", {"n_agg_heads": 2}),
+    ("two layers: chained sub-MLPs", {"n_layers": 2, "n_heads": (3, 0), "n_mlps": (3, 2)}),
+    ("two layers: heads in both", {"n_layers": 2, "n_heads": (3, 2), "n_mlps": (3, 2)}),
+]

@@ -24,6 +24,7 @@ from wtc.dt.history import History
 from wtc.dt.model import DiscreteTransformer
 from wtc.dt.refine import refine_pointers
 from wtc.dt.select import EVAL, Sampling, entropy
+from wtc.dt.workers import default_workers, run_wave, task_reference
 
 CHECKPOINT_EVERY = 250   # steps between training-state checkpoints (when a directory is given)
 LOG_EVERY = 10           # steps between history records (entropies cost a softmax over every head)
@@ -31,6 +32,7 @@ FIT_SEQUENCES = 2048     # sequences for normalisation and the head refit
 POLISH_SEQUENCES = 1024  # full batch of the L-BFGS polish (10k positions)
 REFINE_SEQUENCES = 512   # batch of the pointer refinement (counterfactual forwards per key)
 PRECISION_REPLICAS = 2   # nearly-solved replicas that get the float64 polish
+NEAR_MISS = 2.0          # integer tasks: largest raw error (task units) a precision pass may still fix
 
 
 @contextlib.contextmanager
@@ -288,31 +290,55 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
     if budget_s is not None and budget_s <= 0:
         raise ValueError(f"budget_s must be positive, got {budget_s}")
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    workers = config.workers if config.workers is not None else default_workers(config.max_attempts)
+    task_ref = task_reference(task) if workers > 1 else None
     t0 = time.perf_counter()
     best = None   # (key, model, history)
-    with torch_threads(config.threads):
-        for attempt in range(config.max_attempts):
-            elapsed = time.perf_counter() - t0
-            if best is not None and budget_s is not None and elapsed * (attempt + 1) / attempt > budget_s:
-                break
-            run = Attempt(task, config, seed, attempt)
-            state_path = ckpt / f"attempt{attempt}" if ckpt else None
-            done_path = ckpt / f"attempt{attempt}_result" if ckpt else None
-            if resume and done_path and done_path.with_suffix(".json").exists():
-                key, model, history = _load_result(done_path, task)
-            else:
-                if resume and state_path and state_path.with_suffix(".json").exists():
-                    run.restore(state_path)
-                key, model, history = _run_attempt(run, progress, state_path)
-                if done_path:
-                    _save_result(done_path, key, model, history)
-            if best is None or key > best[0]:
-                best = (key, model, history)
-            if key[0]:
-                break
+    if task_ref is not None:
+        best = _train_in_waves(task, task_ref, config, seed, budget_s, ckpt, resume, workers, progress, t0)
+    else:
+        with torch_threads(config.threads):
+            for attempt in range(config.max_attempts):
+                elapsed = time.perf_counter() - t0
+                if best is not None and budget_s is not None and elapsed * (attempt + 1) / attempt > budget_s:
+                    break
+                run = Attempt(task, config.rung(attempt)[1], seed, attempt)
+                state_path = ckpt / f"attempt{attempt}" if ckpt else None
+                done_path = ckpt / f"attempt{attempt}_result" if ckpt else None
+                if resume and done_path and done_path.with_suffix(".json").exists():
+                    key, model, history = _load_result(done_path, task)
+                else:
+                    if resume and state_path and state_path.with_suffix(".json").exists():
+                        run.restore(state_path)
+                    key, model, history = _run_attempt(run, progress, state_path)
+                    if done_path:
+                        _save_result(done_path, key, model, history)
+                if best is None or key > best[0]:
+                    best = (key, model, history)
+                if key[0]:
+                    break
     _, model, history = best
     history.seconds = time.perf_counter() - t0
     return model, history
+
+
+def _train_in_waves(task, task_ref, config, seed, budget_s, ckpt, resume, workers, progress, t0):
+    """Attempts `workers` at a time; the same winner as the sequential loop (first solved, else best)."""
+    best = None
+    for first in range(0, config.max_attempts, workers):
+        wave = first // workers
+        elapsed = time.perf_counter() - t0
+        if best is not None and budget_s is not None and elapsed * (wave + 1) / wave > budget_s:
+            break
+        configs = {a: config.rung(a)[1] for a in range(first, min(first + workers, config.max_attempts))}
+        results = run_wave(task, task_ref, configs, seed, ckpt, resume, workers, progress)
+        for a in sorted(results):
+            key = results[a][0]
+            if best is None or key > best[0]:
+                best = results[a]
+            if key[0]:
+                return best
+    return best
 
 
 def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = None) -> list[dict]:
@@ -364,8 +390,12 @@ def _run_attempt(run: Attempt, progress: bool, state_path: Path | None):
 
 
 def _nearly(task, score) -> bool:
-    """Close enough that more precision may solve it."""
-    return score["accuracy"] >= 0.9 if task.output == "integer" else score["max_rel_err"] <= 0.05
+    """Close enough that more precision may solve it. An integer network whose misses are large is
+    wrong in structure (a pointer at the wrong key), not in precision: max_last3 replicas at 0.97
+    accuracy miss by whole values, and a float64 polish cannot fix that (9 s spent for nothing)."""
+    if task.output == "integer":
+        return score["accuracy"] >= 0.9 and score.get("max_abs_err", 0.0) <= NEAR_MISS
+    return score["max_rel_err"] <= 0.05
 
 
 def _metric(task, score):

@@ -5,6 +5,8 @@ scored by rounded accuracy, real tasks by max relative error <= 1e-3.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from wtc.tasks.task import Task
@@ -184,7 +186,9 @@ SUITE = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def make(name: str) -> Task:
+    """The built-in task (one object per name, so workers can be sent the name instead)."""
     sample, target, n_inputs, output, valid_from, _ = SUITE[name]
     return Task(name, sample, target, seq_len=T, n_inputs=n_inputs, output=output,
                 valid_from=valid_from, description=" ".join(target.__doc__.split()))

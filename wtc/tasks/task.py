@@ -133,7 +133,9 @@ class Task:
         p, t = pred[:, self.valid_from:], y[:, self.valid_from:]
         rel = np.abs(p - t) / (1.0 + np.abs(t))
         rel = np.where(np.isfinite(rel), rel, np.inf)
-        out = {"max_rel_err": float(rel.max()), "mean_rel_err": float(rel.mean())}
+        err = np.abs(p - t)
+        out = {"max_rel_err": float(rel.max()), "mean_rel_err": float(rel.mean()),
+               "max_abs_err": float(np.where(np.isfinite(err), err, np.inf).max())}
         if self.output == "integer":
             hit = np.round(p) == t
             out["accuracy"] = float(hit.mean())

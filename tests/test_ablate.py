@@ -1,0 +1,234 @@
+"""Per-weight ablation scans: native kernels against torch references, the batched scan against
+the naive loop, the store (resume after a kill), sharding, and bad inputs."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from wtc import _native
+from wtc.ablate import kl as K
+from wtc.ablate import scan
+from wtc.ablate.reference import naive_position_kl
+from wtc.models import Transformer, TransformerConfig
+
+C = _native.cpu_module()
+needs_native = pytest.mark.skipif(C is None, reason="wtc._C not built")
+
+
+@pytest.fixture
+def rng():
+    return torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+
+
+def tiny_model(normalization=None, seed=0):
+    cfg = TransformerConfig(n_layers=2, d_model=8, n_heads=2, d_head=4, d_mlp=12, d_vocab=7, n_ctx=6,
+                            normalization=normalization)
+    return Transformer(cfg, seed=seed).double()
+
+
+@needs_native
+@pytest.mark.parametrize("A,N,V", [(1, 1, 2), (3, 17, 5), (4, 9, 131)])
+def test_kl_rows_native_matches_reference(rng, A, N, V):
+    logits = torch.randn(N, V, generator=rng) * 4
+    logp = torch.log_softmax(logits, -1)
+    ablated = logits[None] + torch.randn(A, N, V, generator=rng)
+    got = torch.from_numpy(C.kl_rows(logp.numpy(), ablated.numpy()))
+    want = K.kl_rows_reference(logp, ablated)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    assert (got >= -1e-12).all()
+
+
+def test_closed_form_equals_brute_force_float64(rng):
+    N, V, D = 13, 6, 5
+    h = torch.randn(N, D, generator=rng, dtype=torch.float64)
+    W = torch.randn(V, D, generator=rng, dtype=torch.float64)
+    W[0, 0] = 1e-7                                           # tiny shift: the cancellation-prone case
+    logp = torch.log_softmax(h @ W.T, -1)
+    closed = K.kl_unembed_reference(logp, h, W)              # (V, D, N)
+    for v in range(V):
+        for j in range(D):
+            W2 = W.clone()
+            W2[v, j] = 0
+            brute = K.kl_rows_reference(logp, torch.log_softmax(h @ W2.T, -1)[None])[0]
+            torch.testing.assert_close(closed[v, j], brute, rtol=1e-9, atol=1e-15)
+
+
+@needs_native
+def test_closed_form_native_matches_reference(rng):
+    N, V, D = 29, 9, 7
+    h = torch.randn(N, D, generator=rng)
+    W = torch.randn(V, D, generator=rng)
+    W[2, 3] = 0.0
+    W[1, 1] = 3e-6
+    logp = torch.log_softmax((h @ W.T).double(), -1).float()
+    total, per = C.kl_unembed(logp.numpy(), h.numpy(), W.numpy(), 2, 7, True)
+    ref = K.kl_unembed_reference(logp, h, W)[2:7]
+    torch.testing.assert_close(torch.from_numpy(total), ref.sum(-1), rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(torch.from_numpy(per).double(), ref, rtol=1e-5, atol=1e-9)
+    assert total[0, 3] == 0.0
+    # the series branch keeps relative precision where the direct formula cancels
+    exact = K.kl_unembed_reference(logp.double(), h.double(), W.double())[1, 1]
+    tot_all, _ = C.kl_unembed(logp.numpy(), h.numpy(), W.numpy(), 1, 2, False)
+    assert abs(tot_all[0, 1] - exact.sum().item()) <= 1e-6 * exact.sum().item()
+
+
+@pytest.mark.parametrize("M,N", [(1, 1), (5, 40), (3, 1000)])
+def test_importance_positions_against_a_sort(rng, M, N):
+    kl = torch.rand(M, N, generator=rng) ** 4
+    if M > 1:
+        kl[1] = 0.0                                          # a weight with no effect: empty set
+    if N >= 40:
+        kl[0, :10] = 0.5                                     # ties, broken by position
+    got = K.importance_positions(kl, 0.9)
+    want = K.importance_positions_reference(kl, 0.9)
+    for g, w, row in zip(got, want, kl.double()):
+        np.testing.assert_array_equal(g, w)
+        if row.sum() > 0:                                    # minimal: one fewer position is not enough
+            assert row[g].sum() >= 0.9 * row.sum() * (1 - 1e-9)
+            assert row[g[:-1]].sum() < 0.9 * row.sum()
+
+
+def _scan_vs_naive(model, tokens, names, readout=None):
+    res = scan(model, tokens, params=names, readout=readout, progress=False, batch=5)
+    for name in names:
+        want = naive_position_kl(model, tokens, name, readout)            # (n, N)
+        p = dict(model.named_parameters())[name]
+        for flat in range(p.numel()):
+            got = res.position_kl(name, flat)
+            torch.testing.assert_close(got, want[flat], rtol=1e-5, atol=1e-9)
+        torch.testing.assert_close(res.total_kl[name].flatten(), want.sum(-1), rtol=1e-5, atol=1e-9)
+    return res
+
+
+@pytest.mark.parametrize("normalization", [None, "LN"])
+def test_scan_equals_naive_loop_on_every_weight(normalization):
+    model = tiny_model(normalization)
+    with torch.no_grad():
+        model.blocks[0].mlp.W_in[0, :4] = 0.0                # already-zero weights report 0
+    tokens = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(1))
+    names = ["embed.W_E", "pos_embed.W_pos", "blocks.0.attn.W_Q", "blocks.0.attn.W_O", "blocks.1.attn.W_K",
+             "blocks.1.attn.W_V", "blocks.0.mlp.W_in", "blocks.1.mlp.W_out", "unembed.W_U"]
+    if normalization:
+        names.append("blocks.1.ln2.w")
+    res = _scan_vs_naive(model, tokens, names)
+    assert (res.total_kl["blocks.0.mlp.W_in"][0, :4] == 0).all()
+    top = res.top(3)
+    assert top[0]["total_kl"] >= top[1]["total_kl"] >= top[2]["total_kl"]
+
+
+class PlainLM(nn.Module):
+    """Any nn.Module: embedding, a GELU MLP, a linear head (nn.Linear weight (V, D))."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.emb = nn.Embedding(7, 6)
+        self.mix = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 7)
+
+    def forward(self, tokens):
+        h = self.emb(tokens)
+        h = h + torch.nn.functional.gelu(self.mix(h.cumsum(1)))
+        return {"logits": self.head(h)}
+
+
+def test_scan_any_module_with_readout():
+    model = PlainLM().double()
+    tokens = torch.randint(0, 7, (2, 5), generator=torch.Generator().manual_seed(2))
+    _scan_vs_naive(model, tokens, ["emb.weight", "mix.weight", "head.weight"], readout=lambda out: out["logits"])
+
+
+def test_importance_positions_of_a_scan_hold_the_mass():
+    model = tiny_model()
+    tokens = torch.randint(0, 7, (4, 6), generator=torch.Generator().manual_seed(4))
+    res = scan(model, tokens, params="blocks.1.mlp.W_out", progress=False, keep_positions=False)
+    for index in [(0, 0), (5, 3), (11, 7)]:
+        kl = res.position_kl("blocks.1.mlp.W_out", index)
+        pos = res.importance_positions("blocks.1.mlp.W_out", index)
+        assert kl[pos].sum() >= 0.9 * kl.sum() * (1 - 1e-9) and kl[pos[:-1]].sum() < 0.9 * kl.sum()
+        assert len(res.importance_positions("blocks.1.mlp.W_out", index, mass=0.5)) <= len(pos)
+
+
+def test_bad_inputs_are_named():
+    model = tiny_model()
+    tokens = torch.randint(0, 7, (2, 6))
+    with pytest.raises(KeyError, match="no parameter matches 'blocks.9"):
+        scan(model, tokens, params="blocks.9.*", progress=False)
+    with pytest.raises(ValueError, match="integer tensor"):
+        scan(model, tokens.float(), progress=False)
+    with pytest.raises(ValueError, match="logits .B, T, V."):
+        scan(model, tokens, readout=lambda out: out[:, -1], progress=False)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        scan(model, tokens, readout=lambda out: out * float("nan"), progress=False)
+    with pytest.raises(ValueError, match="mass"):
+        scan(model, tokens, mass=1.5, progress=False)
+    with pytest.raises(ValueError, match=r"kl_rows: logp must be \(N, V\)"):
+        K.kl_rows(torch.zeros(3, 4), torch.zeros(2, 3, 5))
+    if C is not None:
+        with pytest.raises(ValueError, match="non-finite"):
+            C.kl_rows(np.zeros((3, 4), np.float32), np.full((1, 3, 4), np.nan, np.float32))
+
+
+SCAN_SCRIPT = r"""
+import sys, torch
+from wtc.ablate import scan
+from wtc.models import Transformer, TransformerConfig
+cfg = TransformerConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=11, n_ctx=8)
+model = Transformer(cfg, seed=0)
+tokens = torch.randint(0, 11, (256, 8), generator=torch.Generator().manual_seed(0))
+res = scan(model, tokens, params=sys.argv[2].split(","), out=sys.argv[1], batch=8, chunk=64, progress=False)
+print("scanned", res.weights_scanned, flush=True)
+"""
+
+
+def test_killed_scan_resumes_without_recomputing(tmp_path):
+    params = "blocks.0.mlp.W_in,blocks.1.attn.W_Q,unembed.W_U"
+    script = tmp_path / "scan.py"
+    script.write_text(SCAN_SCRIPT)
+    out = tmp_path / "scan"
+    proc = subprocess.Popen([sys.executable, str(script), str(out), params], stdout=subprocess.PIPE)
+    db = out / "scan.sqlite"
+    deadline = time.time() + 120
+    import sqlite3
+    done = 0
+    while time.time() < deadline and proc.poll() is None:      # kill once a few chunks are committed
+        time.sleep(0.05)
+        if db.exists():
+            try:
+                done = sqlite3.connect(str(db)).execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+            except sqlite3.Error:
+                continue
+            if done >= 3:
+                proc.send_signal(signal.SIGKILL)
+                break
+    proc.wait()
+    assert done >= 3, "the scan finished before it could be killed; make it bigger"
+    resumed = subprocess.run([sys.executable, str(script), str(out), params], capture_output=True, text=True, check=True)
+    total = 16 * 32 + 2 * 16 * 8 + 16 * 11
+    conn = sqlite3.connect(str(db))
+    n_chunks = conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    done_rows = conn.execute("SELECT COUNT(*) FROM weights").fetchone()[0]
+    scanned_again = int(resumed.stdout.split()[-1])
+    assert done_rows == total and scanned_again < total            # resumed, not restarted
+    assert n_chunks == 8 + 4 + 3
+    # same numbers as an uninterrupted scan
+    fresh = tmp_path / "fresh"
+    subprocess.run([sys.executable, str(script), str(fresh), params], check=True, capture_output=True)
+    a = dict(((p, i), t) for p, i, t in conn.execute("SELECT param, idx, total FROM weights"))
+    b = dict(((p, i), t) for p, i, t in sqlite3.connect(str(fresh / "scan.sqlite")).execute(
+        "SELECT param, idx, total FROM weights"))
+    assert a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-12 * max(1.0, abs(b[k])) for k in a)
+
+
+def test_store_refuses_another_model(tmp_path):
+    tokens = torch.randint(0, 7, (2, 6))
+    scan(tiny_model(seed=0), tokens, params="unembed.W_U", out=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="different model_sha256"):
+        scan(tiny_model(seed=1), tokens, params="unembed.W_U", out=tmp_path, progress=False)

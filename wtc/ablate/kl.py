@@ -1,0 +1,102 @@
+"""KL(clean || ablated) per position: torch reference and wtc._C dispatch.
+
+Three primitives of the per-weight scan, each with a readable torch path (the oracle, and the
+path on GPU tensors) next to the native CPU kernel:
+  kl_rows            clean log-probs (N, V) + ablated logits (A, N, V) -> (A, N) float64
+  kl_unembed         closed form for zeroing W_U weights, all (v, j) at once, no ablated logits
+  importance_positions  smallest position set holding `mass` of a weight's total KL
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from wtc import _native
+
+
+def _check_finite(t: torch.Tensor, name: str) -> None:
+    if not torch.isfinite(t).all():
+        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+        raise ValueError(f"{name} holds a non-finite value at index {tuple(bad)}")
+
+
+def _use_native(t: torch.Tensor) -> bool:
+    """wtc._C for float32 CPU tensors; float64 inputs keep their precision in the torch path."""
+    choice = _native.kernels_override()
+    if choice == "reference" or t.device.type != "cpu" or t.dtype != torch.float32:
+        return False
+    if choice == "native" and _native.cpu_module() is None:
+        raise RuntimeError("WTC_KERNELS=native but wtc._C is not importable")
+    return _native.cpu_module() is not None
+
+
+def kl_rows_reference(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """float64 KL(p || softmax(logits)) per row; logp (N, V), logits (A, N, V) -> (A, N)."""
+    lp = logp.double()
+    lq = torch.log_softmax(logits.double(), -1)
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
+def kl_rows(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Per-position KL of each ablation against the clean distribution, float64 (A, N)."""
+    if logp.ndim != 2 or logits.ndim != 3 or logits.shape[1:] != logp.shape:
+        raise ValueError(f"kl_rows: logp must be (N, V) and logits (A, N, V); got {tuple(logp.shape)} "
+                         f"and {tuple(logits.shape)}")
+    if _use_native(logits):
+        out = _native.cpu_module().kl_rows(logp.detach().float().contiguous().numpy(),
+                                           logits.detach().float().contiguous().numpy())
+        return torch.from_numpy(out)
+    _check_finite(logp, "logp")
+    _check_finite(logits, "logits")
+    return kl_rows_reference(logp, logits)
+
+
+def kl_unembed_reference(logp: torch.Tensor, h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """Closed form, float64, per position: (V, D, N). logp (N, V), h (N, D), W (V, D)."""
+    p = logp.double().exp().T[:, None, :]                          # (V, 1, N)
+    d = W.double()[:, :, None] * h.double().T[None]                # (V, D, N)
+    return p * d + torch.log1p(p * torch.expm1(-d))
+
+
+def kl_unembed(logp: torch.Tensor, h: torch.Tensor, W: torch.Tensor, rows: tuple[int, int] | None = None,
+               per_position: bool = False):
+    """Zeroing W[v, j] of logits = h @ W.T + b: KL per (v, j) summed over positions (float64,
+    (rows, D)), and the per-position values (float32, (rows, D, N)) when asked."""
+    N, V = logp.shape
+    if h.ndim != 2 or h.shape[0] != N or W.shape != (V, h.shape[1]):
+        raise ValueError(f"kl_unembed: logp (N, V)={tuple(logp.shape)}, h (N, D)={tuple(h.shape)}, "
+                         f"W (V, D)={tuple(W.shape)} do not fit together")
+    v0, v1 = rows or (0, V)
+    if _use_native(h):
+        C = _native.cpu_module()
+        total, per = C.kl_unembed(logp.detach().float().contiguous().numpy(), h.detach().float().contiguous().numpy(),
+                                  W.detach().float().contiguous().numpy(), v0, v1, per_position)
+        return torch.from_numpy(total), (torch.from_numpy(per) if per_position else None)
+    kl = kl_unembed_reference(logp[:, v0:v1], h, W[v0:v1])
+    return kl.sum(-1), (kl.float() if per_position else None)
+
+
+def importance_positions_reference(kl: torch.Tensor, mass: float = 0.9) -> list[np.ndarray]:
+    """Per row: positions sorted by KL (ties: lower first) until `mass` of the row total is reached."""
+    out = []
+    for row in kl.double().clamp_min(0).numpy():
+        total = row.sum()
+        if total <= 0:
+            out.append(np.zeros(0, np.int32))
+            continue
+        order = np.lexsort((np.arange(len(row)), -row))
+        k = int(np.searchsorted(np.cumsum(row[order]), mass * total * (1 - 1e-12))) + 1
+        out.append(order[:min(k, len(row))].astype(np.int32))
+    return out
+
+
+def importance_positions(kl: torch.Tensor, mass: float = 0.9) -> list[np.ndarray]:
+    """For each row of kl (M, N): the smallest set of positions holding >= mass of the row's KL."""
+    if kl.ndim != 2:
+        raise ValueError(f"importance_positions: kl must be (M, N), got {tuple(kl.shape)}")
+    if not 0 < mass <= 1:
+        raise ValueError(f"mass must be in (0, 1], got {mass}")
+    if _use_native(kl):
+        offsets, pos = _native.cpu_module().importance_positions(kl.detach().float().contiguous().numpy(), mass)
+        return np.split(pos, offsets[1:-1])
+    return importance_positions_reference(kl.float(), mass)

@@ -1,0 +1,72 @@
+"""ScanResult: what a per-weight scan found, backed by its store."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from wtc.ablate.kl import importance_positions as _importance
+
+
+class ScanResult:
+    """total_kl[name]: tensor shaped like the parameter, sum over positions of KL(clean || zeroed)
+    (0 for weights that are already zero); position_kl(name, index) the exact per-position KL;
+    importance_positions(name, index, mass) the smallest set of positions holding `mass` of it."""
+
+    def __init__(self, store, shapes: dict[str, tuple[int, ...]], n_positions: int, seconds: float,
+                 weights_scanned: int, recompute=None):
+        self.store, self.shapes, self.n_positions = store, shapes, n_positions
+        self.seconds, self.weights_scanned = seconds, weights_scanned
+        self._recompute = recompute
+        self.mass = store.meta().get("mass", 0.9)
+        self.total_kl = {n: torch.from_numpy(store.totals(n, s)) for n, s in shapes.items()}
+
+    def _flat(self, name: str, index) -> int:
+        """A weight's flat index from a flat int or a full index tuple, range-checked."""
+        if name not in self.shapes:
+            raise KeyError(f"{name!r} was not scanned; scanned: {', '.join(self.shapes)}")
+        shape = self.shapes[name]
+        if isinstance(index, (int, np.integer)):
+            if not 0 <= index < int(np.prod(shape)):
+                raise IndexError(f"flat index {index} out of range for {name} {shape}")
+            return int(index)
+        index = tuple(int(i) for i in index)
+        if len(index) != len(shape) or any(not 0 <= i < s for i, s in zip(index, shape)):
+            raise IndexError(f"index {index} out of range for {name} {shape}")
+        return int(np.ravel_multi_index(index, shape))
+
+    def position_kl(self, name: str, index) -> torch.Tensor:
+        """Per-position KL (N,) float64 of zeroing weight `index` (a tuple, or a flat int)."""
+        flat = self._flat(name, index)
+        row = self.store.weight(name, flat)
+        if row is None:
+            if float(self.total_kl[name].flatten()[flat]) == 0.0 and self._recompute is None:
+                return torch.zeros(self.n_positions, dtype=torch.float64)
+        elif row[2] is not None:
+            return torch.from_numpy(row[2].astype(np.float64))
+        if self._recompute is None:
+            raise RuntimeError(f"{name}{list(np.unravel_index(flat, self.shapes[name]))}: per-position KL was "
+                               "not kept in the store and this result has no model to recompute it from")
+        return self._recompute(name, flat)
+
+    def importance_positions(self, name: str, index, mass: float | None = None) -> np.ndarray:
+        """Positions (flat over B*T, largest KL first) holding >= mass of the weight's total KL."""
+        flat = self._flat(name, index)
+        if mass is None or mass == self.mass:
+            row = self.store.weight(name, flat)
+            if row is not None:
+                return row[1].copy()
+        return _importance(self.position_kl(name, flat)[None].float(), mass or self.mass)[0]
+
+    def top(self, k: int = 10) -> list[dict]:
+        """The k weights with the largest total KL."""
+        out = []
+        for name, flat, total in self.store.top(k):
+            out.append({"param": name, "index": [int(i) for i in np.unravel_index(flat, self.shapes[name])],
+                        "total_kl": total})
+        return out
+
+    def summary(self) -> dict:
+        return {"weights_scanned": self.weights_scanned, "weights_in_store": self.store.count(),
+                "positions": self.n_positions, "seconds": round(self.seconds, 3),
+                "weights_per_second": self.weights_scanned / self.seconds if self.seconds > 0 else None,
+                "top_weights": self.top(10)}

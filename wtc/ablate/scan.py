@@ -1,0 +1,327 @@
+"""Per-weight ablation scan: for every nonzero weight, the exact per-position KL(clean || zeroed).
+
+How each parameter is evaluated (all exact, never estimated):
+- closed form for the unembedding (the last linear map to the logits: zeroing W[v, j] moves one
+  logit by W[v, j] h_j; wtc._C computes every (v, j) at every position without ablated logits);
+- prefix caching for wtc Transformers: the clean residual stream entering block l is computed once,
+  and batches of perturbed copies run only blocks l.. and the unembedding;
+- embedding rows only on the sequences that contain the token (elsewhere the KL is exactly 0);
+- any other nn.Module (TransformerLens models included): batches of A copies of the parameter,
+  each with one weight zeroed, through torch.func.vmap(functional_call(model, ...)), then the readout.
+Results stream to a SQLite store chunk by chunk (wtc.ablate.store), so a killed scan resumes.
+With torch.distributed initialised, chunks are shared round-robin across ranks and merged.
+"""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+from tqdm.auto import tqdm
+
+from wtc.ablate.kl import importance_positions, kl_rows, kl_unembed
+from wtc.ablate.result import ScanResult
+from wtc.ablate.store import ScanStore
+
+CHUNK = 4096                 # weights per committed chunk: the unit of resume and of sharding
+KEEP_POSITIONS_BYTES = 2**30  # keep full per-position KL in the store while it stays under 1 GiB
+ACTIVATION_BUDGET = 2**25    # floats per batch of ablated copies (~128 MiB of float32)
+
+
+def _default_readout(out):
+    return out
+
+
+def _select_params(model: nn.Module, params) -> dict[str, nn.Parameter]:
+    named = dict(model.named_parameters())
+    if params is None:
+        return {n: p for n, p in named.items() if p.ndim >= 2}
+    patterns = [params] if isinstance(params, str) else list(params)
+    chosen = {}
+    for pat in patterns:
+        hits = [n for n in named if fnmatch.fnmatchcase(n, pat)]
+        if not hits:
+            raise KeyError(f"no parameter matches {pat!r}; parameters are: {', '.join(list(named)[:12])}"
+                           f"{' ...' if len(named) > 12 else ''}")
+        chosen.update((n, named[n]) for n in hits)
+    return chosen
+
+
+def _fingerprint(model: nn.Module, tokens: torch.Tensor) -> dict:
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return {"model_sha256": h.hexdigest(), "tokens_sha256": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest(),
+            "tokens_shape": list(tokens.shape)}
+
+
+class _Evaluator:
+    """Clean pass, caches, and ablated logits for a batch of weights of one parameter."""
+
+    def __init__(self, model: nn.Module, tokens: torch.Tensor, readout):
+        self.model, self.tokens, self.readout = model, tokens, readout or _default_readout
+        # prefix caching needs wtc's split forward and logits as the model's own output
+        self.is_wtc = readout is None and hasattr(model, "logits_from") and hasattr(model, "embed_tokens")
+        self.unembed_input = None
+        with torch.no_grad():
+            if self.is_wtc:
+                resid = model.embed_tokens(tokens)
+                self.resid_pre = []
+                for block in model.blocks:
+                    self.resid_pre.append(resid)
+                    resid = block(resid)
+                self.unembed_input = model.final_hidden(resid)
+                logits = model.unembed(self.unembed_input)
+            else:
+                logits = self._generic_clean()
+        if logits.ndim != 3 or logits.shape[:2] != tokens.shape[:2]:
+            raise ValueError(f"readout must give logits (B, T, V) for tokens {tuple(tokens.shape)}, got {tuple(logits.shape)}")
+        if not torch.isfinite(logits).all():
+            raise ValueError("the clean logits hold NaN or inf; the model or readout is broken for these tokens")
+        self.V = logits.shape[-1]
+        self.logits = logits
+        # (N, V) in the model's precision: float32 models use the native kernels, float64 stays exact
+        self.logp = torch.log_softmax(logits.double(), -1).to(logits.dtype).reshape(-1, self.V)
+
+    def _generic_clean(self):
+        """Clean logits; also captures the input of a final linear map whose output is the logits."""
+        captured = {}
+        hooks = []
+        for name, mod in self.model.named_modules():
+            if isinstance(mod, nn.Linear) or (hasattr(mod, "W_U") and isinstance(getattr(mod, "W_U"), torch.Tensor)):
+                hooks.append(mod.register_forward_hook(
+                    lambda m, i, o, name=name: captured.__setitem__(name, (i[0].detach(), o.detach()))))
+        try:
+            logits = self.readout(self.model(self.tokens))
+        finally:
+            for h in hooks:
+                h.remove()
+        self.final_linear = {n: io[0] for n, io in captured.items()
+                             if io[1].shape == logits.shape and torch.equal(io[1], logits)}
+        return logits
+
+    # ----------------------------------------------------------------- closed form
+    def unembed_weight(self, name: str, param: torch.Tensor):
+        """(h (N, D), W (V, D), transposed?) when zeroing this parameter moves single logits."""
+        module_name, _, leaf = name.rpartition(".")
+        if self.is_wtc:
+            if name == "unembed.W_U":
+                return self.unembed_input.reshape(-1, param.shape[0]), param.detach().T, True
+            return None
+        h = getattr(self, "final_linear", {}).get(module_name)
+        if h is None:
+            return None
+        mod = self.model.get_submodule(module_name)
+        if isinstance(mod, nn.Linear) and leaf == "weight":
+            return h.reshape(-1, param.shape[1]), param.detach(), False
+        if leaf == "W_U":
+            return h.reshape(-1, param.shape[0]), param.detach().T, True
+        return None
+
+    # ----------------------------------------------------------------- batched exact ablation
+    def ablated_logits(self, name: str, param: torch.Tensor, flat_idx: torch.Tensor):
+        """(A, N', V) logits with each weight zeroed in its own copy, and the rows N' they cover."""
+        A = len(flat_idx)
+        copies = param.detach().reshape(1, -1).repeat(A, 1)
+        copies[torch.arange(A), flat_idx] = 0
+        copies = copies.reshape(A, *param.shape)
+        rows = None
+        if self.is_wtc:
+            m = re.match(r"blocks\.(\d+)\.(.*)", name)
+            if m:
+                layer, local = int(m.group(1)), m.group(2)
+                block = self.model.blocks[layer]
+                resid = self.resid_pre[layer]
+
+                def run(p):
+                    out = functional_call(block, {local: p}, (resid,))
+                    return self.model.logits_from(out, layer + 1)
+            elif name == "embed.W_E" and flat_idx.numel():
+                # Only sequences that contain the token see the change.
+                v = int(flat_idx[0]) // param.shape[1]
+                assert all(int(i) // param.shape[1] == v for i in flat_idx), "embedding batches are per row"
+                seqs = (self.tokens == v).any(-1).nonzero().flatten()
+                toks = self.tokens[seqs]
+                rows = (seqs[:, None] * self.tokens.shape[1] + torch.arange(self.tokens.shape[1])).flatten()
+
+                def run(p):
+                    return functional_call(self.model, {name: p}, (toks,))
+            else:
+                def run(p):
+                    return functional_call(self.model, {name: p}, (self.tokens,))
+        else:
+            def run(p):
+                return self.readout(functional_call(self.model, {name: p}, (self.tokens,)))
+        with torch.no_grad():
+            logits = vmap(run)(copies)
+        return logits.reshape(A, -1, self.V), rows
+
+
+def _batch_size(ev: _Evaluator, batch: int | None) -> int:
+    if batch is not None:
+        if not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive int, got {batch!r}")
+        return batch
+    N = ev.logp.shape[0]
+    cfg = getattr(ev.model, "cfg", None)
+    widest = ev.V * 3
+    if cfg is not None and hasattr(cfg, "d_mlp"):
+        T = ev.tokens.shape[1]
+        widest = max(widest, (cfg.d_mlp or 0) * 2, cfg.n_heads * T * 2)
+    return int(max(1, min(512, ACTIVATION_BUDGET // (N * widest))))
+
+
+def _dist():
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None = None, out=None,
+         mass: float = 0.9, keep_positions: bool | None = None, progress: bool = True,
+         chunk: int = CHUNK) -> ScanResult:
+    """Exact per-position KL(clean || weight zeroed) for every nonzero weight of `params`.
+
+    model: a wtc Transformer, a TransformerLens HookedTransformer, or any nn.Module;
+    tokens (B, T) int; params: names or fnmatch patterns (default: every parameter with >= 2 dims);
+    readout: model output -> logits (B, T, V) (default: the output itself); batch: ablated copies
+    per forward (default: sized to ~128 MiB of activations); out: directory for the resumable
+    store (None: in memory); mass: share of KL the importance positions hold; keep_positions:
+    store full per-position KL (default: when it fits in 1 GiB; otherwise recomputed on demand).
+    """
+    if not 0 < mass <= 1:
+        raise ValueError(f"mass must be in (0, 1], got {mass}")
+    tokens = torch.as_tensor(tokens)
+    if tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"tokens must be an integer tensor (B, T), got shape {tuple(tokens.shape)} dtype {tokens.dtype}")
+    tokens = tokens.long()
+    chosen = _select_params(model, params)
+    was_training = model.training
+    model.eval()
+    try:
+        ev = _Evaluator(model, tokens, readout)
+        return _scan(model, tokens, chosen, ev, batch, out, mass, keep_positions, progress, chunk)
+    finally:
+        model.train(was_training)
+
+
+def _scan(model, tokens, chosen, ev, batch, out, mass, keep_positions, progress, chunk) -> ScanResult:
+    rank, world = _dist()
+    N = ev.logp.shape[0]
+    nonzero = {n: int((p != 0).sum()) for n, p in chosen.items()}
+    if keep_positions is None:
+        keep_positions = sum(nonzero.values()) * N * 4 <= KEEP_POSITIONS_BYTES
+    meta = {**_fingerprint(model, tokens), "params": sorted(chosen), "mass": mass, "keep_positions": keep_positions,
+            "chunk": chunk}
+    directory = Path(out) if out is not None else None
+    path = ":memory:" if directory is None else directory / (f"scan.rank{rank}.sqlite" if world > 1 else "scan.sqlite")
+    store = ScanStore(path)
+    store.bind(meta)
+    A = _batch_size(ev, batch)
+    t0 = time.perf_counter()
+    todo = []       # (param, chunk start, chunk stop)
+    for name, p in chosen.items():
+        done = store.done_chunks(name)
+        for c, start in enumerate(range(0, p.numel(), chunk)):
+            if c % world == rank and start not in done:
+                todo.append((name, start, min(start + chunk, p.numel())))
+    total_work = sum(int((chosen[n].detach().flatten()[s:e] != 0).sum()) for n, s, e in todo)
+    bar = tqdm(total=total_work, disable=not progress, unit="w", desc=f"scan rank {rank}" if world > 1 else "scan")
+    scanned = 0
+    for name, start, stop in todo:
+        p = chosen[name]
+        flat = p.detach().flatten()
+        idx = (flat[start:stop] != 0).nonzero().flatten() + start
+        totals, positions, full = _chunk(ev, name, p, idx, A, mass, keep_positions)
+        store.write_chunk(name, start, stop, idx.numpy(), totals, positions, full)
+        scanned += len(idx)
+        bar.update(len(idx))
+    bar.close()
+    if world > 1:
+        torch.distributed.barrier()
+        if rank == 0:
+            merged = ScanStore(directory / "scan.sqlite") if directory else None
+            if merged is None:
+                raise ValueError("a distributed scan needs out= (a directory shared by the ranks)")
+            merged.bind(meta)
+            for r in range(world):
+                shard = ScanStore(directory / f"scan.rank{r}.sqlite")
+                merged.merge_from(shard)
+                shard.close()
+            store.close()
+            store = merged
+        torch.distributed.barrier()
+        if rank != 0:
+            store.close()
+            store = ScanStore(directory / "scan.sqlite")
+    seconds = time.perf_counter() - t0
+    return ScanResult(store, {n: tuple(p.shape) for n, p in chosen.items()}, N, seconds, scanned,
+                      recompute=lambda name, index: _position_kl_one(ev, name, chosen[name], index))
+
+
+def _chunk(ev, name, p, idx, A, mass, keep_positions):
+    """Totals (float64), importance positions and (optionally) full per-position KL for weights idx."""
+    if len(idx) == 0:
+        return np.zeros(0), [], (np.zeros((0, ev.logp.shape[0]), np.float32) if keep_positions else None)
+    closed = ev.unembed_weight(name, p)
+    if closed is not None:
+        per = _closed_form_rows(ev, closed, p, idx)
+    else:
+        per = torch.cat([_exact_rows(ev, name, p, part) for part in _batches(ev, name, p, idx, A)])
+    totals = per.sum(-1).numpy()
+    positions = importance_positions(per.float(), mass)
+    return totals, positions, (per.float().numpy() if keep_positions else None)
+
+
+def _batches(ev, name, p, idx, A):
+    if ev.is_wtc and name == "embed.W_E":       # one embedding row per batch (its own sequences)
+        rows = idx // p.shape[1]
+        for r in torch.unique(rows):
+            sel = idx[rows == r]
+            yield from sel.split(A)
+    else:
+        yield from idx.split(A)
+
+
+def _exact_rows(ev, name, p, idx) -> torch.Tensor:
+    logits, rows = ev.ablated_logits(name, p, idx)
+    if rows is None:
+        return kl_rows(ev.logp, logits)
+    full = torch.zeros(len(idx), ev.logp.shape[0], dtype=torch.float64)
+    if len(rows):
+        full[:, rows] = kl_rows(ev.logp[rows], logits)
+    return full
+
+
+def _closed_form_rows(ev, closed, p, idx) -> torch.Tensor:
+    """Per-position KL (len(idx), N) float64 from the closed form, row block by row block."""
+    h, W, transposed = closed                    # h (N, D), W (V, D); param flat index -> (v, j)
+    D = W.shape[1]
+    if transposed:                               # param (D, V): flat = j * V + v
+        j, v = idx // W.shape[0], idx % W.shape[0]
+    else:                                        # param (V, D): flat = v * D + j
+        v, j = idx // D, idx % D
+    out = torch.empty(len(idx), ev.logp.shape[0], dtype=torch.float64)
+    for row in torch.unique(v):
+        sel = (v == row).nonzero().flatten()
+        _, per = kl_unembed(ev.logp, h, W, rows=(int(row), int(row) + 1), per_position=True)
+        out[sel] = per[0, j[sel]].double()
+    return out
+
+
+def _position_kl_one(ev, name, p, index) -> torch.Tensor:
+    flat = int(np.ravel_multi_index(tuple(index), tuple(p.shape))) if not isinstance(index, int) else index
+    if p.detach().flatten()[flat] == 0:
+        return torch.zeros(ev.logp.shape[0], dtype=torch.float64)
+    idx = torch.tensor([flat])
+    closed = ev.unembed_weight(name, p)
+    if closed is not None:
+        return _closed_form_rows(ev, closed, p, idx)[0]
+    return _exact_rows(ev, name, p, idx)[0]

@@ -1,0 +1,102 @@
+"""On-disk results of a per-weight scan: one SQLite file, written chunk by chunk.
+
+Each chunk of weights is committed in one transaction together with its "done" marker, so a
+killed scan loses at most the chunk in flight, never half of one, and a resumed scan skips every
+committed chunk (nothing computed twice). A scan refuses to resume into a store made for another
+model, token set or configuration, naming the field that differs.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS chunks (param TEXT NOT NULL, start INTEGER NOT NULL, stop INTEGER NOT NULL,
+                                   PRIMARY KEY (param, start));
+CREATE TABLE IF NOT EXISTS weights (param TEXT NOT NULL, idx INTEGER NOT NULL, total REAL NOT NULL,
+                                    positions BLOB NOT NULL, position_kl BLOB, PRIMARY KEY (param, idx));
+"""
+
+
+class ScanStore:
+    """weights(param, idx, total KL, importance positions int32, full per-position KL float32 or NULL)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(self.path), timeout=60)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- identity of the scan
+    def bind(self, meta: dict) -> None:
+        """Record what this store is for, or check that it matches a previous run."""
+        old = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
+        new = {k: json.dumps(v, sort_keys=True) for k, v in meta.items()}
+        if old:
+            for key, value in new.items():
+                if key in old and old[key] != value:
+                    raise ValueError(f"{self.path}: this store was written for a different {key} "
+                                     f"({old[key][:80]} != {value[:80]}); use a new output directory")
+            missing = set(new) - set(old)
+            if missing:
+                raise ValueError(f"{self.path}: store lacks {sorted(missing)}; use a new output directory")
+            return
+        with self.db:
+            self.db.executemany("INSERT INTO meta VALUES (?, ?)", new.items())
+
+    def meta(self) -> dict:
+        return {k: json.loads(v) for k, v in self.db.execute("SELECT key, value FROM meta")}
+
+    # -- chunks
+    def done_chunks(self, param: str) -> set[int]:
+        return {r[0] for r in self.db.execute("SELECT start FROM chunks WHERE param = ?", (param,))}
+
+    def write_chunk(self, param: str, start: int, stop: int, idx: np.ndarray, totals: np.ndarray,
+                    positions: list[np.ndarray], position_kl: np.ndarray | None) -> None:
+        """Rows for the nonzero weights of flat indices [start, stop), committed with the marker."""
+        rows = []
+        for i, (w, total, pos) in enumerate(zip(idx.tolist(), totals.tolist(), positions)):
+            full = None if position_kl is None else position_kl[i].astype(np.float32).tobytes()
+            rows.append((param, w, total, np.asarray(pos, np.int32).tobytes(), full))
+        with self.db:                                    # one transaction: rows + marker, or nothing
+            self.db.executemany("INSERT OR REPLACE INTO weights VALUES (?, ?, ?, ?, ?)", rows)
+            self.db.execute("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?)", (param, start, stop))
+
+    def merge_from(self, other: "ScanStore") -> None:
+        """Copy another store's chunks and weights (shards of a distributed scan) into this one."""
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO weights VALUES (?, ?, ?, ?, ?)",
+                                other.db.execute("SELECT * FROM weights"))
+            self.db.executemany("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?)",
+                                other.db.execute("SELECT * FROM chunks"))
+
+    # -- reading
+    def totals(self, param: str, shape: tuple[int, ...]) -> np.ndarray:
+        out = np.zeros(int(np.prod(shape)), np.float64)
+        for idx, total in self.db.execute("SELECT idx, total FROM weights WHERE param = ?", (param,)):
+            out[idx] = total
+        return out.reshape(shape)
+
+    def weight(self, param: str, idx: int):
+        """(total, importance positions, per-position KL or None) of one weight, or None if absent."""
+        row = self.db.execute("SELECT total, positions, position_kl FROM weights WHERE param = ? AND idx = ?",
+                              (param, idx)).fetchone()
+        if row is None:
+            return None
+        full = None if row[2] is None else np.frombuffer(row[2], np.float32)
+        return row[0], np.frombuffer(row[1], np.int32), full
+
+    def count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM weights").fetchone()[0]
+
+    def top(self, k: int) -> list[tuple[str, int, float]]:
+        return list(self.db.execute("SELECT param, idx, total FROM weights ORDER BY total DESC LIMIT ?", (k,)))

@@ -1,0 +1,214 @@
+"""A small causal token transformer whose parameter and hook names are TransformerLens's.
+
+Parameters: embed.W_E (V, D), pos_embed.W_pos (n_ctx, D), blocks.{l}.attn.W_Q/W_K/W_V (H, D, d_head),
+W_O (H, d_head, D), b_Q/b_K/b_V (H, d_head), b_O (D), blocks.{l}.mlp.W_in (D, d_mlp), b_in, W_out
+(d_mlp, D), b_out, optional blocks.{l}.ln1/ln2/ln_final .w/.b, unembed.W_U (D, V), b_U. So a state
+dict moves to and from a HookedTransformer unchanged. Hooks: hook_embed, hook_pos_embed,
+blocks.{l}.hook_resid_pre, attn.hook_pattern, attn.hook_z, mlp.hook_pre, mlp.hook_post,
+hook_resid_post, ln_final.hook_normalized.
+
+The forward is split (embed -> block(l) -> unembed) so scans can cache the clean prefix and run
+only the rest of the network (wtc.ablate).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from wtc.dt.hooks import HookPoint
+
+
+@dataclass
+class TransformerConfig:
+    n_layers: int = 2
+    d_model: int = 128
+    n_heads: int = 4
+    d_head: int = 32
+    d_mlp: int | None = 512         # None: attention-only blocks
+    d_vocab: int = 64
+    n_ctx: int = 128
+    act_fn: str = "relu"            # relu | gelu
+    normalization: str | None = None   # None | "LN"
+    mlp_layers: tuple[int, ...] | None = None   # blocks that have an MLP (None: all, when d_mlp)
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads", "d_head", "d_vocab", "n_ctx"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"TransformerConfig.{name} must be a positive int, got {v!r}")
+        if self.d_mlp is not None and (not isinstance(self.d_mlp, int) or self.d_mlp <= 0):
+            raise ValueError(f"TransformerConfig.d_mlp must be None or a positive int, got {self.d_mlp!r}")
+        if self.act_fn not in ("relu", "gelu"):
+            raise ValueError(f"TransformerConfig.act_fn must be 'relu' or 'gelu', got {self.act_fn!r}")
+        if self.normalization not in (None, "LN"):
+            raise ValueError(f"TransformerConfig.normalization must be None or 'LN', got {self.normalization!r}")
+        if self.mlp_layers is None:
+            self.mlp_layers = tuple(range(self.n_layers)) if self.d_mlp else ()
+        self.mlp_layers = tuple(self.mlp_layers)
+        if any(not 0 <= l < self.n_layers for l in self.mlp_layers):
+            raise ValueError(f"TransformerConfig.mlp_layers {self.mlp_layers} must index blocks 0..{self.n_layers - 1}")
+        if self.mlp_layers and not self.d_mlp:
+            raise ValueError("TransformerConfig.mlp_layers given but d_mlp is None")
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(d))
+        self.b = nn.Parameter(torch.zeros(d))
+        self.hook_normalized = HookPoint()
+
+    def forward(self, x):
+        return self.hook_normalized(F.layer_norm(x, x.shape[-1:], self.w, self.b, eps=1e-5))
+
+
+class Embed(nn.Module):
+    def __init__(self, V: int, D: int):
+        super().__init__()
+        self.W_E = nn.Parameter(torch.randn(V, D) / math.sqrt(D))
+
+    def forward(self, tokens):
+        return self.W_E[tokens]                                   # (B, T, D)
+
+
+class PosEmbed(nn.Module):
+    def __init__(self, n_ctx: int, D: int):
+        super().__init__()
+        self.W_pos = nn.Parameter(torch.randn(n_ctx, D) / math.sqrt(D))
+
+    def forward(self, tokens):
+        return self.W_pos[: tokens.shape[-1]]                     # (T, D)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        H, D, d = cfg.n_heads, cfg.d_model, cfg.d_head
+        self.W_Q = nn.Parameter(torch.randn(H, D, d) / math.sqrt(D))
+        self.W_K = nn.Parameter(torch.randn(H, D, d) / math.sqrt(D))
+        self.W_V = nn.Parameter(torch.randn(H, D, d) / math.sqrt(D))
+        self.W_O = nn.Parameter(torch.randn(H, d, D) / math.sqrt(H * d))
+        self.b_Q = nn.Parameter(torch.zeros(H, d))
+        self.b_K = nn.Parameter(torch.zeros(H, d))
+        self.b_V = nn.Parameter(torch.zeros(H, d))
+        self.b_O = nn.Parameter(torch.zeros(D))
+        self.hook_pattern = HookPoint()   # (B, H, Tq, Tk)
+        self.hook_z = HookPoint()         # (B, T, H, d_head)
+
+    def forward(self, x):                                         # x (B, T, D)
+        q = torch.einsum("btd,hde->bthe", x, self.W_Q) + self.b_Q
+        k = torch.einsum("btd,hde->bthe", x, self.W_K) + self.b_K
+        v = torch.einsum("btd,hde->bthe", x, self.W_V) + self.b_V
+        scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(q.shape[-1])
+        T = x.shape[-2]
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        pattern = self.hook_pattern(scores.masked_fill(~causal, float("-inf")).softmax(-1))
+        z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))
+        return torch.einsum("bqhe,hed->bqd", z, self.W_O) + self.b_O
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        D, M = cfg.d_model, cfg.d_mlp
+        self.W_in = nn.Parameter(torch.randn(D, M) / math.sqrt(D))
+        self.b_in = nn.Parameter(torch.zeros(M))
+        self.W_out = nn.Parameter(torch.randn(M, D) / math.sqrt(M))
+        self.b_out = nn.Parameter(torch.zeros(D))
+        self.act = F.relu if cfg.act_fn == "relu" else F.gelu
+        self.hook_pre = HookPoint()       # (B, T, d_mlp)
+        self.hook_post = HookPoint()
+
+    def forward(self, x):
+        post = self.hook_post(self.act(self.hook_pre(x @ self.W_in + self.b_in)))
+        return post @ self.W_out + self.b_out
+
+
+class Unembed(nn.Module):
+    def __init__(self, D: int, V: int):
+        super().__init__()
+        self.W_U = nn.Parameter(torch.randn(D, V) / math.sqrt(D))
+        self.b_U = nn.Parameter(torch.zeros(V))
+
+    def forward(self, h):
+        return h @ self.W_U + self.b_U                            # (B, T, V)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TransformerConfig, layer: int):
+        super().__init__()
+        ln = cfg.normalization == "LN"
+        self.ln1 = LayerNorm(cfg.d_model) if ln else nn.Identity()
+        self.attn = Attention(cfg)
+        self.has_mlp = layer in cfg.mlp_layers
+        if self.has_mlp:
+            self.ln2 = LayerNorm(cfg.d_model) if ln else nn.Identity()
+            self.mlp = MLP(cfg)
+        self.hook_resid_pre = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid):                                     # (B, T, D)
+        resid = self.hook_resid_pre(resid)
+        resid = self.hook_resid_mid(resid + self.attn(self.ln1(resid)))
+        if self.has_mlp:
+            resid = resid + self.mlp(self.ln2(resid))
+        return self.hook_resid_post(resid)
+
+
+class Transformer(nn.Module):
+    """tokens (B, T) int64 -> logits (B, T, V)."""
+
+    def __init__(self, cfg: TransformerConfig | None = None, seed: int | None = None):
+        super().__init__()
+        self.cfg = cfg = cfg or TransformerConfig()
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.embed = Embed(cfg.d_vocab, cfg.d_model)
+        self.pos_embed = PosEmbed(cfg.n_ctx, cfg.d_model)
+        self.hook_embed = HookPoint()
+        self.hook_pos_embed = HookPoint()
+        self.blocks = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
+        self.ln_final = LayerNorm(cfg.d_model) if cfg.normalization == "LN" else nn.Identity()
+        self.unembed = Unembed(cfg.d_model, cfg.d_vocab)
+
+    def check_tokens(self, tokens) -> torch.Tensor:
+        tokens = torch.as_tensor(tokens)
+        if tokens.dtype not in (torch.int64, torch.int32) or tokens.ndim != 2:
+            raise ValueError(f"tokens must be an integer tensor (B, T), got {tuple(tokens.shape)} {tokens.dtype}")
+        if tokens.shape[1] > self.cfg.n_ctx:
+            raise ValueError(f"tokens have {tokens.shape[1]} positions, more than n_ctx={self.cfg.n_ctx}")
+        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.cfg.d_vocab):
+            raise ValueError(f"token ids must lie in [0, {self.cfg.d_vocab}), got [{int(tokens.min())}, {int(tokens.max())}]")
+        return tokens.long()
+
+    def embed_tokens(self, tokens):
+        return self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(tokens))
+
+    def final_hidden(self, resid):
+        """The vector the unembedding reads (after ln_final when there is one)."""
+        return self.ln_final(resid)
+
+    def logits_from(self, resid, start: int = 0):
+        """Run blocks start.. on a residual stream (B, T, D) and unembed."""
+        for block in self.blocks[start:]:
+            resid = block(resid)
+        return self.unembed(self.final_hidden(resid))
+
+    def forward(self, tokens):
+        return self.logits_from(self.embed_tokens(self.check_tokens(tokens)))
+
+    def run_with_cache(self, tokens) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        cache: dict[str, torch.Tensor] = {}
+        handles = [m.register_forward_hook(lambda mod, i, o, name=name: cache.__setitem__(name, o.detach()))
+                   for name, m in self.named_modules() if isinstance(m, HookPoint)]
+        try:
+            logits = self(tokens)
+        finally:
+            for h in handles:
+                h.remove()
+        return logits, cache
