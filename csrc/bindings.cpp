@@ -114,20 +114,30 @@ py::array_t<double> kl_rows(farr logp, farr logits) {
   return out;
 }
 
-py::tuple kl_unembed(farr logp, farr h, farr W, int64_t v0, int64_t v1, bool per_position) {
+using iarr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+py::tuple kl_unembed(farr logp, farr h, farr W, iarr v, iarr j, bool per_position) {
   expect_dims(logp, 2, "logp", "(N, V)");
   expect_dims(h, 2, "h", "(N, D)");
   expect_dims(W, 2, "W", "(V, D)");
-  const int64_t N = logp.shape(0), V = logp.shape(1), D = h.shape(1);
+  expect_dims(v, 1, "v", "(M,)");
+  expect_dims(j, 1, "j", "(M,)");
+  const int64_t N = logp.shape(0), V = logp.shape(1), D = h.shape(1), M = v.shape(0);
   expect_dim(h.shape(0), N, "h", 0);
   expect_dim(W.shape(0), V, "W", 0);
   expect_dim(W.shape(1), D, "W", 1);
-  if (v0 < 0 || v1 > V || v0 > v1) throw py::value_error("rows [v0, v1) must lie within [0, V)");
-  py::array_t<double> total({v1 - v0, D});
-  py::array_t<float> per = per_position ? py::array_t<float>({v1 - v0, D, N}) : py::array_t<float>(0);
+  expect_dim(j.shape(0), M, "j", 0);
+  for (int64_t m = 0; m < M; ++m)
+    if (v.data()[m] < 0 || v.data()[m] >= V || j.data()[m] < 0 || j.data()[m] >= D)
+      throw py::value_error("pair " + std::to_string(m) + " (v, j) lies outside W (V, D)");
+  expect_finite(logp.data(), logp.size(), "logp");
+  expect_finite(h.data(), h.size(), "h");
+  expect_finite(W.data(), W.size(), "W");
+  py::array_t<double> total(M);
+  py::array_t<float> per = per_position ? py::array_t<float>({M, N}) : py::array_t<float>(0);
   {
     py::gil_scoped_release nogil;
-    wtc::kl_unembed_cpu(logp.data(), h.data(), W.data(), N, V, D, v0, v1,
+    wtc::kl_unembed_cpu(logp.data(), h.data(), W.data(), N, V, D, v.data(), j.data(), M,
                         per_position ? per.mutable_data() : nullptr, total.mutable_data());
   }
   return py::make_tuple(total, per);
@@ -161,10 +171,10 @@ PYBIND11_MODULE(_C, m) {
         "Argmax routing of G heads over N sequences -> (index int64, value, margin), each (G, N, Lq).");
   m.def("kl_rows", &kl_rows, py::arg("logp"), py::arg("logits"),
         "Per-position KL(p || softmax(logits)): logp (N, V), logits (A, N, V) -> (A, N) float64.");
-  m.def("kl_unembed", &kl_unembed, py::arg("logp"), py::arg("h"), py::arg("W"), py::arg("v0"),
-        py::arg("v1"), py::arg("per_position") = false,
-        "Closed-form KL of zeroing each W[v, j], v in [v0, v1): (total (rows, D) float64, "
-        "per-position (rows, D, N) float32 or empty).");
+  m.def("kl_unembed", &kl_unembed, py::arg("logp"), py::arg("h"), py::arg("W"), py::arg("v"),
+        py::arg("j"), py::arg("per_position") = false,
+        "Closed-form KL of zeroing W[v[m], j[m]] for M pairs: (total (M,) float64, "
+        "per-position (M, N) float32 or empty).");
   m.def("importance_positions", &importance_positions, py::arg("kl"), py::arg("mass") = 0.9,
         "Smallest position sets holding `mass` of each row's KL: (offsets (M + 1), positions) CSR.");
   m.def("num_threads", []() { return omp_get_max_threads(); },

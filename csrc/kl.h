@@ -1,6 +1,7 @@
 // Per-weight ablation statistics: KL(clean || ablated) per position, the closed form for zeroing
 // one unembedding weight, and importance-position selection. CPU, OpenMP; float32 in, float64
-// accumulation.
+// accumulation. kl.cpp is compiled with -ffast-math so exp/log vectorise (glibc libmvec); the
+// bindings reject non-finite inputs before they get here.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -11,10 +12,10 @@ namespace wtc {
 void kl_rows_cpu(const float* logp, const float* logits, int64_t A, int64_t N, int64_t V, double* out);
 
 // Zeroing W[v, j] (logit_v = sum_j W[v, j] h_j + b_v) lowers logit v by d = W[v, j] h[n, j], so
-// KL_n = p_v d + log(1 - p_v + p_v e^-d). logp (N, V), h (N, D), W (V, D), rows [v0, v1).
-// per_position: (v1 - v0, D, N) float32 or nullptr; total: (v1 - v0, D) float64 (sum over n).
+// KL_n = p_v d + log(1 - p_v + p_v e^-d). logp (N, V), h (N, D), W (V, D); M pairs (v[m], j[m]).
+// per_position: (M, N) float32 or nullptr; total: (M,) float64 (sum over n).
 void kl_unembed_cpu(const float* logp, const float* h, const float* W, int64_t N, int64_t V, int64_t D,
-                    int64_t v0, int64_t v1, float* per_position, double* total);
+                    const int64_t* v, const int64_t* j, int64_t M, float* per_position, double* total);
 
 // For each row of kl (M, N): the smallest set of positions whose KL reaches mass * row total,
 // largest first (ties: lower position first). CSR output: offsets (M + 1), positions.

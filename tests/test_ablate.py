@@ -51,13 +51,14 @@ def test_closed_form_equals_brute_force_float64(rng):
     W = torch.randn(V, D, generator=rng, dtype=torch.float64)
     W[0, 0] = 1e-7                                           # tiny shift: the cancellation-prone case
     logp = torch.log_softmax(h @ W.T, -1)
-    closed = K.kl_unembed_reference(logp, h, W)              # (V, D, N)
+    total, closed = K.kl_unembed(logp, h, W, per_position=True)          # every pair, v major
     for v in range(V):
         for j in range(D):
             W2 = W.clone()
             W2[v, j] = 0
             brute = K.kl_rows_reference(logp, torch.log_softmax(h @ W2.T, -1)[None])[0]
-            torch.testing.assert_close(closed[v, j], brute, rtol=1e-9, atol=1e-15)
+            torch.testing.assert_close(closed[v * D + j], brute, rtol=1e-9, atol=1e-15)
+            torch.testing.assert_close(total[v * D + j], brute.sum(), rtol=1e-9, atol=1e-15)
 
 
 @needs_native
@@ -66,17 +67,19 @@ def test_closed_form_native_matches_reference(rng):
     h = torch.randn(N, D, generator=rng)
     W = torch.randn(V, D, generator=rng)
     W[2, 3] = 0.0
-    W[1, 1] = 3e-6
+    W[1, 1] = 3e-6                                           # series branch
     logp = torch.log_softmax((h @ W.T).double(), -1).float()
-    total, per = C.kl_unembed(logp.numpy(), h.numpy(), W.numpy(), 2, 7, True)
-    ref = K.kl_unembed_reference(logp, h, W)[2:7]
-    torch.testing.assert_close(torch.from_numpy(total), ref.sum(-1), rtol=1e-6, atol=1e-12)
-    torch.testing.assert_close(torch.from_numpy(per).double(), ref, rtol=1e-5, atol=1e-9)
-    assert total[0, 3] == 0.0
-    # the series branch keeps relative precision where the direct formula cancels
-    exact = K.kl_unembed_reference(logp.double(), h.double(), W.double())[1, 1]
-    tot_all, _ = C.kl_unembed(logp.numpy(), h.numpy(), W.numpy(), 1, 2, False)
-    assert abs(tot_all[0, 1] - exact.sum().item()) <= 1e-6 * exact.sum().item()
+    v = torch.randint(0, V, (40,), generator=rng)
+    j = torch.randint(0, D, (40,), generator=rng)
+    v[:2], j[:2] = torch.tensor([2, 1]), torch.tensor([3, 1])
+    total, per = C.kl_unembed(logp.numpy(), h.numpy(), W.numpy(), v.numpy(), j.numpy(), True)
+    ref = K.kl_unembed_reference(logp.double(), h.double(), W.double(), v, j)
+    torch.testing.assert_close(torch.from_numpy(total), ref.sum(-1), rtol=1e-6, atol=1e-14)
+    torch.testing.assert_close(torch.from_numpy(per).double(), ref, rtol=1e-5, atol=1e-12)
+    assert total[0] == 0.0 and (per[0] == 0).all()
+    assert abs(total[1] - ref[1].sum().item()) <= 1e-6 * ref[1].sum().item()     # relative, at ~1e-12
+    with pytest.raises(ValueError, match="outside W"):
+        C.kl_unembed(logp.numpy(), h.numpy(), W.numpy(), np.array([V]), np.array([0]), False)
 
 
 @pytest.mark.parametrize("M,N", [(1, 1), (5, 40), (3, 1000)])
@@ -114,7 +117,7 @@ def test_scan_equals_naive_loop_on_every_weight(normalization):
         model.blocks[0].mlp.W_in[0, :4] = 0.0                # already-zero weights report 0
     tokens = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(1))
     names = ["embed.W_E", "pos_embed.W_pos", "blocks.0.attn.W_Q", "blocks.0.attn.W_O", "blocks.1.attn.W_K",
-             "blocks.1.attn.W_V", "blocks.0.mlp.W_in", "blocks.1.mlp.W_out", "unembed.W_U"]
+             "blocks.1.attn.W_V", "blocks.0.mlp.W_in", "blocks.1.mlp.W_in", "blocks.1.mlp.W_out", "unembed.W_U"]
     if normalization:
         names.append("blocks.1.ln2.w")
     res = _scan_vs_naive(model, tokens, names)
@@ -232,3 +235,84 @@ def test_store_refuses_another_model(tmp_path):
     scan(tiny_model(seed=0), tokens, params="unembed.W_U", out=tmp_path, progress=False)
     with pytest.raises(ValueError, match="different model_sha256"):
         scan(tiny_model(seed=1), tokens, params="unembed.W_U", out=tmp_path, progress=False)
+
+
+DIST_SCRIPT = r"""
+import os, sys, torch, torch.distributed as dist
+from wtc.ablate import scan
+from wtc.models import Transformer, TransformerConfig
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=int(sys.argv[3]), world_size=2)
+cfg = TransformerConfig(n_layers=2, d_model=8, n_heads=2, d_head=4, d_mlp=16, d_vocab=9, n_ctx=6)
+model = Transformer(cfg, seed=0).double()
+tokens = torch.randint(0, 9, (5, 6), generator=torch.Generator().manual_seed(0))
+scan(model, tokens, params=["blocks.0.attn.W_V", "blocks.1.mlp.W_in", "unembed.W_U"], out=sys.argv[1],
+     chunk=16, progress=False)
+dist.destroy_process_group()
+"""
+
+
+def test_distributed_scan_equals_single_process(tmp_path):
+    import sqlite3
+    script = tmp_path / "dist.py"
+    script.write_text(DIST_SCRIPT)
+    out = tmp_path / "dist"
+    procs = [subprocess.Popen([sys.executable, str(script), str(out), str(tmp_path / "rendezvous"), str(r)],
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    cfg = TransformerConfig(n_layers=2, d_model=8, n_heads=2, d_head=4, d_mlp=16, d_vocab=9, n_ctx=6)
+    model = Transformer(cfg, seed=0).double()
+    tokens = torch.randint(0, 9, (5, 6), generator=torch.Generator().manual_seed(0))
+    single = scan(model, tokens, params=["blocks.0.attn.W_V", "blocks.1.mlp.W_in", "unembed.W_U"],
+                  out=tmp_path / "single", chunk=16, progress=False)
+    merged = sqlite3.connect(str(out / "scan.sqlite"))
+    rows = {(p, i): (t, pos) for p, i, t, pos, _ in merged.execute("SELECT * FROM weights")}
+    shard_rows = [sqlite3.connect(str(out / f"scan.rank{r}.sqlite")).execute("SELECT COUNT(*) FROM weights").fetchone()[0]
+                  for r in range(2)]
+    assert min(shard_rows) > 0 and sum(shard_rows) == len(rows)          # both ranks did work, no overlap
+    for name, total in single.total_kl.items():
+        for flat, value in enumerate(total.flatten().tolist()):
+            t, pos = rows[(name, flat)]
+            assert t == value                                             # bit-identical
+            np.testing.assert_array_equal(np.frombuffer(pos, np.int32), single.importance_positions(name, flat))
+
+
+def test_cli_trains_and_scans_with_resume(tmp_path):
+    from wtc.cli import main
+    assert main(["lm-train", "--layers", "1", "--d-model", "16", "--heads", "2", "--vocab", "12", "--seq-len", "8",
+                 "--steps", "5", "--scan-sequences", "3", "--out", str(tmp_path / "lm"), "--quiet"]) == 0
+    args = ["scan", str(tmp_path / "lm" / "model"), "--tokens", str(tmp_path / "lm" / "tokens.npy"),
+            "--params", "blocks.0.mlp.W_out,unembed.W_U", "--out", str(tmp_path / "scan"), "--quiet"]
+    assert main(args) == 0
+    first = json.loads((tmp_path / "scan" / "summary.json").read_text())
+    assert first["weights_scanned"] == first["weights_in_store"] == 64 * 16 + 16 * 12
+    assert main(args) == 0                                                # a finished scan: nothing to redo
+    again = json.loads((tmp_path / "scan" / "summary.json").read_text())
+    assert again["weights_scanned"] == 0 and again["weights_in_store"] == first["weights_in_store"]
+    assert again["top_weights"] == first["top_weights"]
+    from wtc.models.io import load
+    with pytest.raises(FileNotFoundError, match="not a wtc transformer checkpoint"):
+        load(tmp_path)
+
+
+def test_fisher_estimate_tracks_small_exact_kl_and_prefilters():
+    """For small weights the second-order estimate approaches the exact total KL; a mask limits the
+    exact scan to the chosen weights and leaves the rest at 0 (never filled with estimates)."""
+    from wtc.ablate import fisher_estimate
+    model = tiny_model()
+    with torch.no_grad():
+        model.blocks[1].mlp.W_out.mul_(0.05)                  # small weights: second order dominates
+    tokens = torch.randint(0, 7, (6, 6), generator=torch.Generator().manual_seed(5))
+    est = fisher_estimate(model, tokens, "blocks.1.mlp.W_out", samples=64)["blocks.1.mlp.W_out"]
+    exact = scan(model, tokens, params="blocks.1.mlp.W_out", progress=False).total_kl["blocks.1.mlp.W_out"]
+    rel = (est - exact).abs().sum() / exact.abs().sum()
+    assert rel < 0.1, rel                                     # measured 0.04 at 64 samples
+    mask = est >= est.flatten().topk(10).values[-1]
+    part = scan(model, tokens, params="blocks.1.mlp.W_out", weights={"blocks.1.mlp.W_out": mask}, progress=False)
+    got = part.total_kl["blocks.1.mlp.W_out"]
+    assert part.weights_scanned == int(mask.sum())
+    torch.testing.assert_close(got[mask], exact[mask], rtol=1e-9, atol=0)
+    assert (got[~mask] == 0).all()
+    with pytest.raises(ValueError, match="bool mask"):
+        scan(model, tokens, params="blocks.1.mlp.W_out", weights={"blocks.1.mlp.W_out": mask.float()}, progress=False)

@@ -105,6 +105,49 @@ def _discover_all(args) -> int:
     return 0 if all(r["solved"] for r in must) else 1
 
 
+def _cmd_lm_train(args) -> int:
+    import numpy as np
+
+    from wtc.models import Transformer, TransformerConfig
+    from wtc.models.io import save
+    from wtc.models.lm import MarkovSource, train_lm
+
+    cfg = TransformerConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
+                            d_head=args.d_model // args.heads, d_mlp=4 * args.d_model, d_vocab=args.vocab,
+                            n_ctx=args.seq_len)
+    model = Transformer(cfg, seed=args.seed)
+    source = MarkovSource(args.vocab, args.seq_len, seed=args.seed)
+    losses = train_lm(model, source, args.steps, batch=args.batch, seed=args.seed, progress=not args.quiet)
+    out = Path(args.out)
+    save(model, out / "model", extra={"source": "markov", "steps": args.steps, "final_loss": losses[-1] if losses else None})
+    np.save(out / "tokens.npy", source.sample(np.random.default_rng([args.seed, 1]), args.scan_sequences).numpy())
+    n = sum(p.numel() for p in model.parameters())
+    print(f"trained {n} weights for {args.steps} steps (loss {losses[0] if losses else float('nan'):.3f} -> "
+          f"{losses[-1] if losses else float('nan'):.3f}); wrote {out}/model and {out}/tokens.npy")
+    return 0
+
+
+def _cmd_scan(args) -> int:
+    from wtc.ablate import scan
+    from wtc.models.io import load, load_tokens
+
+    model = load(args.checkpoint)
+    tokens = load_tokens(args.tokens)
+    params = args.params.split(",") if args.params else None
+    t0 = time.perf_counter()
+    result = scan(model, tokens, params=params, out=args.out, batch=args.batch, mass=args.mass,
+                  progress=not args.quiet)
+    summary = result.summary()
+    summary["seconds_total"] = round(time.perf_counter() - t0, 3)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"scanned {summary['weights_scanned']} weights in this run ({summary['weights_in_store']} in the store) "
+          f"in {summary['seconds']:.1f}s; wrote {args.out}/summary.json")
+    for row in summary["top_weights"][:5]:
+        print(f"  {row['param']}{row['index']}: total KL {row['total_kl']:.4g}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wtc", description="weights to code: Discrete Transformers read out as programs")
     sub = p.add_subparsers(dest="command", required=True)
@@ -129,6 +172,28 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default=None, help="directory for program.py, report.md, plots, summary.json")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_cmd_discover)
+    s = sub.add_parser("scan", help="per-weight ablation scan of a transformer checkpoint (resumable)")
+    s.add_argument("checkpoint", help="directory written by wtc.models.io.save (or `wtc lm-train`)")
+    s.add_argument("--tokens", required=True, help="(B, T) integer tokens, .npy or .pt")
+    s.add_argument("--params", default=None, help="comma-separated names or patterns (default: all matrices)")
+    s.add_argument("--out", required=True, help="directory for scan.sqlite and summary.json; rerun to resume")
+    s.add_argument("--batch", type=int, default=None, help="ablated copies per forward (default: by memory)")
+    s.add_argument("--mass", type=float, default=0.9, help="KL share the importance positions hold")
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(func=_cmd_scan)
+    lm = sub.add_parser("lm-train", help="train a token transformer on a Markov stream (a model to scan)")
+    lm.add_argument("--layers", type=int, default=2)
+    lm.add_argument("--d-model", type=int, default=128)
+    lm.add_argument("--heads", type=int, default=4)
+    lm.add_argument("--vocab", type=int, default=64)
+    lm.add_argument("--seq-len", type=int, default=64)
+    lm.add_argument("--steps", type=int, default=200)
+    lm.add_argument("--batch", type=int, default=32)
+    lm.add_argument("--scan-sequences", type=int, default=16, help="sequences written to tokens.npy")
+    lm.add_argument("--seed", type=int, default=0)
+    lm.add_argument("--out", required=True)
+    lm.add_argument("--quiet", action="store_true")
+    lm.set_defaults(func=_cmd_lm_train)
     return p
 
 

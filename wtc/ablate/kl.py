@@ -51,29 +51,32 @@ def kl_rows(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     return kl_rows_reference(logp, logits)
 
 
-def kl_unembed_reference(logp: torch.Tensor, h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """Closed form, float64, per position: (V, D, N). logp (N, V), h (N, D), W (V, D)."""
-    p = logp.double().exp().T[:, None, :]                          # (V, 1, N)
-    d = W.double()[:, :, None] * h.double().T[None]                # (V, D, N)
+def kl_unembed_reference(logp: torch.Tensor, h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
+                         j: torch.Tensor) -> torch.Tensor:
+    """Closed form, float64, per position: (M, N) for the pairs (v[m], j[m]).
+    logp (N, V), h (N, D), W (V, D) with logits = h @ W.T + b."""
+    p = logp.double().exp()[:, v].T                                # (M, N)
+    d = W.double()[v, j][:, None] * h.double()[:, j].T              # (M, N)
     return p * d + torch.log1p(p * torch.expm1(-d))
 
 
-def kl_unembed(logp: torch.Tensor, h: torch.Tensor, W: torch.Tensor, rows: tuple[int, int] | None = None,
-               per_position: bool = False):
-    """Zeroing W[v, j] of logits = h @ W.T + b: KL per (v, j) summed over positions (float64,
-    (rows, D)), and the per-position values (float32, (rows, D, N)) when asked."""
+def kl_unembed(logp: torch.Tensor, h: torch.Tensor, W: torch.Tensor, v=None, j=None, per_position: bool = False):
+    """Zeroing W[v, j] of logits = h @ W.T + b, for pairs (v[m], j[m]) (default: every pair, v
+    major): KL summed over positions (float64, (M,)) and per position ((M, N), when asked)."""
     N, V = logp.shape
     if h.ndim != 2 or h.shape[0] != N or W.shape != (V, h.shape[1]):
         raise ValueError(f"kl_unembed: logp (N, V)={tuple(logp.shape)}, h (N, D)={tuple(h.shape)}, "
                          f"W (V, D)={tuple(W.shape)} do not fit together")
-    v0, v1 = rows or (0, V)
-    if _use_native(h):
-        C = _native.cpu_module()
-        total, per = C.kl_unembed(logp.detach().float().contiguous().numpy(), h.detach().float().contiguous().numpy(),
-                                  W.detach().float().contiguous().numpy(), v0, v1, per_position)
+    if v is None:
+        v, j = (t.flatten() for t in torch.meshgrid(torch.arange(V), torch.arange(W.shape[1]), indexing="ij"))
+    v, j = torch.as_tensor(v, dtype=torch.int64), torch.as_tensor(j, dtype=torch.int64)
+    if _use_native(h) and logp.dtype == torch.float32 and W.dtype == torch.float32:
+        total, per = _native.cpu_module().kl_unembed(
+            logp.detach().contiguous().numpy(), h.detach().contiguous().numpy(), W.detach().contiguous().numpy(),
+            v.numpy(), j.numpy(), per_position)
         return torch.from_numpy(total), (torch.from_numpy(per) if per_position else None)
-    kl = kl_unembed_reference(logp[:, v0:v1], h, W[v0:v1])
-    return kl.sum(-1), (kl.float() if per_position else None)
+    kl = kl_unembed_reference(logp, h, W, v, j)
+    return kl.sum(-1), (kl.to(h.dtype) if per_position else None)
 
 
 def importance_positions_reference(kl: torch.Tensor, mass: float = 0.9) -> list[np.ndarray]:

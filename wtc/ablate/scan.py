@@ -79,6 +79,7 @@ class _Evaluator:
                     resid = block(resid)
                 self.unembed_input = model.final_hidden(resid)
                 logits = model.unembed(self.unembed_input)
+                self._cache_last_mlp()
             else:
                 logits = self._generic_clean()
         if logits.ndim != 3 or logits.shape[:2] != tokens.shape[:2]:
@@ -86,9 +87,43 @@ class _Evaluator:
         if not torch.isfinite(logits).all():
             raise ValueError("the clean logits hold NaN or inf; the model or readout is broken for these tokens")
         self.V = logits.shape[-1]
-        self.logits = logits
+        self.logits = logits.detach()
         # (N, V) in the model's precision: float32 models use the native kernels, float64 stays exact
         self.logp = torch.log_softmax(logits.double(), -1).to(logits.dtype).reshape(-1, self.V)
+
+    def _cache_last_mlp(self) -> None:
+        """Clean values of the last block's MLP: zeroing one of its weights moves the logits by a
+        rank-1 term (positions x one vocabulary direction), no forward pass needed."""
+        self.last_mlp = None
+        cfg, last = self.model.cfg, self.model.blocks[-1]
+        if cfg.normalization is not None or not last.has_mlp:
+            return
+        x = self.resid_pre[-1]
+        mid = x + last.attn(last.ln1(x))                                      # (B, T, D)
+        D = cfg.d_model
+        mid = mid.reshape(-1, D)
+        pre = mid @ last.mlp.W_in + last.mlp.b_in                            # (N, d_mlp)
+        self.last_mlp = {"layer": cfg.n_layers - 1, "mid": mid, "pre": pre, "post": last.mlp.act(pre),
+                         "act": last.mlp.act, "W_in": last.mlp.W_in.detach(), "W_out": last.mlp.W_out.detach(),
+                         "W_U": self.model.unembed.W_U.detach()}
+
+    def rank1_logits(self, name: str, flat_idx: torch.Tensor):
+        """(A, N, V) ablated logits for weights of the last MLP, or None when no shortcut applies."""
+        c = self.last_mlp
+        if c is None or not name.startswith(f"blocks.{c['layer']}.mlp.W_"):
+            return None
+        if name.endswith(".W_out"):                   # (d_mlp, D): channel ch loses W[i, ch] post_i
+            i, ch = flat_idx // c["W_out"].shape[1], flat_idx % c["W_out"].shape[1]
+            delta = -c["W_out"][i, ch][:, None] * c["post"][:, i].T            # (A, N)
+            direction = c["W_U"][ch]                                          # (A, V)
+        elif name.endswith(".W_in"):                  # (D, d_mlp): neuron i loses W[ch, i] mid_ch
+            ch, i = flat_idx // c["W_in"].shape[1], flat_idx % c["W_in"].shape[1]
+            pre = c["pre"][:, i].T                                            # (A, N)
+            delta = c["act"](pre - c["W_in"][ch, i][:, None] * c["mid"][:, ch].T) - c["post"][:, i].T
+            direction = c["W_out"][i] @ c["W_U"]                              # (A, V)
+        else:
+            return None
+        return self.logits.reshape(1, -1, self.V) + delta[:, :, None] * direction[:, None, :]
 
     def _generic_clean(self):
         """Clean logits; also captures the input of a final linear map whose output is the logits."""
@@ -129,6 +164,11 @@ class _Evaluator:
     def ablated_logits(self, name: str, param: torch.Tensor, flat_idx: torch.Tensor):
         """(A, N', V) logits with each weight zeroed in its own copy, and the rows N' they cover."""
         A = len(flat_idx)
+        if self.is_wtc:
+            with torch.no_grad():
+                shortcut = self.rank1_logits(name, flat_idx)
+            if shortcut is not None:
+                return shortcut, None
         copies = param.detach().reshape(1, -1).repeat(A, 1)
         copies[torch.arange(A), flat_idx] = 0
         copies = copies.reshape(A, *param.shape)
@@ -186,7 +226,7 @@ def _dist():
 
 def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None = None, out=None,
          mass: float = 0.9, keep_positions: bool | None = None, progress: bool = True,
-         chunk: int = CHUNK) -> ScanResult:
+         chunk: int = CHUNK, weights: dict[str, torch.Tensor] | None = None) -> ScanResult:
     """Exact per-position KL(clean || weight zeroed) for every nonzero weight of `params`.
 
     model: a wtc Transformer, a TransformerLens HookedTransformer, or any nn.Module;
@@ -194,7 +234,9 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
     readout: model output -> logits (B, T, V) (default: the output itself); batch: ablated copies
     per forward (default: sized to ~128 MiB of activations); out: directory for the resumable
     store (None: in memory); mass: share of KL the importance positions hold; keep_positions:
-    store full per-position KL (default: when it fits in 1 GiB; otherwise recomputed on demand).
+    store full per-position KL (default: when it fits in 1 GiB; otherwise recomputed on demand);
+    weights: {name: bool mask shaped like the parameter} to scan only some weights exactly (e.g. the
+    top of wtc.ablate.fisher_estimate); unscanned weights report total KL 0 and no row in the store.
     """
     if not 0 < mass <= 1:
         raise ValueError(f"mass must be in (0, 1], got {mass}")
@@ -203,23 +245,44 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
         raise ValueError(f"tokens must be an integer tensor (B, T), got shape {tuple(tokens.shape)} dtype {tokens.dtype}")
     tokens = tokens.long()
     chosen = _select_params(model, params)
+    masks = _check_masks(weights, chosen)
     was_training = model.training
     model.eval()
     try:
         ev = _Evaluator(model, tokens, readout)
-        return _scan(model, tokens, chosen, ev, batch, out, mass, keep_positions, progress, chunk)
+        return _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, progress, chunk)
     finally:
         model.train(was_training)
 
 
-def _scan(model, tokens, chosen, ev, batch, out, mass, keep_positions, progress, chunk) -> ScanResult:
+def _check_masks(weights, chosen) -> dict[str, torch.Tensor]:
+    """Flat bool masks of the weights to scan (nonzero and selected)."""
+    weights = weights or {}
+    unknown = set(weights) - set(chosen)
+    if unknown:
+        raise KeyError(f"weights= names parameters that are not scanned: {sorted(unknown)}")
+    masks = {}
+    for name, p in chosen.items():
+        mask = p.detach().flatten() != 0
+        if name in weights:
+            m = torch.as_tensor(weights[name])
+            if m.shape != p.shape or m.dtype != torch.bool:
+                raise ValueError(f"weights[{name!r}] must be a bool mask of shape {tuple(p.shape)}, "
+                                 f"got {m.dtype} {tuple(m.shape)}")
+            mask &= m.flatten()
+        masks[name] = mask
+    return masks
+
+
+def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, progress, chunk) -> ScanResult:
     rank, world = _dist()
     N = ev.logp.shape[0]
-    nonzero = {n: int((p != 0).sum()) for n, p in chosen.items()}
+    nonzero = {n: int(m.sum()) for n, m in masks.items()}
     if keep_positions is None:
         keep_positions = sum(nonzero.values()) * N * 4 <= KEEP_POSITIONS_BYTES
     meta = {**_fingerprint(model, tokens), "params": sorted(chosen), "mass": mass, "keep_positions": keep_positions,
-            "chunk": chunk}
+            "chunk": chunk, "weights_sha256": hashlib.sha256(b"".join(
+                m.numpy().tobytes() for _, m in sorted(masks.items()))).hexdigest()}
     directory = Path(out) if out is not None else None
     path = ":memory:" if directory is None else directory / (f"scan.rank{rank}.sqlite" if world > 1 else "scan.sqlite")
     store = ScanStore(path)
@@ -232,13 +295,12 @@ def _scan(model, tokens, chosen, ev, batch, out, mass, keep_positions, progress,
         for c, start in enumerate(range(0, p.numel(), chunk)):
             if c % world == rank and start not in done:
                 todo.append((name, start, min(start + chunk, p.numel())))
-    total_work = sum(int((chosen[n].detach().flatten()[s:e] != 0).sum()) for n, s, e in todo)
+    total_work = sum(int(masks[n][s:e].sum()) for n, s, e in todo)
     bar = tqdm(total=total_work, disable=not progress, unit="w", desc=f"scan rank {rank}" if world > 1 else "scan")
     scanned = 0
     for name, start, stop in todo:
         p = chosen[name]
-        flat = p.detach().flatten()
-        idx = (flat[start:stop] != 0).nonzero().flatten() + start
+        idx = masks[name][start:stop].nonzero().flatten() + start
         totals, positions, full = _chunk(ev, name, p, idx, A, mass, keep_positions)
         store.write_chunk(name, start, stop, idx.numpy(), totals, positions, full)
         scanned += len(idx)
@@ -272,12 +334,12 @@ def _chunk(ev, name, p, idx, A, mass, keep_positions):
         return np.zeros(0), [], (np.zeros((0, ev.logp.shape[0]), np.float32) if keep_positions else None)
     closed = ev.unembed_weight(name, p)
     if closed is not None:
-        per = _closed_form_rows(ev, closed, p, idx)
+        totals, per = _closed_form(ev, closed, idx)
     else:
-        per = torch.cat([_exact_rows(ev, name, p, part) for part in _batches(ev, name, p, idx, A)])
-    totals = per.sum(-1).numpy()
+        per64 = torch.cat([_exact_rows(ev, name, p, part) for part in _batches(ev, name, p, idx, A)])
+        totals, per = per64.sum(-1), per64.float()
     positions = importance_positions(per.float(), mass)
-    return totals, positions, (per.float().numpy() if keep_positions else None)
+    return totals.numpy(), positions, (per.float().numpy() if keep_positions else None)
 
 
 def _batches(ev, name, p, idx, A):
@@ -300,20 +362,14 @@ def _exact_rows(ev, name, p, idx) -> torch.Tensor:
     return full
 
 
-def _closed_form_rows(ev, closed, p, idx) -> torch.Tensor:
-    """Per-position KL (len(idx), N) float64 from the closed form, row block by row block."""
-    h, W, transposed = closed                    # h (N, D), W (V, D); param flat index -> (v, j)
-    D = W.shape[1]
+def _closed_form(ev, closed, idx):
+    """Closed-form totals (len(idx),) float64 and per-position KL (len(idx), N)."""
+    h, W, transposed = closed                    # h (N, D), W (V, D)
     if transposed:                               # param (D, V): flat = j * V + v
         j, v = idx // W.shape[0], idx % W.shape[0]
     else:                                        # param (V, D): flat = v * D + j
-        v, j = idx // D, idx % D
-    out = torch.empty(len(idx), ev.logp.shape[0], dtype=torch.float64)
-    for row in torch.unique(v):
-        sel = (v == row).nonzero().flatten()
-        _, per = kl_unembed(ev.logp, h, W, rows=(int(row), int(row) + 1), per_position=True)
-        out[sel] = per[0, j[sel]].double()
-    return out
+        v, j = idx // W.shape[1], idx % W.shape[1]
+    return kl_unembed(ev.logp, h.to(ev.logp.dtype), W.to(ev.logp.dtype), v, j, per_position=True)
 
 
 def _position_kl_one(ev, name, p, index) -> torch.Tensor:
@@ -323,5 +379,5 @@ def _position_kl_one(ev, name, p, index) -> torch.Tensor:
     idx = torch.tensor([flat])
     closed = ev.unembed_weight(name, p)
     if closed is not None:
-        return _closed_form_rows(ev, closed, p, idx)[0]
+        return _closed_form(ev, closed, idx)[1][0].double()
     return _exact_rows(ev, name, p, idx)[0]

@@ -1,0 +1,110 @@
+"""Per-weight ablation throughput, side by side in one run (ratios; this machine is noisy).
+
+Model: 2-layer transformer, d_model 128, 4 heads, d_mlp 512, vocab 512, over 64 x 128 tokens.
+- naive loop: zero one weight, full forward, restore (wtc.ablate.reference), on a sample of weights;
+- exact batched: wtc.ablate.scan on samples of each parameter kind;
+- closed form: the unembedding (all d_model x vocab weights);
+- KL: torch eager (float64 log_softmax) vs wtc._C.kl_rows on (A, N, V) ablated logits.
+Writes bench/results/ablation.csv and prints a markdown table.
+
+    python bench/ablation.py [--threads 2] [--naive 6]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from bench.common import append_rows, machine, stamp
+from wtc import _native
+from wtc.ablate import kl as K
+from wtc.ablate import scan
+from wtc.ablate.reference import naive_position_kl
+from wtc.models import Transformer, TransformerConfig
+
+
+def timed(fn, repeat=1):
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--naive", type=int, default=6, help="weights timed with the naive loop per parameter")
+    ap.add_argument("--sample", type=int, default=512, help="weights timed with the batched scan per parameter")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = TransformerConfig(n_layers=2, d_model=128, n_heads=4, d_head=32, d_mlp=512, d_vocab=512, n_ctx=128)
+    model = Transformer(cfg, seed=0).eval()
+    tokens = torch.randint(0, cfg.d_vocab, (64, 128), generator=torch.Generator().manual_seed(0))
+    rows = []
+
+    params = ["blocks.0.attn.W_Q", "blocks.0.mlp.W_in", "blocks.1.attn.W_V", "blocks.1.mlp.W_in", "blocks.1.mlp.W_out",
+              "embed.W_E"]
+    for name in params:
+        p = dict(model.named_parameters())[name]
+        idx = list(range(0, p.numel(), max(1, p.numel() // args.naive)))[: args.naive]
+        t_naive, _ = timed(lambda: naive_position_kl(model, tokens, name, flat_indices=idx))
+        naive_wps = len(idx) / t_naive
+        # batched: the first `sample` weights of the parameter (a prefix keeps chunks whole)
+        sub = {name: p}
+        keep = p.detach().clone()
+        with torch.no_grad():                      # scan only a sample: zero the rest (zeros are skipped)
+            flat = p.data.view(-1)
+            chosen = torch.randperm(p.numel(), generator=torch.Generator().manual_seed(1))[: args.sample]
+            mask = torch.zeros(p.numel(), dtype=torch.bool)
+            mask[chosen] = True
+            flat[~mask] = 0
+        try:
+            t_batch, res = timed(lambda: scan(model, tokens, params=list(sub), progress=False, keep_positions=False))
+        finally:
+            with torch.no_grad():
+                p.data.copy_(keep)
+        batched_wps = res.weights_scanned / t_batch
+        rows.append({"what": f"exact {name}", "naive_w_per_s": round(naive_wps, 2),
+                     "fast_w_per_s": round(batched_wps, 2), "speedup": round(batched_wps / naive_wps, 2)})
+        print(rows[-1], flush=True)
+
+    # closed form on the whole unembedding vs the naive loop on a sample of it
+    idx = list(range(0, cfg.d_model * cfg.d_vocab, 997))[: args.naive]
+    t_naive, _ = timed(lambda: naive_position_kl(model, tokens, "unembed.W_U", flat_indices=idx))
+    t_closed, res = timed(lambda: scan(model, tokens, params="unembed.W_U", progress=False, keep_positions=False))
+    naive_wps, closed_wps = len(idx) / t_naive, res.weights_scanned / t_closed
+    rows.append({"what": "closed form unembed.W_U", "naive_w_per_s": round(naive_wps, 2),
+                 "fast_w_per_s": round(closed_wps, 2), "speedup": round(closed_wps / naive_wps, 1)})
+    print(rows[-1], flush=True)
+
+    # KL kernel: torch eager vs native on A=16 ablations of N = 8192 positions, V = 512
+    if _native.cpu_module() is not None:
+        _native.cpu_module().set_num_threads(args.threads)
+        logits = model(tokens).detach().reshape(-1, cfg.d_vocab)
+        logp = torch.log_softmax(logits.double(), -1).float()
+        ablated = logits[None] + 0.1 * torch.randn(16, *logits.shape)
+        t_eager, _ = timed(lambda: K.kl_rows_reference(logp, ablated), repeat=3)
+        t_eager32, _ = timed(lambda: (logp.exp() * (logp - torch.log_softmax(ablated, -1))).sum(-1), repeat=3)
+        t_native, _ = timed(lambda: K.kl_rows(logp, ablated), repeat=3)
+        gb = ablated.numel() * 4 / 1e9
+        rows.append({"what": "kl_rows A=16 N=8192 V=512 (GB/s torch f64 | f32 -> native)",
+                     "naive_w_per_s": round(gb / t_eager, 2), "fast_w_per_s": round(gb / t_native, 2),
+                     "speedup": round(t_eager / t_native, 2)})
+        rows.append({"what": "kl_rows vs torch float32 eager", "naive_w_per_s": round(gb / t_eager32, 2),
+                     "fast_w_per_s": round(gb / t_native, 2), "speedup": round(t_eager32 / t_native, 2)})
+        print(rows[-2:], flush=True)
+
+    for r in rows:
+        r.update({"date": stamp(), "machine": machine(), "threads": args.threads})
+    path = append_rows("ablation", rows)
+    print(f"\n| what | baseline | wtc | ratio |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['what']} | {r['naive_w_per_s']} | {r['fast_w_per_s']} | {r['speedup']}x |")
+    print(f"\n(appended to {path})")
+
+
+if __name__ == "__main__":
+    main()

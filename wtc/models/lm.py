@@ -1,0 +1,58 @@
+"""Next-token training of a token transformer on a synthetic stream (enough to give scans a
+trained model; the studies bring their own data)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+
+class MarkovSource:
+    """Sequences from a random sparse Markov chain: each token has `branching` successors with
+    Dirichlet weights, so a trained model has real structure to find."""
+
+    def __init__(self, vocab: int, seq_len: int, branching: int = 3, seed: int = 0):
+        if vocab < 2 or seq_len < 2 or not 1 <= branching <= vocab:
+            raise ValueError(f"MarkovSource needs vocab >= 2, seq_len >= 2, 1 <= branching <= vocab; "
+                             f"got {vocab}, {seq_len}, {branching}")
+        rng = np.random.default_rng(seed)
+        self.vocab, self.seq_len = vocab, seq_len
+        self.P = np.zeros((vocab, vocab))
+        for v in range(vocab):
+            succ = rng.choice(vocab, branching, replace=False)
+            self.P[v, succ] = rng.dirichlet(np.ones(branching))
+        self.cum = self.P.cumsum(1)
+
+    def sample(self, rng: np.random.Generator, n: int) -> torch.Tensor:
+        out = np.empty((n, self.seq_len), np.int64)
+        out[:, 0] = rng.integers(0, self.vocab, n)
+        for t in range(1, self.seq_len):
+            u = rng.random(n)[:, None]
+            out[:, t] = np.minimum((u > self.cum[out[:, t - 1]]).sum(1), self.vocab - 1)
+        return torch.from_numpy(out)
+
+
+def train_lm(model, source: MarkovSource, steps: int, batch: int = 64, lr: float = 1e-3, seed: int = 0,
+             progress: bool = True) -> list[float]:
+    """AdamW on next-token cross-entropy; returns the loss curve."""
+    if steps < 0 or batch < 1:
+        raise ValueError(f"steps must be >= 0 and batch >= 1, got {steps}, {batch}")
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    losses = []
+    model.train()
+    t0 = time.perf_counter()
+    for _ in tqdm(range(steps), disable=not progress, desc="lm train"):
+        tokens = source.sample(rng, batch)
+        logits = model(tokens)                                       # (B, T, V)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    model.train_seconds = time.perf_counter() - t0
+    return losses
