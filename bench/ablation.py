@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--naive", type=int, default=6, help="weights timed with the naive loop per parameter")
     ap.add_argument("--sample", type=int, default=512, help="weights timed with the batched scan per parameter")
+    ap.add_argument("--params", default=None, help="comma-separated subset of the exact rows (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = TransformerConfig(n_layers=2, d_model=128, n_heads=4, d_head=32, d_mlp=512, d_vocab=512, n_ctx=128)
@@ -47,6 +48,8 @@ def main() -> None:
 
     params = ["blocks.0.attn.W_Q", "blocks.0.mlp.W_in", "blocks.1.attn.W_V", "blocks.1.mlp.W_in", "blocks.1.mlp.W_out",
               "embed.W_E"]
+    if args.params:
+        params = args.params.split(",")
     for name in params:
         p = dict(model.named_parameters())[name]
         idx = list(range(0, p.numel(), max(1, p.numel() // args.naive)))[: args.naive]

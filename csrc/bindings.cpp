@@ -114,6 +114,29 @@ py::array_t<double> kl_rows(farr logp, farr logits) {
   return out;
 }
 
+py::array_t<double> kl_rank1(farr logp, farr logits, farr delta, farr direction) {
+  expect_dims(logp, 2, "logp", "(N, V)");
+  expect_dims(logits, 2, "logits", "(N, V)");
+  expect_dims(delta, 2, "delta", "(A, N)");
+  expect_dims(direction, 2, "direction", "(A, V)");
+  const int64_t N = logp.shape(0), V = logp.shape(1), A = delta.shape(0);
+  expect_dim(logits.shape(0), N, "logits", 0);
+  expect_dim(logits.shape(1), V, "logits", 1);
+  expect_dim(delta.shape(1), N, "delta", 1);
+  expect_dim(direction.shape(0), A, "direction", 0);
+  expect_dim(direction.shape(1), V, "direction", 1);
+  expect_finite(logp.data(), logp.size(), "logp");
+  expect_finite(logits.data(), logits.size(), "logits");
+  expect_finite(delta.data(), delta.size(), "delta");
+  expect_finite(direction.data(), direction.size(), "direction");
+  py::array_t<double> out({A, N});
+  {
+    py::gil_scoped_release nogil;
+    wtc::kl_rank1_cpu(logp.data(), logits.data(), delta.data(), direction.data(), A, N, V, out.mutable_data());
+  }
+  return out;
+}
+
 using iarr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
 py::tuple kl_unembed(farr logp, farr h, farr W, iarr v, iarr j, bool per_position) {
@@ -171,6 +194,8 @@ PYBIND11_MODULE(_C, m) {
         "Argmax routing of G heads over N sequences -> (index int64, value, margin), each (G, N, Lq).");
   m.def("kl_rows", &kl_rows, py::arg("logp"), py::arg("logits"),
         "Per-position KL(p || softmax(logits)): logp (N, V), logits (A, N, V) -> (A, N) float64.");
+  m.def("kl_rank1", &kl_rank1, py::arg("logp"), py::arg("logits"), py::arg("delta"), py::arg("direction"),
+        "KL(p || softmax(logits + delta[a, n] * direction[a])) -> (A, N) float64, nothing materialised.");
   m.def("kl_unembed", &kl_unembed, py::arg("logp"), py::arg("h"), py::arg("W"), py::arg("v"),
         py::arg("j"), py::arg("per_position") = false,
         "Closed-form KL of zeroing W[v[m], j[m]] for M pairs: (total (M,) float64, "

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 namespace wtc {
@@ -30,6 +31,24 @@ WTC_CLONES double kl_one_row(const double* p, double neg_entropy, double p_mass,
     const double zv = z[v];
     sum += std::exp(zv - m);
     pz += p[v] * zv;
+  }
+  return neg_entropy - pz + p_mass * (m + std::log(sum));
+}
+
+// The same for z = base + d * dir computed on the fly (rank-1 ablation of the logits).
+WTC_CLONES double kl_rank1_row(const double* p, double neg_entropy, double p_mass, const float* base, double d,
+                               const float* dir, int64_t V) {
+  double m = base[0] + d * dir[0];
+  for (int64_t v = 1; v < V; ++v) {
+    const double z = base[v] + d * dir[v];
+    m = z > m ? z : m;
+  }
+  double sum = 0.0, pz = 0.0;
+#pragma omp simd reduction(+ : sum, pz)
+  for (int64_t v = 0; v < V; ++v) {
+    const double z = base[v] + d * dir[v];
+    sum += std::exp(z - m);
+    pz += p[v] * z;
   }
   return neg_entropy - pz + p_mass * (m + std::log(sum));
 }
@@ -77,6 +96,27 @@ void kl_rows_cpu(const float* logp, const float* logits, int64_t A, int64_t N, i
   }
 }
 
+void kl_rank1_cpu(const float* logp, const float* logits, const float* delta, const float* direction,
+                  int64_t A, int64_t N, int64_t V, double* out) {
+#pragma omp parallel
+  {
+    std::vector<double> p(V);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* lp = logp + n * V;
+      double neg_entropy = 0.0, p_mass = 0.0;
+      for (int64_t v = 0; v < V; ++v) {
+        p[v] = std::exp(static_cast<double>(lp[v]));
+        neg_entropy += p[v] * lp[v];
+        p_mass += p[v];
+      }
+      for (int64_t a = 0; a < A; ++a)
+        out[a * N + n] = kl_rank1_row(p.data(), neg_entropy, p_mass, logits + n * V, delta[a * N + n],
+                                      direction + a * V, V);
+    }
+  }
+}
+
 void kl_unembed_cpu(const float* logp, const float* h, const float* W, int64_t N, int64_t V, int64_t D,
                     const int64_t* v, const int64_t* j, int64_t M, float* per_position, double* total) {
   // Transposed, float64 copies of the columns the pairs use: p[v] = (N,) and h[j] = (N,), so the
@@ -108,38 +148,62 @@ void kl_unembed_cpu(const float* logp, const float* h, const float* W, int64_t N
 
 void importance_positions_cpu(const float* kl, int64_t M, int64_t N, double mass,
                               std::vector<int64_t>& offsets, std::vector<int32_t>& positions) {
+  // Order: larger KL first, ties to the lower position (a strict total order, so the set is
+  // unique). Non-negative floats order like their bit patterns, so one pass builds a histogram
+  // of mass over the top bits; walking it from the top finds the bucket where the mass is
+  // reached, and only that bucket is sorted. Two passes over N instead of a selection with a
+  // comparator: 175 -> 50 us per weight at N = 8192, 2 threads (4096 rows of random KL).
+  constexpr int kShift = 20;                                   // 12 top bits: 4096 buckets
+  constexpr int kBuckets = 1 << (32 - kShift);
   std::vector<std::vector<int32_t>> chosen(M);
 #pragma omp parallel
   {
-    std::vector<int32_t> idx(N);
+    std::vector<uint32_t> key(N);
+    std::vector<double> bucket_mass(kBuckets);
+    std::vector<int32_t> members;
 #pragma omp for schedule(dynamic, 16)
     for (int64_t m = 0; m < M; ++m) {
       const float* row = kl + m * N;
+      std::fill(bucket_mass.begin(), bucket_mass.end(), 0.0);
       double total = 0.0;
-      for (int64_t n = 0; n < N; ++n) total += std::max(0.0f, row[n]);
+      for (int64_t n = 0; n < N; ++n) {
+        const float v = row[n] > 0.0f ? row[n] : 0.0f;
+        uint32_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        key[n] = bits;
+        bucket_mass[bits >> kShift] += v;
+        total += v;
+      }
       if (total <= 0.0) continue;
-      const double target = mass * total;
-      auto before = [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
-      std::iota(idx.begin(), idx.end(), 0);
-      // Grow k geometrically with nth_element (O(N) each) until the top k hold the target,
-      // then sort only those k: selection, not a full sort.
-      int64_t k = std::min<int64_t>(N, 8);
-      while (true) {
-        std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), before);
-        double top = 0.0;
-        for (int64_t i = 0; i < k; ++i) top += std::max(0.0f, row[idx[i]]);
-        if (top >= target * (1.0 - 1e-12) || k == N) break;
-        k = std::min<int64_t>(N, 2 * k);
+      double need = mass * total * (1.0 - 1e-12), above = 0.0;
+      int threshold = 0;
+      for (int b = kBuckets - 1; b >= 0; --b) {
+        if (above + bucket_mass[b] >= need) { threshold = b; break; }
+        above += bucket_mass[b];
       }
-      std::sort(idx.begin(), idx.begin() + k, before);
+      members.clear();
+      for (int64_t n = 0; n < N; ++n)
+        if (static_cast<int>(key[n] >> kShift) == threshold) members.push_back(static_cast<int32_t>(n));
+      std::sort(members.begin(), members.end(),
+                [&key](int32_t a, int32_t b) { return key[a] > key[b] || (key[a] == key[b] && a < b); });
+      need -= above;
+      size_t take = 0;
       double acc = 0.0;
-      int64_t count = 0;
-      while (count < k) {
-        acc += std::max(0.0f, row[idx[count]]);
-        ++count;
-        if (acc >= target * (1.0 - 1e-12)) break;
+      while (take < members.size() && acc < need) {
+        float v;
+        std::memcpy(&v, &key[members[take]], sizeof v);
+        acc += v;
+        ++take;
       }
-      chosen[m].assign(idx.begin(), idx.begin() + count);
+      members.resize(take);
+      std::sort(members.begin(), members.end());
+      std::vector<int32_t>& out = chosen[m];
+      size_t next = 0;
+      for (int64_t n = 0; n < N; ++n) {                        // merge, in position order
+        const bool in_bucket = next < members.size() && members[next] == n;
+        if (in_bucket) ++next;
+        if (static_cast<int>(key[n] >> kShift) > threshold || in_bucket) out.push_back(static_cast<int32_t>(n));
+      }
     }
   }
   offsets.assign(M + 1, 0);

@@ -11,14 +11,19 @@ namespace wtc {
 // logp (N, V) clean log-probabilities; logits (A, N, V) ablated logits -> out (A, N) KL(p || q).
 void kl_rows_cpu(const float* logp, const float* logits, int64_t A, int64_t N, int64_t V, double* out);
 
+// Rank-1 ablations: logits'[a, n, :] = logits[n, :] + delta[a, n] * direction[a, :], without
+// materialising (A, N, V). logp, logits (N, V); delta (A, N); direction (A, V) -> out (A, N).
+void kl_rank1_cpu(const float* logp, const float* logits, const float* delta, const float* direction,
+                  int64_t A, int64_t N, int64_t V, double* out);
+
 // Zeroing W[v, j] (logit_v = sum_j W[v, j] h_j + b_v) lowers logit v by d = W[v, j] h[n, j], so
 // KL_n = p_v d + log(1 - p_v + p_v e^-d). logp (N, V), h (N, D), W (V, D); M pairs (v[m], j[m]).
 // per_position: (M, N) float32 or nullptr; total: (M,) float64 (sum over n).
 void kl_unembed_cpu(const float* logp, const float* h, const float* W, int64_t N, int64_t V, int64_t D,
                     const int64_t* v, const int64_t* j, int64_t M, float* per_position, double* total);
 
-// For each row of kl (M, N): the smallest set of positions whose KL reaches mass * row total,
-// largest first (ties: lower position first). CSR output: offsets (M + 1), positions.
+// For each row of kl (M, N): the smallest set of positions whose KL reaches mass * row total
+// (largest KL first, ties to the lower position), in position order. CSR: offsets (M + 1), positions.
 void importance_positions_cpu(const float* kl, int64_t M, int64_t N, double mass,
                               std::vector<int64_t>& offsets, std::vector<int32_t>& positions);
 

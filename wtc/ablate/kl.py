@@ -51,6 +51,15 @@ def kl_rows(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     return kl_rows_reference(logp, logits)
 
 
+def kl_rank1(logp: torch.Tensor, logits: torch.Tensor, delta: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+    """KL against logits + delta[a, n] * direction[a, :] (a rank-1 ablation) -> (A, N) float64.
+    logp, logits (N, V); delta (A, N); direction (A, V). Native: never forms the (A, N, V) logits."""
+    if _use_native(logits) and all(t.dtype == torch.float32 for t in (logp, delta, direction)):
+        out = _native.cpu_module().kl_rank1(*(t.detach().contiguous().numpy() for t in (logp, logits, delta, direction)))
+        return torch.from_numpy(out)
+    return kl_rows(logp, logits[None] + delta[:, :, None] * direction[:, None, :])
+
+
 def kl_unembed_reference(logp: torch.Tensor, h: torch.Tensor, W: torch.Tensor, v: torch.Tensor,
                          j: torch.Tensor) -> torch.Tensor:
     """Closed form, float64, per position: (M, N) for the pairs (v[m], j[m]).
@@ -80,7 +89,8 @@ def kl_unembed(logp: torch.Tensor, h: torch.Tensor, W: torch.Tensor, v=None, j=N
 
 
 def importance_positions_reference(kl: torch.Tensor, mass: float = 0.9) -> list[np.ndarray]:
-    """Per row: positions sorted by KL (ties: lower first) until `mass` of the row total is reached."""
+    """Per row: positions taken by decreasing KL (ties: lower first) until `mass` of the row total is
+    reached, returned in position order."""
     out = []
     for row in kl.double().clamp_min(0).numpy():
         total = row.sum()
@@ -89,12 +99,13 @@ def importance_positions_reference(kl: torch.Tensor, mass: float = 0.9) -> list[
             continue
         order = np.lexsort((np.arange(len(row)), -row))
         k = int(np.searchsorted(np.cumsum(row[order]), mass * total * (1 - 1e-12))) + 1
-        out.append(order[:min(k, len(row))].astype(np.int32))
+        out.append(np.sort(order[:min(k, len(row))]).astype(np.int32))
     return out
 
 
 def importance_positions(kl: torch.Tensor, mass: float = 0.9) -> list[np.ndarray]:
-    """For each row of kl (M, N): the smallest set of positions holding >= mass of the row's KL."""
+    """For each row of kl (M, N): the smallest set of positions holding >= mass of the row's KL
+    (ties broken toward lower positions), in position order."""
     if kl.ndim != 2:
         raise ValueError(f"importance_positions: kl must be (M, N), got {tuple(kl.shape)}")
     if not 0 < mass <= 1:

@@ -25,7 +25,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 from tqdm.auto import tqdm
 
-from wtc.ablate.kl import importance_positions, kl_rows, kl_unembed
+from wtc.ablate.kl import importance_positions, kl_rank1, kl_rows, kl_unembed
 from wtc.ablate.result import ScanResult
 from wtc.ablate.store import ScanStore
 
@@ -69,6 +69,7 @@ class _Evaluator:
         self.model, self.tokens, self.readout = model, tokens, readout or _default_readout
         # prefix caching needs wtc's split forward and logits as the model's own output
         self.is_wtc = readout is None and hasattr(model, "logits_from") and hasattr(model, "embed_tokens")
+        self.last_mlp = None
         self.unembed_input = None
         with torch.no_grad():
             if self.is_wtc:
@@ -107,8 +108,8 @@ class _Evaluator:
                          "act": last.mlp.act, "W_in": last.mlp.W_in.detach(), "W_out": last.mlp.W_out.detach(),
                          "W_U": self.model.unembed.W_U.detach()}
 
-    def rank1_logits(self, name: str, flat_idx: torch.Tensor):
-        """(A, N, V) ablated logits for weights of the last MLP, or None when no shortcut applies."""
+    def rank1_kl(self, name: str, flat_idx: torch.Tensor):
+        """(A, N) per-position KL for weights of the last MLP, or None when no shortcut applies."""
         c = self.last_mlp
         if c is None or not name.startswith(f"blocks.{c['layer']}.mlp.W_"):
             return None
@@ -123,7 +124,7 @@ class _Evaluator:
             direction = c["W_out"][i] @ c["W_U"]                              # (A, V)
         else:
             return None
-        return self.logits.reshape(1, -1, self.V) + delta[:, :, None] * direction[:, None, :]
+        return kl_rank1(self.logp, self.logits.reshape(-1, self.V), delta.contiguous(), direction.contiguous())
 
     def _generic_clean(self):
         """Clean logits; also captures the input of a final linear map whose output is the logits."""
@@ -164,11 +165,6 @@ class _Evaluator:
     def ablated_logits(self, name: str, param: torch.Tensor, flat_idx: torch.Tensor):
         """(A, N', V) logits with each weight zeroed in its own copy, and the rows N' they cover."""
         A = len(flat_idx)
-        if self.is_wtc:
-            with torch.no_grad():
-                shortcut = self.rank1_logits(name, flat_idx)
-            if shortcut is not None:
-                return shortcut, None
         copies = param.detach().reshape(1, -1).repeat(A, 1)
         copies[torch.arange(A), flat_idx] = 0
         copies = copies.reshape(A, *param.shape)
@@ -348,11 +344,18 @@ def _batches(ev, name, p, idx, A):
         for r in torch.unique(rows):
             sel = idx[rows == r]
             yield from sel.split(A)
+    elif ev.is_wtc and ev.last_mlp is not None and name.startswith(f"blocks.{ev.last_mlp['layer']}.mlp.W_"):
+        yield from idx.split(256)               # rank-1 KL: no (A, N, V) tensor, so large batches
     else:
         yield from idx.split(A)
 
 
 def _exact_rows(ev, name, p, idx) -> torch.Tensor:
+    if ev.is_wtc:
+        with torch.no_grad():
+            kl = ev.rank1_kl(name, idx)
+        if kl is not None:
+            return kl
     logits, rows = ev.ablated_logits(name, p, idx)
     if rows is None:
         return kl_rows(ev.logp, logits)

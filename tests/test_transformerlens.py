@@ -1,0 +1,37 @@
+"""TransformerLens interop (optional dependency: skipped when transformer_lens is not installed)."""
+import pytest
+import torch
+
+tl = pytest.importorskip("transformer_lens")
+
+from wtc.ablate import scan  # noqa: E402
+from wtc.models import Transformer, TransformerConfig  # noqa: E402
+from wtc.models.tl import from_hooked_transformer, to_hooked_transformer  # noqa: E402
+
+
+@pytest.mark.parametrize("normalization", [None, "LN"])
+def test_roundtrip_with_hooked_transformer(normalization):
+    cfg = TransformerConfig(n_layers=2, d_model=8, n_heads=2, d_head=4, d_mlp=12, d_vocab=7, n_ctx=6,
+                            normalization=normalization)
+    model = Transformer(cfg, seed=0).double()
+    tokens = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(0))
+    hooked = to_hooked_transformer(model)
+    torch.testing.assert_close(hooked(tokens), model(tokens), rtol=1e-10, atol=1e-10)
+    back = from_hooked_transformer(hooked)
+    torch.testing.assert_close(back(tokens), model(tokens), rtol=0, atol=0)
+    _, ours = model.run_with_cache(tokens)
+    _, theirs = hooked.run_with_cache(tokens)
+    for name in ("blocks.0.attn.hook_pattern", "blocks.1.mlp.hook_post", "blocks.1.hook_resid_post"):
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-10, atol=1e-10)
+
+
+def test_scan_of_a_hooked_transformer_equals_the_wtc_scan():
+    cfg = TransformerConfig(n_layers=2, d_model=8, n_heads=2, d_head=4, d_mlp=12, d_vocab=7, n_ctx=6)
+    model = Transformer(cfg, seed=1).double()
+    hooked = to_hooked_transformer(model)
+    tokens = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(1))
+    names = ["blocks.0.attn.W_K", "blocks.1.mlp.W_in", "unembed.W_U"]
+    a = scan(model, tokens, params=names, progress=False)
+    b = scan(hooked, tokens, params=names, progress=False)
+    for n in names:
+        torch.testing.assert_close(b.total_kl[n], a.total_kl[n], rtol=1e-7, atol=1e-12)
