@@ -2,12 +2,13 @@
 
 Model: 2-layer transformer, d_model 128, 4 heads, d_mlp 512, vocab 512, over 64 x 128 tokens.
 - naive loop: zero one weight, full forward, restore (wtc.ablate.reference), on a sample of weights;
-- exact batched: wtc.ablate.scan on samples of each parameter kind;
+- exact batched: wtc.ablate.scan on a random sample of each matrix (the other weights zeroed for
+  the timing, so the scan skips them);
 - closed form: the unembedding (all d_model x vocab weights);
 - KL: torch eager (float64 log_softmax) vs wtc._C.kl_rows on (A, N, V) ablated logits.
 Writes bench/results/ablation.csv and prints a markdown table.
 
-    python bench/ablation.py [--threads 2] [--naive 6]
+    python -m bench.ablation [--threads 2] [--naive 4] [--sample 192] [--params a,b]
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def timed(fn, repeat=1):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--naive", type=int, default=6, help="weights timed with the naive loop per parameter")
-    ap.add_argument("--sample", type=int, default=512, help="weights timed with the batched scan per parameter")
+    ap.add_argument("--naive", type=int, default=4, help="weights timed with the naive loop per parameter")
+    ap.add_argument("--sample", type=int, default=192, help="weights timed with the batched scan per parameter")
     ap.add_argument("--params", default=None, help="comma-separated subset of the exact rows (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -46,10 +47,12 @@ def main() -> None:
     tokens = torch.randint(0, cfg.d_vocab, (64, 128), generator=torch.Generator().manual_seed(0))
     rows = []
 
-    params = ["blocks.0.attn.W_Q", "blocks.0.mlp.W_in", "blocks.1.attn.W_V", "blocks.1.mlp.W_in", "blocks.1.mlp.W_out",
-              "embed.W_E"]
+    # every nonzero matrix except the unembedding (closed form, timed below on all its weights); the
+    # (H, d_head) attention biases start at zero, so a scan skips them
+    params = [n for n, p in model.named_parameters() if p.ndim >= 2 and n != "unembed.W_U" and bool((p != 0).any())]
     if args.params:
         params = args.params.split(",")
+    sizes, naive_rates, fast_rates = {}, {}, {}
     for name in params:
         p = dict(model.named_parameters())[name]
         idx = list(range(0, p.numel(), max(1, p.numel() // args.naive)))[: args.naive]
@@ -70,6 +73,7 @@ def main() -> None:
             with torch.no_grad():
                 p.data.copy_(keep)
         batched_wps = res.weights_scanned / t_batch
+        sizes[name], naive_rates[name], fast_rates[name] = p.numel(), naive_wps, batched_wps
         rows.append({"what": f"exact {name}", "naive_w_per_s": round(naive_wps, 2),
                      "fast_w_per_s": round(batched_wps, 2), "speedup": round(batched_wps / naive_wps, 2)})
         print(rows[-1], flush=True)
@@ -79,9 +83,20 @@ def main() -> None:
     t_naive, _ = timed(lambda: naive_position_kl(model, tokens, "unembed.W_U", flat_indices=idx))
     t_closed, res = timed(lambda: scan(model, tokens, params="unembed.W_U", progress=False, keep_positions=False))
     naive_wps, closed_wps = len(idx) / t_naive, res.weights_scanned / t_closed
+    sizes["unembed.W_U"], naive_rates["unembed.W_U"], fast_rates["unembed.W_U"] = res.weights_scanned, naive_wps, closed_wps
     rows.append({"what": "closed form unembed.W_U", "naive_w_per_s": round(naive_wps, 2),
                  "fast_w_per_s": round(closed_wps, 2), "speedup": round(closed_wps / naive_wps, 1)})
     print(rows[-1], flush=True)
+
+    # whole model: time per weight weighted by parameter size (derived from the rates above)
+    if not args.params:
+        t_naive_all = sum(sizes[n] / naive_rates[n] for n in sizes)
+        t_fast_all = sum(sizes[n] / fast_rates[n] for n in sizes)
+        rows.append({"what": f"whole model ({sum(sizes.values())} weights; derived: sum of size / rate)",
+                     "naive_w_per_s": round(sum(sizes.values()) / t_naive_all, 2),
+                     "fast_w_per_s": round(sum(sizes.values()) / t_fast_all, 2),
+                     "speedup": round(t_naive_all / t_fast_all, 2)})
+        print(rows[-1], flush=True)
 
     # KL kernel: torch eager vs native on A=16 ablations of N = 8192 positions, V = 512
     if _native.cpu_module() is not None:

@@ -141,6 +141,13 @@ def test_scan_equals_naive_loop_on_every_weight(normalization):
     assert top[0]["total_kl"] >= top[1]["total_kl"] >= top[2]["total_kl"]
 
 
+def test_embedding_rows_of_absent_tokens_are_exactly_zero():
+    model = tiny_model()
+    tokens = torch.tensor([[0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0]])      # token 6 never occurs
+    res = _scan_vs_naive(model, tokens, ["embed.W_E"])
+    assert (res.total_kl["embed.W_E"][6] == 0).all() and (res.total_kl["embed.W_E"][:6] > 0).all()
+
+
 class PlainLM(nn.Module):
     """Any nn.Module: embedding, a GELU MLP, a linear head (nn.Linear weight (V, D))."""
 

@@ -186,6 +186,8 @@ class _Evaluator:
                 seqs = (self.tokens == v).any(-1).nonzero().flatten()
                 toks = self.tokens[seqs]
                 rows = (seqs[:, None] * self.tokens.shape[1] + torch.arange(self.tokens.shape[1])).flatten()
+                if len(seqs) == 0:                    # a token that never occurs: KL exactly 0
+                    return self.logits.new_zeros(A, 0, self.V), rows
 
                 def run(p):
                     return functional_call(self.model, {name: p}, (toks,))
