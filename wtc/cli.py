@@ -135,8 +135,16 @@ def _cmd_scan(args) -> int:
     tokens = load_tokens(args.tokens)
     params = args.params.split(",") if args.params else None
     t0 = time.perf_counter()
-    result = scan(model, tokens, params=params, out=args.out, batch=args.batch, mass=args.mass,
-                  progress=not args.quiet)
+    try:
+        result = scan(model, tokens, params=params, out=args.out, batch=args.batch, mass=args.mass,
+                      progress=not args.quiet)
+    except KeyboardInterrupt:
+        import sqlite3
+        db = Path(args.out) / "scan.sqlite"
+        done = sqlite3.connect(str(db)).execute("SELECT COUNT(*) FROM weights").fetchone()[0] if db.exists() else 0
+        print(f"\ninterrupted: {done} weights are safely in {db}; run the same command again to resume",
+              file=sys.stderr)
+        return 130
     summary = result.summary()
     summary["seconds_total"] = round(time.perf_counter() - t0, 3)
     Path(args.out).mkdir(parents=True, exist_ok=True)
