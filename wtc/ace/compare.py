@@ -1,0 +1,83 @@
+"""Comparing cores across seeds, and identifying the operators they carry."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def principal_angles(Q1: torch.Tensor, Q2: torch.Tensor) -> torch.Tensor:
+    """Angles (radians, ascending) between span(Q1) and span(Q2); columns orthonormal."""
+    cos = torch.linalg.svdvals(Q1.double().T @ Q2.double()).clamp(-1, 1)
+    return torch.arccos(cos)
+
+
+def projector_overlap(Q1: torch.Tensor, Q2: torch.Tensor) -> float:
+    """||Q1^T Q2||_F^2 / sqrt(r1 r2): 1 for the same subspace, 0 for orthogonal ones."""
+    r1, r2 = Q1.shape[1], Q2.shape[1]
+    if r1 == 0 or r2 == 0:
+        return 0.0
+    return float((Q1.double().T @ Q2.double()).pow(2).sum() / math.sqrt(r1 * r2))
+
+
+def cca(X: torch.Tensor, Y: torch.Tensor, eps: float = 1e-10) -> torch.Tensor:
+    """Canonical correlations (descending) between paired samples X (N, p) and Y (N, q)."""
+    if X.shape[0] != Y.shape[0]:
+        raise ValueError(f"CCA needs paired samples, got {X.shape[0]} and {Y.shape[0]} rows")
+    Xc, Yc = X.double() - X.double().mean(0), Y.double() - Y.double().mean(0)
+
+    def basis(A):
+        U, s, _ = torch.linalg.svd(A, full_matrices=False)
+        return U[:, s > eps * max(float(s.max()), eps)] if s.numel() else U
+
+    return torch.linalg.svdvals(basis(Xc).T @ basis(Yc)).clamp(0, 1)
+
+
+def compare(cores, activations=None, top: int = 3) -> dict:
+    """Pairwise overlap and principal angles of cores; with each core's activations on the same
+    inputs (list of (N, D)), the mean of the top canonical correlations of their core coordinates."""
+    n = len(cores)
+    overlap = [[projector_overlap(cores[i].Q, cores[j].Q) for j in range(n)] for i in range(n)]
+    angles = [[principal_angles(cores[i].Q, cores[j].Q).tolist() for j in range(n)] for i in range(n)]
+    out = {"overlap": overlap, "principal_angles": angles}
+    if activations is not None:
+        if len(activations) != n:
+            raise ValueError(f"{n} cores but {len(activations)} activation sets")
+        Z = [c.project(h) for c, h in zip(cores, activations)]
+        out["cca"] = [[float(cca(Z[i], Z[j])[:top].mean()) for j in range(n)] for i in range(n)]
+    return out
+
+
+def _spectrum(A: torch.Tensor, period: int | None) -> dict:
+    ev = torch.linalg.eigvals(A)
+    order = torch.argsort(ev.abs(), descending=True)
+    ev = ev[order]
+    out = {"eigenvalues": [[float(e.real), float(e.imag)] for e in ev],
+           "radii": ev.abs().tolist(), "angles": ev.angle().tolist()}
+    if period:
+        out["frequency_bins"] = [int(round(abs(float(a)) * period / (2 * math.pi))) for a in ev.angle()]
+    return out
+
+
+def sequential_operator(Z: torch.Tensor, oracle: torch.Tensor | None = None) -> dict:
+    """Least-squares A with z_{t+1} ~ z_t A over sequences Z (B, T, r); R^2 of the fit (and of the
+    oracle's predictions when given, (B, T-1, r))."""
+    X = Z[:, :-1].reshape(-1, Z.shape[-1]).double()
+    Y = Z[:, 1:].reshape(-1, Z.shape[-1]).double()
+    A = torch.linalg.lstsq(X, Y).solution
+    ss_tot = ((Y - Y.mean(0)) ** 2).sum()
+    out = {"A": A.tolist(), "r2": float(1 - ((X @ A - Y) ** 2).sum() / ss_tot), **_spectrum(A, None)}
+    if oracle is not None:
+        out["oracle_r2"] = float(1 - ((oracle.reshape(-1, Z.shape[-1]).double() - Y) ** 2).sum() / ss_tot)
+    return out
+
+
+def shift_operator(reps: torch.Tensor) -> dict:
+    """A with reps[c] A ~ reps[c + 1 mod p] from class means reps (p, r): eigenvalues, radii,
+    angles and frequency bins k = |angle| p / (2 pi)."""
+    p = reps.shape[0]
+    X = reps.double()
+    Y = torch.roll(X, -1, 0)
+    A = torch.linalg.lstsq(X, Y).solution
+    return {"A": A.tolist(), "residual": float(((X @ A - Y) ** 2).sum() / (Y ** 2).sum().clamp_min(1e-30)),
+            **_spectrum(A, p)}

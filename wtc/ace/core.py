@@ -1,0 +1,160 @@
+"""ACE: the algorithmic core of a layer and its causal validation.
+
+extract_core(model, inputs, layer, readout) streams activations H and readout Jacobians J of the
+named module (position `position` of a sequence output) through float64 Gramians and keeps the
+top of their balanced SVD. validate(...) patches the layer's output in a forward hook: keep =
+mu + P (h - mu), remove = h - P (h - mu), flip = h - 2 P (h - mu), with P the core projector.
+Hooks are plain forward hooks on a named module, so wtc models, any nn.Module and TransformerLens
+models (module names such as "blocks.0.hook_resid_post") work alike. Models must treat batch
+elements independently (no batch norm in training mode): per-input Jacobians come from one
+backward pass per readout output over a whole chunk.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from wtc.ace.balanced import balanced_svd, rank_for_energy
+from wtc.ace.gramians import GramianAccumulator
+
+
+@dataclass
+class Core:
+    layer: str
+    position: int | None
+    basis: torch.Tensor        # (D, m) orthonormal, ordered by singular value
+    s: torch.Tensor            # (m,) balanced singular values; weights are s^2
+    rank: int
+    mean: torch.Tensor         # (D,) activation mean
+    n_samples: int
+
+    @property
+    def Q(self) -> torch.Tensor:
+        """(D, rank) core basis."""
+        return self.basis[:, : self.rank]
+
+    def projector(self, rank: int | None = None) -> torch.Tensor:
+        Q = self.basis[:, : self.rank if rank is None else rank]
+        return Q @ Q.T
+
+    def project(self, h: torch.Tensor, rank: int | None = None) -> torch.Tensor:
+        """Core coordinates (..., rank) of activations (..., D), centred."""
+        Q = self.basis[:, : self.rank if rank is None else rank]
+        return (h.double() - self.mean) @ Q
+
+
+def _module(model: nn.Module, layer: str) -> nn.Module:
+    try:
+        return model.get_submodule(layer)
+    except AttributeError:
+        names = [n for n, _ in model.named_modules() if n][:15]
+        raise KeyError(f"no module named {layer!r}; modules include: {', '.join(names)} ...") from None
+
+
+def _select(act: torch.Tensor, position: int | None) -> torch.Tensor:
+    return act if position is None else act[:, position]
+
+
+def activations_and_jacobians(model, inputs, layer: str, readout, position: int | None = -1):
+    """(H (n, D), J (n, K, D)) for one chunk of inputs."""
+    captured = {}
+
+    def hook(mod, inp, out):
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"module {layer!r} returns {type(out).__name__}, not a tensor")
+        act = out.detach().clone().requires_grad_(True)
+        captured["act"] = act
+        return act
+
+    handle = _module(model, layer).register_forward_hook(hook)
+    try:
+        with torch.enable_grad():
+            y = readout(model(inputs))
+            if y.ndim != 2:
+                raise ValueError(f"readout must give (batch, K) outputs, got {tuple(y.shape)}")
+            act = captured["act"]
+            if position is not None and act.ndim != 3:
+                raise ValueError(f"module {layer!r} output is {tuple(act.shape)}; pass position=None for (batch, D)")
+            grads = [torch.autograd.grad(y[:, k].sum(), act, retain_graph=k + 1 < y.shape[1])[0]
+                     for k in range(y.shape[1])]
+    finally:
+        handle.remove()
+    J = torch.stack([_select(g, position) for g in grads], 1)                 # (n, K, D)
+    return _select(act.detach(), position), J
+
+
+def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: float = 0.99,
+                 rank: int | None = None, position: int | None = -1, chunk: int = 512) -> Core:
+    """The core of `layer`: smallest rank reaching `energy` of s^2 (or the given rank)."""
+    readout = readout or (lambda out: out[:, -1] if out.ndim == 3 else out)
+    acc = None
+    for start in range(0, len(inputs), chunk):
+        H, J = activations_and_jacobians(model, inputs[start:start + chunk], layer, readout, position)
+        if acc is None:
+            acc = GramianAccumulator(H.shape[-1])
+        acc.add(H, J)
+    if acc is None:
+        raise ValueError("inputs are empty")
+    basis, s = balanced_svd(acc.covariance(), acc.observability())
+    r = rank_for_energy(s, energy) if rank is None else int(rank)
+    if not 0 <= r <= basis.shape[1]:
+        raise ValueError(f"rank {r} out of range: the balanced SVD has {basis.shape[1]} nonzero directions")
+    return Core(layer, position, basis, s, r, acc.mean, acc.n)
+
+
+@torch.no_grad()
+def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | None = None, readout=None,
+                     chunk: int = 2048) -> float:
+    """Accuracy (argmax of the readout) with the layer patched: 'clean', 'keep', 'remove' or 'flip'."""
+    if mode not in ("clean", "keep", "remove", "flip"):
+        raise ValueError(f"mode must be clean, keep, remove or flip, got {mode!r}")
+    readout = readout or (lambda out: out[:, -1] if out.ndim == 3 else out)
+    P = core.projector(rank)
+    mu = core.mean
+
+    def patch(h):
+        d = (h.double() - mu) @ P
+        new = {"keep": mu + d, "remove": h.double() - d, "flip": h.double() - 2 * d}[mode]
+        return new.to(h.dtype)
+
+    def hook(mod, inp, out):
+        out = out.clone()
+        if core.position is None:
+            return patch(out)
+        out[:, core.position] = patch(out[:, core.position])
+        return out
+
+    handle = _module(model, core.layer).register_forward_hook(hook) if mode != "clean" else None
+    hits = 0
+    try:
+        for start in range(0, len(inputs), chunk):
+            pred = readout(model(inputs[start:start + chunk])).argmax(-1)
+            hits += int((pred == labels[start:start + chunk]).sum())
+    finally:
+        if handle is not None:
+            handle.remove()
+    return hits / len(inputs)
+
+
+def validate(core: Core, model, inputs, labels, readout=None, tolerance: float = 0.005) -> dict:
+    """Keep / remove / flip accuracies at the core's rank, and the minimal sufficient rank (keep
+    within `tolerance` of baseline) and minimal necessary rank (remove <= 2 x chance)."""
+    labels = torch.as_tensor(labels)
+    with torch.no_grad():
+        K = (readout or (lambda out: out[:, -1] if out.ndim == 3 else out))(model(inputs[:1])).shape[-1]
+    chance = 1.0 / K
+    acc = {m: patched_accuracy(model, inputs, labels, core, m, readout=readout)
+           for m in ("clean", "keep", "remove", "flip")}
+    sufficient = necessary = None
+    for r in range(0, core.basis.shape[1] + 1):
+        if sufficient is None and patched_accuracy(model, inputs, labels, core, "keep", r, readout) >= acc["clean"] - tolerance:
+            sufficient = r
+        if necessary is None and patched_accuracy(model, inputs, labels, core, "remove", r, readout) <= 2 * chance:
+            necessary = r
+        if sufficient is not None and necessary is not None:
+            break
+    return {"baseline_acc": acc["clean"], "keep_acc": acc["keep"], "remove_acc": acc["remove"],
+            "flip_acc": acc["flip"], "chance": chance, "rank": core.rank,
+            "minimal_sufficient_rank": sufficient, "minimal_necessary_rank": necessary}
