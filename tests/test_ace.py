@@ -157,3 +157,21 @@ def test_jacobians_of_a_sequence_model_match_jacrev():
             return model.logits_from(r, 1)[0, -1]
         torch.testing.assert_close(J[b], torch.func.jacrev(f)(resid[b, -1]), rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(H[b], resid[b, -1])
+
+
+@pytest.mark.slow
+def test_markov_study_meets_the_expected_figures(tmp_path):
+    """wtc study markov --quick: rank-3 core, keep = baseline, remove -> chance, seeds in
+    near-orthogonal subspaces that compute the same thing, the chain's eigenvalues."""
+    import json
+    from wtc.cli import main
+    assert main(["study", "markov", "--quick", "--quiet", "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["rank"] == [3, 3, 3]
+    assert all(abs(k - b) <= 0.005 for k, b in zip(s["keep_acc"], s["baseline_acc"]))
+    assert all(r <= 2 * 0.25 for r in s["remove_acc"]) and all(b >= 0.74 for b in s["baseline_acc"])
+    off = [s["overlap"][i][j] for i in range(3) for j in range(3) if i != j]
+    cca = [s["cca"][i][j] for i in range(3) for j in range(3) if i != j]
+    assert max(off) <= 0.1 and min(cca) >= 0.9
+    assert max(s["eigenvalue_error"]) <= 0.05
+    assert (tmp_path / "markov.png").exists()

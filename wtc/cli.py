@@ -156,6 +156,21 @@ def _cmd_scan(args) -> int:
     return 0
 
 
+def _cmd_study(args) -> int:
+    if args.name != "markov":
+        print(f"wtc: error: unknown study {args.name!r} (available: markov)", file=sys.stderr)
+        return 2
+    from wtc.studies.markov import MarkovStudy, run
+
+    out = Path(args.out or f"study-{args.name}")
+    summary = run(out, MarkovStudy.quick() if args.quick else MarkovStudy(), progress=not args.quiet)
+    print(f"markov: core rank {summary['rank']} (99%-energy rank {summary['energy_rank']}), "
+          f"accuracy {[round(a, 4) for a in summary['baseline_acc']]}, keep {[round(a, 4) for a in summary['keep_acc']]}, "
+          f"remove {[round(a, 4) for a in summary['remove_acc']]}, eigenvalue error "
+          f"{[round(e, 3) for e in summary['eigenvalue_error']]} ({summary['seconds']}s); wrote {out}/summary.json, markov.png")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wtc", description="weights to code: Discrete Transformers read out as programs")
     sub = p.add_subparsers(dest="command", required=True)
@@ -189,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mass", type=float, default=0.9, help="KL share the importance positions hold")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=_cmd_scan)
+    st = sub.add_parser("study", help="run a study (markov: ACE on a 4-state Markov chain, 3 seeds)")
+    st.add_argument("name")
+    st.add_argument("--quick", action="store_true", help="fewer training steps (about 30 s on 2 cores)")
+    st.add_argument("--out", default=None, help="directory for summary.json and plots (default study-NAME)")
+    st.add_argument("--quiet", action="store_true")
+    st.set_defaults(func=_cmd_study)
     lm = sub.add_parser("lm-train", help="train a token transformer on a Markov stream (a model to scan)")
     lm.add_argument("--layers", type=int, default=2)
     lm.add_argument("--d-model", type=int, default=128)

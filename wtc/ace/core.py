@@ -23,7 +23,7 @@ from wtc.ace.gramians import GramianAccumulator
 @dataclass
 class Core:
     layer: str
-    position: int | None
+    position: int | str | None
     basis: torch.Tensor        # (D, m) orthonormal, ordered by singular value
     s: torch.Tensor            # (m,) balanced singular values; weights are s^2
     rank: int
@@ -53,8 +53,14 @@ def _module(model: nn.Module, layer: str) -> nn.Module:
         raise KeyError(f"no module named {layer!r}; modules include: {', '.join(names)} ...") from None
 
 
-def _select(act: torch.Tensor, position: int | None) -> torch.Tensor:
-    return act if position is None else act[:, position]
+def _select(act: torch.Tensor, position) -> torch.Tensor:
+    """The samples of a module output: (B, D) as is; one position of (B, T, D); or, for
+    position="all", every position as its own sample ((B*T, D))."""
+    if position is None:
+        return act
+    if position == "all":
+        return act.reshape(-1, act.shape[-1])
+    return act[:, position]
 
 
 def activations_and_jacobians(model, inputs, layer: str, readout, position: int | None = -1):
@@ -72,11 +78,16 @@ def activations_and_jacobians(model, inputs, layer: str, readout, position: int 
     try:
         with torch.enable_grad():
             y = readout(model(inputs))
+            if position == "all":
+                y = y.reshape(-1, y.shape[-1])                   # (B*T, K): position t reads act[:, t]
             if y.ndim != 2:
                 raise ValueError(f"readout must give (batch, K) outputs, got {tuple(y.shape)}")
             act = captured["act"]
             if position is not None and act.ndim != 3:
                 raise ValueError(f"module {layer!r} output is {tuple(act.shape)}; pass position=None for (batch, D)")
+            # one backward per output k over the whole chunk: sample i's gradient is its own
+            # Jacobian row because samples do not interact (batch elements; with position="all",
+            # positions after the last layer that mixes them, e.g. the final residual stream)
             grads = [torch.autograd.grad(y[:, k].sum(), act, retain_graph=k + 1 < y.shape[1])[0]
                      for k in range(y.shape[1])]
     finally:
@@ -85,10 +96,19 @@ def activations_and_jacobians(model, inputs, layer: str, readout, position: int 
     return _select(act.detach(), position), J
 
 
+def _default_readout(position):
+    if position == "all":
+        return lambda out: out
+    return lambda out: out[:, -1] if out.ndim == 3 else out
+
+
 def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: float = 0.99,
-                 rank: int | None = None, position: int | None = -1, chunk: int = 512) -> Core:
-    """The core of `layer`: smallest rank reaching `energy` of s^2 (or the given rank)."""
-    readout = readout or (lambda out: out[:, -1] if out.ndim == 3 else out)
+                 rank: int | None = None, position: int | str | None = -1, chunk: int = 512) -> Core:
+    """The core of `layer`: smallest rank reaching `energy` of s^2 (or the given rank).
+
+    position: -1 (default) the last position of a (B, T, D) output, None for (B, D) outputs, or
+    "all": every position a sample, with readout (B, T, K) read at the same position."""
+    readout = readout or _default_readout(position)
     acc = None
     for start in range(0, len(inputs), chunk):
         H, J = activations_and_jacobians(model, inputs[start:start + chunk], layer, readout, position)
@@ -110,7 +130,7 @@ def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | N
     """Accuracy (argmax of the readout) with the layer patched: 'clean', 'keep', 'remove' or 'flip'."""
     if mode not in ("clean", "keep", "remove", "flip"):
         raise ValueError(f"mode must be clean, keep, remove or flip, got {mode!r}")
-    readout = readout or (lambda out: out[:, -1] if out.ndim == 3 else out)
+    readout = readout or _default_readout(core.position)
     P = core.projector(rank)
     mu = core.mean
 
@@ -121,7 +141,7 @@ def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | N
 
     def hook(mod, inp, out):
         out = out.clone()
-        if core.position is None:
+        if core.position is None or core.position == "all":
             return patch(out)
         out[:, core.position] = patch(out[:, core.position])
         return out
@@ -131,11 +151,43 @@ def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | N
     try:
         for start in range(0, len(inputs), chunk):
             pred = readout(model(inputs[start:start + chunk])).argmax(-1)
-            hits += int((pred == labels[start:start + chunk]).sum())
+            lab = labels[start:start + chunk]
+            hits += int(((pred == lab) & (lab >= 0)).sum())          # label -1: not scored
     finally:
         if handle is not None:
             handle.remove()
-    return hits / len(inputs)
+    return hits / int((labels >= 0).sum())
+
+
+@torch.no_grad()
+def keep_kl(model, inputs, core: Core, rank: int, readout=None, chunk: int = 2048) -> float:
+    """Mean KL(clean || kept) of the readout's softmax when only the rank-r core is kept: whether
+    the core carries the whole output distribution, not just its argmax."""
+    readout = readout or _default_readout(core.position)
+    P, mu = core.projector(rank), core.mean
+
+    def hook(mod, inp, out):
+        out = out.clone()
+        sel = out if core.position in (None, "all") else out[:, core.position]
+        kept = (mu + (sel.double() - mu) @ P).to(out.dtype)
+        if core.position in (None, "all"):
+            return kept
+        out[:, core.position] = kept
+        return out
+
+    total, count = 0.0, 0
+    for start in range(0, len(inputs), chunk):
+        x = inputs[start:start + chunk]
+        clean = torch.log_softmax(readout(model(x)).double(), -1)
+        handle = _module(model, core.layer).register_forward_hook(hook)
+        try:
+            kept = torch.log_softmax(readout(model(x)).double(), -1)
+        finally:
+            handle.remove()
+        kl = (clean.exp() * (clean - kept)).sum(-1)
+        total += float(kl.sum())
+        count += kl.numel()
+    return total / count
 
 
 def validate(core: Core, model, inputs, labels, readout=None, tolerance: float = 0.005) -> dict:
@@ -143,7 +195,7 @@ def validate(core: Core, model, inputs, labels, readout=None, tolerance: float =
     within `tolerance` of baseline) and minimal necessary rank (remove <= 2 x chance)."""
     labels = torch.as_tensor(labels)
     with torch.no_grad():
-        K = (readout or (lambda out: out[:, -1] if out.ndim == 3 else out))(model(inputs[:1])).shape[-1]
+        K = (readout or _default_readout(core.position))(model(inputs[:1])).shape[-1]
     chance = 1.0 / K
     acc = {m: patched_accuracy(model, inputs, labels, core, m, readout=readout)
            for m in ("clean", "keep", "remove", "flip")}

@@ -1,0 +1,1 @@
+"""Studies built from wtc's tools (`wtc study NAME`)."""
