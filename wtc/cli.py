@@ -164,7 +164,7 @@ def _cmd_study(args) -> int:
 
     out = Path(args.out or f"study-{args.name}")
     summary = run(out, MarkovStudy.quick() if args.quick else MarkovStudy(), progress=not args.quiet)
-    print(f"markov: core rank {summary['rank']} (99%-energy rank {summary['energy_rank']}), "
+    print(f"markov: core rank {summary['rank']}, "
           f"accuracy {[round(a, 4) for a in summary['baseline_acc']]}, keep {[round(a, 4) for a in summary['keep_acc']]}, "
           f"remove {[round(a, 4) for a in summary['remove_acc']]}, eigenvalue error "
           f"{[round(e, 3) for e in summary['eigenvalue_error']]} ({summary['seconds']}s); wrote {out}/summary.json, markov.png")
