@@ -11,7 +11,7 @@ from wtc.dt import DTConfig
 
 pytestmark = pytest.mark.slow
 
-CI = dict(steps=700, replicas=6, max_attempts=2)
+CI = dict(steps=700, replicas=6, max_attempts=2, workers=1)   # sequential: same result, no idle second attempt
 
 
 def fresh_score(model, name, seed=12345):
