@@ -28,10 +28,17 @@ from wtc.models import Transformer, TransformerConfig
 def timed(fn, repeat=1):
     best = float("inf")
     for _ in range(repeat):
+        sync()
         t = time.perf_counter()
         out = fn()
+        sync()
         best = min(best, time.perf_counter() - t)
     return best, out
+
+
+def sync():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def main() -> None:
@@ -39,12 +46,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--naive", type=int, default=4, help="weights timed with the naive loop per parameter")
     ap.add_argument("--sample", type=int, default=192, help="weights timed with the batched scan per parameter")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (on a GPU the scan runs its torch path; "
+                    "the native KL rows are CPU-only and skipped)")
     ap.add_argument("--params", default=None, help="comma-separated subset of the exact rows (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = TransformerConfig(n_layers=2, d_model=128, n_heads=4, d_head=32, d_mlp=512, d_vocab=512, n_ctx=128)
-    model = Transformer(cfg, seed=0).eval()
-    tokens = torch.randint(0, cfg.d_vocab, (64, 128), generator=torch.Generator().manual_seed(0))
+    model = Transformer(cfg, seed=0).eval().to(args.device)
+    tokens = torch.randint(0, cfg.d_vocab, (64, 128), generator=torch.Generator().manual_seed(0)).to(args.device)
     rows = []
 
     # every nonzero matrix except the unembedding (closed form, timed below on all its weights); the
@@ -63,8 +72,8 @@ def main() -> None:
         keep = p.detach().clone()
         with torch.no_grad():                      # scan only a sample: zero the rest (zeros are skipped)
             flat = p.data.view(-1)
-            chosen = torch.randperm(p.numel(), generator=torch.Generator().manual_seed(1))[: args.sample]
-            mask = torch.zeros(p.numel(), dtype=torch.bool)
+            chosen = torch.randperm(p.numel(), generator=torch.Generator().manual_seed(1))[: args.sample].to(p.device)
+            mask = torch.zeros(p.numel(), dtype=torch.bool, device=p.device)
             mask[chosen] = True
             flat[~mask] = 0
         try:
@@ -99,7 +108,7 @@ def main() -> None:
         print(rows[-1], flush=True)
 
     # KL kernel: torch eager vs native on A=16 ablations of N = 8192 positions, V = 512
-    if _native.cpu_module() is not None:
+    if _native.cpu_module() is not None and args.device == "cpu":
         _native.cpu_module().set_num_threads(args.threads)
         logits = model(tokens).detach().reshape(-1, cfg.d_vocab)
         logp = torch.log_softmax(logits.double(), -1).float()
@@ -116,8 +125,8 @@ def main() -> None:
         print(rows[-2:], flush=True)
 
     for r in rows:
-        r.update({"date": stamp(), "machine": machine(), "threads": args.threads})
-    path = append_rows("ablation", rows)
+        r.update({"date": stamp(), "machine": machine(), "threads": args.threads, "device": args.device})
+    path = append_rows("ablation" if args.device == "cpu" else f"ablation_{args.device}", rows)
     print(f"\n| what | baseline | wtc | ratio |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['what']} | {r['naive_w_per_s']} | {r['fast_w_per_s']} | {r['speedup']}x |")

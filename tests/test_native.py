@@ -54,6 +54,38 @@ def test_route_hard_matches_reference(rng, G, N, Lq, Lk, nq, nk, n_rel, offset):
     assert np.all(idx <= np.arange(Lq)[None, None] + offset)
 
 
+CU = _native.cuda_module()
+needs_cuda = pytest.mark.skipif(CU is None or not torch.cuda.is_available(), reason="no CUDA device or wtc._C_cuda")
+
+
+@needs_cuda
+@pytest.mark.parametrize("G,N,Lq,Lk,nq,nk,n_rel,offset", [
+    (1, 1, 1, 1, 1, 1, 1, 0), (3, 17, 10, 19, 16, 16, 19, 9), (4, 1000, 6, 9, 8, 2, 9, 3),
+])
+def test_route_hard_cuda_matches_reference(rng, G, N, Lq, Lk, nq, nk, n_rel, offset):
+    f = lambda *s: rng.normal(size=s).astype(np.float32)  # noqa: E731
+    q, k, v = f(G, N, Lq), f(G, N, Lk), f(G, N, Lk)
+    qb = np.sort(f(G, nq + 1), axis=1) + np.arange(nq + 1, dtype=np.float32) * 1e-2
+    kb = np.sort(f(G, nk + 1), axis=1) + np.arange(nk + 1, dtype=np.float32) * 1e-2
+    W, u, rel, abs_ = f(G, nq, nk), f(G, nk), f(G, n_rel), f(G, Lk)
+    dev = [torch.from_numpy(a).cuda().contiguous() for a in (q, k, v, qb, kb, W, u, rel, abs_)]
+    idx = torch.full((G, N, Lq), -7, dtype=torch.int64, device="cuda")        # poisoned: unwritten shows
+    val = torch.full((G, N, Lq), float("nan"), device="cuda")
+    margin = torch.full((G, N, Lq), float("nan"), device="cuda")
+    CU.route_hard(G, N, Lq, Lk, nq, nk, n_rel, offset, *(t.data_ptr() for t in dev), idx.data_ptr(),
+                  val.data_ptr(), margin.data_ptr(), torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    idx, val, margin = idx.cpu().numpy(), val.cpu().numpy(), margin.cpu().numpy()
+    ref_idx, ref_val, s, top2 = reference_route(q, k, v, qb, kb, W, u, rel, abs_, offset)
+    ref_margin = (top2[..., 0] - top2[..., 1]).numpy() if Lk > 1 else np.full(idx.shape, np.inf)
+    assert (idx >= 0).all() and not np.isnan(val).any() and not np.isnan(margin).any()
+    clear = ref_margin > 1e-4
+    np.testing.assert_array_equal(idx[clear], ref_idx[clear])
+    np.testing.assert_array_equal(val[clear], ref_val[clear].astype(np.float32))
+    finite = np.isfinite(ref_margin)
+    np.testing.assert_allclose(margin[finite], ref_margin[finite], rtol=1e-3, atol=1e-3)
+
+
 @needs_native
 def test_route_hard_rejects_bad_shapes():
     z = np.zeros

@@ -79,10 +79,11 @@ def kl_unembed(logp: torch.Tensor, h: torch.Tensor, W: torch.Tensor, v=None, j=N
     if v is None:
         v, j = (t.flatten() for t in torch.meshgrid(torch.arange(V), torch.arange(W.shape[1]), indexing="ij"))
     v, j = torch.as_tensor(v, dtype=torch.int64), torch.as_tensor(j, dtype=torch.int64)
+    v, j = v.to(h.device), j.to(h.device)
     if _use_native(h) and logp.dtype == torch.float32 and W.dtype == torch.float32:
         total, per = _native.cpu_module().kl_unembed(
             logp.detach().contiguous().numpy(), h.detach().contiguous().numpy(), W.detach().contiguous().numpy(),
-            v.numpy(), j.numpy(), per_position)
+            v.numpy(), j.numpy(), per_position)     # CPU tensors only (_use_native)
         return torch.from_numpy(total), (torch.from_numpy(per) if per_position else None)
     kl = kl_unembed_reference(logp, h, W, v, j)
     return kl.sum(-1), (kl.to(h.dtype) if per_position else None)
@@ -92,7 +93,7 @@ def importance_positions_reference(kl: torch.Tensor, mass: float = 0.9) -> list[
     """Per row: positions taken by decreasing KL (ties: lower first) until `mass` of the row total is
     reached, returned in position order."""
     out = []
-    for row in kl.double().clamp_min(0).numpy():
+    for row in kl.detach().double().clamp_min(0).cpu().numpy():
         total = row.sum()
         if total <= 0:
             out.append(np.zeros(0, np.int32))

@@ -113,6 +113,7 @@ class _Evaluator:
         c = self.last_mlp
         if c is None or not name.startswith(f"blocks.{c['layer']}.mlp.W_"):
             return None
+        flat_idx = flat_idx.to(c["post"].device)
         if name.endswith(".W_out"):                   # (d_mlp, D): channel ch loses W[i, ch] post_i
             i, ch = flat_idx // c["W_out"].shape[1], flat_idx % c["W_out"].shape[1]
             delta = -c["W_out"][i, ch][:, None] * c["post"][:, i].T            # (A, N)
@@ -166,7 +167,7 @@ class _Evaluator:
         """(A, N', V) logits with each weight zeroed in its own copy, and the rows N' they cover."""
         A = len(flat_idx)
         copies = param.detach().reshape(1, -1).repeat(A, 1)
-        copies[torch.arange(A), flat_idx] = 0
+        copies[torch.arange(A, device=param.device), flat_idx.to(param.device)] = 0
         copies = copies.reshape(A, *param.shape)
         rows = None
         if self.is_wtc:
@@ -185,7 +186,8 @@ class _Evaluator:
                 assert all(int(i) // param.shape[1] == v for i in flat_idx), "embedding batches are per row"
                 seqs = (self.tokens == v).any(-1).nonzero().flatten()
                 toks = self.tokens[seqs]
-                rows = (seqs[:, None] * self.tokens.shape[1] + torch.arange(self.tokens.shape[1])).flatten()
+                rows = (seqs[:, None] * self.tokens.shape[1]
+                        + torch.arange(self.tokens.shape[1], device=seqs.device)).flatten()
                 if len(seqs) == 0:                    # a token that never occurs: KL exactly 0
                     return self.logits.new_zeros(A, 0, self.V), rows
 
@@ -259,11 +261,11 @@ def _check_masks(weights, chosen) -> dict[str, torch.Tensor]:
     unknown = set(weights) - set(chosen)
     if unknown:
         raise KeyError(f"weights= names parameters that are not scanned: {sorted(unknown)}")
-    masks = {}
+    masks = {}                                   # on the CPU: chunk bookkeeping, whatever the model's device
     for name, p in chosen.items():
-        mask = p.detach().flatten() != 0
+        mask = p.detach().flatten().cpu() != 0
         if name in weights:
-            m = torch.as_tensor(weights[name])
+            m = torch.as_tensor(weights[name]).cpu()
             if m.shape != p.shape or m.dtype != torch.bool:
                 raise ValueError(f"weights[{name!r}] must be a bool mask of shape {tuple(p.shape)}, "
                                  f"got {m.dtype} {tuple(m.shape)}")
@@ -336,8 +338,9 @@ def _chunk(ev, name, p, idx, A, mass, keep_positions):
     else:
         per64 = torch.cat([_exact_rows(ev, name, p, part) for part in _batches(ev, name, p, idx, A)])
         totals, per = per64.sum(-1), per64.float()
-    positions = importance_positions(per.float(), mass)
-    return totals.numpy(), positions, (per.float().numpy() if keep_positions else None)
+    totals, per = totals.cpu(), per.float().cpu()
+    positions = importance_positions(per, mass)
+    return totals.numpy(), positions, (per.numpy() if keep_positions else None)
 
 
 def _batches(ev, name, p, idx, A):
@@ -361,7 +364,7 @@ def _exact_rows(ev, name, p, idx) -> torch.Tensor:
     logits, rows = ev.ablated_logits(name, p, idx)
     if rows is None:
         return kl_rows(ev.logp, logits)
-    full = torch.zeros(len(idx), ev.logp.shape[0], dtype=torch.float64)
+    full = torch.zeros(len(idx), ev.logp.shape[0], dtype=torch.float64, device=ev.logp.device)
     if len(rows):
         full[:, rows] = kl_rows(ev.logp[rows], logits)
     return full
@@ -370,6 +373,7 @@ def _exact_rows(ev, name, p, idx) -> torch.Tensor:
 def _closed_form(ev, closed, idx):
     """Closed-form totals (len(idx),) float64 and per-position KL (len(idx), N)."""
     h, W, transposed = closed                    # h (N, D), W (V, D)
+    idx = idx.to(h.device)
     if transposed:                               # param (D, V): flat = j * V + v
         j, v = idx // W.shape[0], idx % W.shape[0]
     else:                                        # param (V, D): flat = v * D + j
@@ -381,8 +385,8 @@ def _position_kl_one(ev, name, p, index) -> torch.Tensor:
     flat = int(np.ravel_multi_index(tuple(index), tuple(p.shape))) if not isinstance(index, int) else index
     if p.detach().flatten()[flat] == 0:
         return torch.zeros(ev.logp.shape[0], dtype=torch.float64)
-    idx = torch.tensor([flat])
+    idx = torch.tensor([flat])                   # moved to the model's device where it is used
     closed = ev.unembed_weight(name, p)
     if closed is not None:
-        return _closed_form(ev, closed, idx)[1][0].double()
-    return _exact_rows(ev, name, p, idx)[0]
+        return _closed_form(ev, closed, idx)[1][0].double().cpu()
+    return _exact_rows(ev, name, p, idx)[0].cpu()

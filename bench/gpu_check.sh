@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The one prepared GPU check, for a device machine with an NVIDIA GPU (Hopper, e.g. H200) and no
+# network. Its image already holds torch, triton, pybind11, scikit-build-core, numba, sympy,
+# safetensors, tqdm, matplotlib, pytest and hypothesis, so nothing is downloaded: wtc is built in
+# place with the CUDA module for sm_90 against them. Then the tests that exercise native and GPU
+# paths run without the Triton interpreter (CUDA tests skip themselves elsewhere, so these are
+# the same files CI runs), then the GPU benchmarks. Everything is logged to $OUT (or
+# bench/results/gpu/). Budget: about 5 minutes; each step has its own timeout.
+#
+#   device run:  bash bench/gpu_check.sh          (timeout_s ~420 leaves room to rerun)
+set -uo pipefail
+OUT=${OUT:-bench/results/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+PY=python3
+step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
+{
+  step "machine"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+  nproc
+
+  step "build wtc with wtc._C_cuda (sm_90)"
+  WTC_CUDA=ON WTC_CUDA_ARCHITECTURES=90 timeout 300 $PY -m pip install -q --no-build-isolation --no-deps \
+      --no-cache-dir -e . || { echo "BUILD FAILED"; exit 1; }
+  $PY -m wtc backends
+
+  step "tests (GPU paths included, no interpreter)"
+  timeout 240 $PY -m pytest -q -x -m "not slow" -p no:cacheprovider \
+      tests/test_native.py tests/test_ablate.py tests/test_ace.py tests/test_dt_model.py
+
+  step "bench: per-weight scan on the GPU (torch path) vs the naive loop"
+  timeout 240 $PY -m bench.ablation --device cuda --naive 16 --sample 2048
+  cp bench/results/ablation_cuda.csv "$OUT/" 2>/dev/null || true
+
+  step "done"
+} 2>&1 | tee "$OUT/gpu_check.log"
