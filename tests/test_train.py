@@ -127,3 +127,13 @@ def test_parallel_attempts_give_the_sequential_result(tmp_path):
 def test_restarts_grow_the_model():
     cfg = TINY.replace(max_attempts=2, steps=5, hard_steps=1, workers=1)
     assert Attempt(wtc.tasks.get("prev2"), cfg.rung(1)[1], 0, 1).model.config.mlp_inputs == 3
+
+
+def test_parallel_attempts_resume_from_their_results(tmp_path):
+    cfg = TINY.replace(max_attempts=2, steps=10, hard_steps=2, workers=2)
+    first, _ = train("max_last3", cfg, seed=2, progress=False, checkpoint_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("attempt*_result.json")) == ["attempt0_result.json",
+                                                                           "attempt1_result.json"]
+    again, _ = train("max_last3", cfg, seed=2, progress=False, checkpoint_dir=tmp_path, resume=True)
+    x, _ = wtc.tasks.get("max_last3").batch(np.random.default_rng(6), 16)
+    np.testing.assert_array_equal(first.predict(x), again.predict(x))
