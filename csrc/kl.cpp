@@ -76,8 +76,12 @@ WTC_CLONES void unembed_row(const double* p, const double* h, double w, int64_t 
 
 }  // namespace
 
-void kl_rows_cpu(const float* logp, const float* logits, int64_t A, int64_t N, int64_t V, double* out) {
-  // One clean row n serves all A ablations: p = exp(logp) once per row, then A ablated rows.
+namespace {
+
+// Shared driver of the two row-wise KLs: one clean row n serves all A ablations, so p = exp(logp),
+// sum p log p and sum p are computed once per row; row_kl(p, neg_entropy, p_mass, a, n) does the rest.
+template <class RowKL>
+void kl_per_clean_row(const float* logp, int64_t A, int64_t N, int64_t V, double* out, RowKL row_kl) {
 #pragma omp parallel
   {
     std::vector<double> p(V);
@@ -90,31 +94,24 @@ void kl_rows_cpu(const float* logp, const float* logits, int64_t A, int64_t N, i
         neg_entropy += p[v] * lp[v];
         p_mass += p[v];
       }
-      for (int64_t a = 0; a < A; ++a)
-        out[a * N + n] = kl_one_row(p.data(), neg_entropy, p_mass, logits + (a * N + n) * V, V);
+      for (int64_t a = 0; a < A; ++a) out[a * N + n] = row_kl(p.data(), neg_entropy, p_mass, a, n);
     }
   }
 }
 
+}  // namespace
+
+void kl_rows_cpu(const float* logp, const float* logits, int64_t A, int64_t N, int64_t V, double* out) {
+  kl_per_clean_row(logp, A, N, V, out, [=](const double* p, double ne, double pm, int64_t a, int64_t n) {
+    return kl_one_row(p, ne, pm, logits + (a * N + n) * V, V);
+  });
+}
+
 void kl_rank1_cpu(const float* logp, const float* logits, const float* delta, const float* direction,
                   int64_t A, int64_t N, int64_t V, double* out) {
-#pragma omp parallel
-  {
-    std::vector<double> p(V);
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const float* lp = logp + n * V;
-      double neg_entropy = 0.0, p_mass = 0.0;
-      for (int64_t v = 0; v < V; ++v) {
-        p[v] = std::exp(static_cast<double>(lp[v]));
-        neg_entropy += p[v] * lp[v];
-        p_mass += p[v];
-      }
-      for (int64_t a = 0; a < A; ++a)
-        out[a * N + n] = kl_rank1_row(p.data(), neg_entropy, p_mass, logits + n * V, delta[a * N + n],
-                                      direction + a * V, V);
-    }
-  }
+  kl_per_clean_row(logp, A, N, V, out, [=](const double* p, double ne, double pm, int64_t a, int64_t n) {
+    return kl_rank1_row(p, ne, pm, logits + n * V, delta[a * N + n], direction + a * V, V);
+  });
 }
 
 void kl_unembed_cpu(const float* logp, const float* h, const float* W, int64_t N, int64_t V, int64_t D,

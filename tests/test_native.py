@@ -30,16 +30,20 @@ def reference_route(q, k, v, qb, kb, W, u, rel, abs_, offset):
     return idx.numpy(), torch.gather(v, 2, idx).numpy(), s, top2
 
 
+def random_route_inputs(rng, G, N, Lq, Lk, nq, nk, n_rel):
+    """(q, k, v, q_bins, k_bins, W, u, rel, abs) float32, bins strictly increasing."""
+    f = lambda *s: rng.normal(size=s).astype(np.float32)  # noqa: E731
+    qb = np.sort(f(G, nq + 1), axis=1) + np.arange(nq + 1, dtype=np.float32) * 1e-2
+    kb = np.sort(f(G, nk + 1), axis=1) + np.arange(nk + 1, dtype=np.float32) * 1e-2
+    return f(G, N, Lq), f(G, N, Lk), f(G, N, Lk), qb, kb, f(G, nq, nk), f(G, nk), f(G, n_rel), f(G, Lk)
+
+
 @needs_native
 @pytest.mark.parametrize("G,N,Lq,Lk,nq,nk,n_rel,offset", [
     (1, 1, 1, 1, 1, 1, 1, 0), (3, 17, 10, 19, 16, 16, 19, 9), (2, 5, 7, 7, 3, 5, 4, 0), (4, 33, 6, 9, 8, 2, 9, 3),
 ])
 def test_route_hard_matches_reference(rng, G, N, Lq, Lk, nq, nk, n_rel, offset):
-    f = lambda *s: rng.normal(size=s).astype(np.float32)  # noqa: E731
-    q, k, v = f(G, N, Lq), f(G, N, Lk), f(G, N, Lk)
-    qb = np.sort(f(G, nq + 1), axis=1) + np.arange(nq + 1, dtype=np.float32) * 1e-2
-    kb = np.sort(f(G, nk + 1), axis=1) + np.arange(nk + 1, dtype=np.float32) * 1e-2
-    W, u, rel, abs_ = f(G, nq, nk), f(G, nk), f(G, n_rel), f(G, Lk)
+    q, k, v, qb, kb, W, u, rel, abs_ = random_route_inputs(rng, G, N, Lq, Lk, nq, nk, n_rel)
     idx, val, margin = C.route_hard(q, k, v, qb, kb, W, u, rel, abs_, offset)
     ref_idx, ref_val, s, top2 = reference_route(q, k, v, qb, kb, W, u, rel, abs_, offset)
     ref_margin = (top2[..., 0] - top2[..., 1]).numpy() if Lk > 1 else np.full(idx.shape, np.inf)
@@ -63,11 +67,7 @@ needs_cuda = pytest.mark.skipif(CU is None or not torch.cuda.is_available(), rea
     (1, 1, 1, 1, 1, 1, 1, 0), (3, 17, 10, 19, 16, 16, 19, 9), (4, 1000, 6, 9, 8, 2, 9, 3),
 ])
 def test_route_hard_cuda_matches_reference(rng, G, N, Lq, Lk, nq, nk, n_rel, offset):
-    f = lambda *s: rng.normal(size=s).astype(np.float32)  # noqa: E731
-    q, k, v = f(G, N, Lq), f(G, N, Lk), f(G, N, Lk)
-    qb = np.sort(f(G, nq + 1), axis=1) + np.arange(nq + 1, dtype=np.float32) * 1e-2
-    kb = np.sort(f(G, nk + 1), axis=1) + np.arange(nk + 1, dtype=np.float32) * 1e-2
-    W, u, rel, abs_ = f(G, nq, nk), f(G, nk), f(G, n_rel), f(G, Lk)
+    q, k, v, qb, kb, W, u, rel, abs_ = random_route_inputs(rng, G, N, Lq, Lk, nq, nk, n_rel)
     dev = [torch.from_numpy(a).cuda().contiguous() for a in (q, k, v, qb, kb, W, u, rel, abs_)]
     idx = torch.full((G, N, Lq), -7, dtype=torch.int64, device="cuda")        # poisoned: unwritten shows
     val = torch.full((G, N, Lq), float("nan"), device="cuda")

@@ -11,6 +11,7 @@ backward pass per readout output over a whole chunk.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -124,15 +125,13 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
     return Core(layer, position, basis, s, r, acc.mean, acc.n)
 
 
-@torch.no_grad()
-def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | None = None, readout=None,
-                     chunk: int = 2048) -> float:
-    """Accuracy (argmax of the readout) with the layer patched: 'clean', 'keep', 'remove' or 'flip'."""
-    if mode not in ("clean", "keep", "remove", "flip"):
-        raise ValueError(f"mode must be clean, keep, remove or flip, got {mode!r}")
-    readout = readout or _default_readout(core.position)
-    P = core.projector(rank)
-    mu = core.mean
+PATCH_MODES = ("keep", "remove", "flip")
+
+
+def _patch_hook(core: Core, mode: str, rank: int | None):
+    """Forward hook replacing the core's samples h of the layer output: keep = mu + P (h - mu),
+    remove = h - P (h - mu), flip = h - 2 P (h - mu), with P the rank-r core projector."""
+    P, mu = core.projector(rank), core.mean
 
     def patch(h):
         d = (h.double() - mu) @ P
@@ -140,22 +139,37 @@ def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | N
         return new.to(h.dtype)
 
     def hook(mod, inp, out):
-        out = out.clone()
         if core.position is None or core.position == "all":
             return patch(out)
+        out = out.clone()
         out[:, core.position] = patch(out[:, core.position])
         return out
 
-    handle = _module(model, core.layer).register_forward_hook(hook) if mode != "clean" else None
-    hits = 0
+    return hook
+
+
+@contextlib.contextmanager
+def _patched(model, core: Core, mode: str, rank: int | None):
+    handle = _module(model, core.layer).register_forward_hook(_patch_hook(core, mode, rank))
     try:
+        yield
+    finally:
+        handle.remove()
+
+
+@torch.no_grad()
+def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | None = None, readout=None,
+                     chunk: int = 2048) -> float:
+    """Accuracy (argmax of the readout) with the layer patched: 'clean', 'keep', 'remove' or 'flip'."""
+    if mode not in ("clean",) + PATCH_MODES:
+        raise ValueError(f"mode must be clean, keep, remove or flip, got {mode!r}")
+    readout = readout or _default_readout(core.position)
+    hits = 0
+    with _patched(model, core, mode, rank) if mode != "clean" else contextlib.nullcontext():
         for start in range(0, len(inputs), chunk):
             pred = readout(model(inputs[start:start + chunk])).argmax(-1)
             lab = labels[start:start + chunk]
             hits += int(((pred == lab) & (lab >= 0)).sum())          # label -1: not scored
-    finally:
-        if handle is not None:
-            handle.remove()
     return hits / int((labels >= 0).sum())
 
 
@@ -164,26 +178,12 @@ def keep_kl(model, inputs, core: Core, rank: int, readout=None, chunk: int = 204
     """Mean KL(clean || kept) of the readout's softmax when only the rank-r core is kept: whether
     the core carries the whole output distribution, not just its argmax."""
     readout = readout or _default_readout(core.position)
-    P, mu = core.projector(rank), core.mean
-
-    def hook(mod, inp, out):
-        out = out.clone()
-        sel = out if core.position in (None, "all") else out[:, core.position]
-        kept = (mu + (sel.double() - mu) @ P).to(out.dtype)
-        if core.position in (None, "all"):
-            return kept
-        out[:, core.position] = kept
-        return out
-
     total, count = 0.0, 0
     for start in range(0, len(inputs), chunk):
         x = inputs[start:start + chunk]
         clean = torch.log_softmax(readout(model(x)).double(), -1)
-        handle = _module(model, core.layer).register_forward_hook(hook)
-        try:
+        with _patched(model, core, "keep", rank):
             kept = torch.log_softmax(readout(model(x)).double(), -1)
-        finally:
-            handle.remove()
         kl = (clean.exp() * (clean - kept)).sum(-1)
         total += float(kl.sum())
         count += kl.numel()

@@ -330,7 +330,7 @@ def _train_in_waves(task, task_ref, config, seed, budget_s, ckpt, resume, worker
         if best is not None and budget_s is not None and elapsed * (wave + 1) / wave > budget_s:
             break
         configs = {a: config.rung(a)[1] for a in range(first, min(first + workers, config.max_attempts))}
-        results = run_wave(task, task_ref, configs, seed, ckpt, resume, workers, progress)
+        results = run_wave(task, task_ref, configs, seed, ckpt, resume, progress)
         for a in sorted(results):
             key = results[a][0]
             if best is None or key > best[0]:

@@ -54,29 +54,30 @@ def _attempt_in_worker(spec: dict) -> None:
 
 
 def run_wave(task, task_ref, configs: dict[int, object], seed: int, ckpt: Path | None, resume: bool,
-             workers: int, progress: bool) -> dict[int, tuple]:
-    """Run the given attempts ({attempt: config}) in parallel; {attempt: (key, model, history)}."""
+             progress: bool) -> dict[int, tuple]:
+    """Run the given attempts ({attempt: config}) at once, one process each (the caller sizes the
+    wave to the cores); {attempt: (key, model, history)}."""
     from wtc.dt.train import _load_result
 
     with tempfile.TemporaryDirectory(prefix="wtc-attempts-") as scratch:
         base = ckpt if ckpt is not None else Path(scratch)
-        pending = [a for a in configs if not (resume and (base / f"attempt{a}_result.json").exists())]
-        for start in range(0, len(pending), workers):
-            procs = {}
-            for a in pending[start:start + workers]:
-                spec = {"task": task_ref, "config": configs[a].to_dict(), "seed": seed, "attempt": a,
-                        "state": str(base / f"attempt{a}") if ckpt is not None else None,
-                        "done": str(base / f"attempt{a}_result"), "resume": resume}
-                log = open(Path(scratch) / f"attempt{a}.log", "w+")
-                procs[a] = (subprocess.Popen([sys.executable, "-m", "wtc.dt.workers", json.dumps(spec)],
-                                             stdout=log, stderr=subprocess.STDOUT), log)
-            for a, (proc, log) in procs.items():
-                code = proc.wait()
-                log.seek(0)
-                tail = log.read()[-3000:]
-                log.close()
-                if code != 0:
-                    raise RuntimeError(f"{task.name} attempt {a} failed in its worker (exit {code}):\n{tail}")
+        procs = {}
+        for a, cfg in configs.items():
+            if resume and (base / f"attempt{a}_result.json").exists():
+                continue
+            spec = {"task": task_ref, "config": cfg.to_dict(), "seed": seed, "attempt": a,
+                    "state": str(base / f"attempt{a}") if ckpt is not None else None,
+                    "done": str(base / f"attempt{a}_result"), "resume": resume}
+            log = open(Path(scratch) / f"attempt{a}.log", "w+")
+            procs[a] = (subprocess.Popen([sys.executable, "-m", "wtc.dt.workers", json.dumps(spec)],
+                                         stdout=log, stderr=subprocess.STDOUT), log)
+        for a, (proc, log) in procs.items():
+            code = proc.wait()
+            log.seek(0)
+            tail = log.read()[-3000:]
+            log.close()
+            if code != 0:
+                raise RuntimeError(f"{task.name} attempt {a} failed in its worker (exit {code}):\n{tail}")
         results = {a: _load_result(base / f"attempt{a}_result", task) for a in configs}
     if progress:
         for a, (key, model, history) in sorted(results.items()):
