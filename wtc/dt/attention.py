@@ -22,10 +22,59 @@ import numpy as np
 import torch
 from torch import nn
 
-from wtc import _native
+from wtc import _native, kernels
 from wtc.dt.hooks import HookPoint
+from wtc.dt.noise import draw_seed, gumbel_hash
 from wtc.dt.ple import ple_uniform
-from wtc.dt.select import Choice, Sampling, Selector, entropy, gumbel_like, relaxed_one_hot
+from wtc.dt.select import Choice, Sampling, Selector, entropy, relaxed_one_hot
+
+
+# ---------------------------------------------------------------- the reference ops (CPU path and oracle)
+def pointer_scores(zq, zk, W, u, rel, abs_, scale, content, pad: int) -> torch.Tensor:
+    """Pointer-head scores, materialised: (R, B, H, T, L), -inf above the causal limit j <= i + pad.
+
+    zq (R, B, H, T) and zk (R, B, H, L) on [0, 1]; W (R, H, N, N), u (R, H, N); rel, abs_ (R, H, L)
+    per offset i + pad - j and per key position; scale (R, H) > 0; content (R,) 0/1.
+    """
+    T, L, N = zq.shape[-1], zk.shape[-1], W.shape[-1]
+    enc_q, enc_k = ple_uniform(zq, N), ple_uniform(zk, N)                # (R, B, H, T|L, N)
+    proj = enc_q @ W[:, None] + u[:, None, :, None, :]                   # (R, B, H, T, N)
+    s = (proj @ enc_k.transpose(-1, -2)) * content[:, None, None, None, None]
+    i = torch.arange(T, device=zq.device)[:, None] + pad
+    j = torch.arange(L, device=zq.device)[None, :]
+    s = s + rel[:, None][..., (i - j).clamp(min=0)] + abs_[:, None, :, None, :]
+    s = s * scale[:, None, :, None, None]
+    return s.masked_fill(j > i, float("-inf"))
+
+
+def relax(s: torch.Tensor, sampling: Sampling, seed: int | None) -> torch.Tensor:
+    """Scores (R, B, H, T, L) -> attention pattern: Gumbel noise from `seed` (None: none), then a
+    soft / hard / straight-through softmax at sampling.tau."""
+    noise = None
+    if seed is not None:
+        noise = gumbel_hash(seed, tuple(s.shape), s.device, s.dtype).masked_fill(torch.isinf(s), 0.0)
+    return relaxed_one_hot(s, sampling.tau, hard=sampling.hard, noise=noise,
+                           straight_through=sampling.straight_through)
+
+
+def running_mean(val: torch.Tensor) -> torch.Tensor:
+    """Aggregate heads: (..., T) -> the mean over each causal prefix (..., T)."""
+    count = torch.arange(1, val.shape[-1] + 1, dtype=val.dtype, device=val.device)
+    return val.cumsum(-1) / count
+
+
+def route_reference(zq, zk, val, W, u, rel, abs_, scale, content, *, pad: int, tau: float, hard: bool,
+                    straight_through: bool, seed: int | None, overlap: bool = False):
+    """The routing op as plain torch, with the signature of wtc.kernels.route: -> (out (R, B, H, T),
+    per-row overlaps (R, B, H, H, T) with [h, g] = sum_j p_h p_g for g > h, zeros elsewhere, or None)."""
+    s = pointer_scores(zq, zk, W, u, rel, abs_, scale, content, pad)
+    attn = relax(s, Sampling(tau=tau, hard=hard, straight_through=straight_through), seed)
+    out = (attn @ val.unsqueeze(-1)).squeeze(-1)
+    if not overlap:
+        return out, None
+    H = zq.shape[2]
+    upper = torch.triu(torch.ones(H, H, dtype=out.dtype, device=out.device), diagonal=1)
+    return out, torch.einsum("rbhtl,rbgtl->rbhgt", attn, attn) * upper[:, :, None]
 
 
 class Attention(nn.Module):
@@ -63,7 +112,6 @@ class Attention(nn.Module):
         self.register_buffer("content", content.float().clone())
         i = torch.arange(seq_len)[:, None] + pad
         j = torch.arange(L)[None, :]
-        self.register_buffer("offset", (i - j).clamp(min=0), persistent=False)   # (T, L)
         self.register_buffer("causal", j <= i, persistent=False)                 # (T, L)
         self.hook_scores = HookPoint()    # (R, B, H, T, L)
         self.hook_pattern = HookPoint()   # (R, B, H, T, L)
@@ -80,15 +128,15 @@ class Attention(nn.Module):
         Soft selections mix the scaled values, then encode (PLE of the mixture): once the choice
         is one-hot this is exactly PLE of the chosen variable with uniform bins over its range.
         """
-        H, P, N = self.H, self.P, self.W.shape[-1]
+        zq, zk = self._query_key(unit, choice)
+        return pointer_scores(zq, zk, self.W, self.u, self.rel, self.abs, self.log_scale.exp(), self.content,
+                              self.P)
+
+    def _query_key(self, unit: torch.Tensor, choice: Choice) -> tuple[torch.Tensor, torch.Tensor]:
+        H, P = self.H, self.P
         zq = choice.read(unit[:, :, P:], slice(0, H)).transpose(2, 3)        # (R, B, H, T)
         zk = choice.read(unit, slice(H, 2 * H)).transpose(2, 3)              # (R, B, H, L)
-        enc_q, enc_k = ple_uniform(zq, N), ple_uniform(zk, N)                # (..., N)
-        proj = enc_q @ self.W[:, None] + self.u[:, None, :, None, :]         # (R, B, H, T, N)
-        s = (proj @ enc_k.transpose(-1, -2)) * self.content[:, None, None, None, None]   # (R, B, H, T, L)
-        s = s + self.rel[:, None, :, self.offset] + self.abs[:, None, :, None, :]
-        s = s * self.log_scale.exp()[:, None, :, None, None]
-        return s.masked_fill(~self.causal, float("-inf"))
+        return zq, zk
 
     def forward(self, stream: torch.Tensor, unit: torch.Tensor, sampling: Sampling) -> tuple[torch.Tensor, dict]:
         """stream (R, B, L, V) in model units and `unit`, the same scaled to [0, 1] per variable
@@ -96,26 +144,40 @@ class Attention(nn.Module):
         H, A, P = self.H, self.A, self.P
         choice = self.select(sampling)
         outs, stats = [], {}
+        fused = kernels.use_triton(stream) and not (self.hook_scores._forward_hooks or self.hook_pattern._forward_hooks)
         if H:
+            val = choice.read(stream, slice(2 * H, 3 * H)).transpose(2, 3)       # (R, B, H, L)
+            seed = draw_seed(sampling.generator) if sampling.noise else None
+            want_overlap = sampling.noise and H > 1 and choice.weights is not None
             if self.pinned is not None:
-                val = choice.read(stream, slice(2 * H, 3 * H)).transpose(2, 3)   # (R, B, H, L)
                 outs.append(val.gather(-1, self.pinned))
             elif sampling.native and self.select.frozen and not stream.is_cuda:
                 outs.append(self._route_native(stream, unit))
+            elif fused and not (want_overlap and sampling.hard):
+                zq, zk = self._query_key(unit, choice)
+                out, overlap = kernels.route(zq, zk, val, self.W, self.u, self.rel, self.abs, self.log_scale.exp(),
+                                             self.content, pad=P, tau=sampling.tau, hard=sampling.hard,
+                                             straight_through=sampling.straight_through, seed=seed,
+                                             overlap=want_overlap)
+                outs.append(out)
+                if want_overlap:   # (R, B, H, H, T) per-row overlaps -> the (R, H, H) mean
+                    B, T = out.shape[1], out.shape[3]
+                    stats["redundancy"] = self.penalty(overlap.sum(dim=(1, 4)) / (B * T), choice.weights[:, 2 * H:3 * H])
+                if sampling.stats:
+                    with torch.no_grad():
+                        stats["attn_entropy"] = entropy(torch.softmax(self.scores(unit, choice) / sampling.tau, -1)).mean(dim=(1, 3))
             else:
                 s = self.hook_scores(self.scores(unit, choice))
-                attn = self._attend(s, sampling)
+                attn = relax(s, sampling, seed)
                 if sampling.stats:  # training log: how far heads are from hard pointers
                     stats["attn_entropy"] = entropy(torch.softmax(s.detach() / sampling.tau, -1)).mean(dim=(1, 3))
                 attn = self.hook_pattern(attn)
-                if sampling.noise and H > 1 and choice.weights is not None:
+                if want_overlap:
                     stats["redundancy"] = self.redundancy(attn, choice.weights[:, 2 * H:3 * H])
-                val = choice.read(stream, slice(2 * H, 3 * H)).transpose(2, 3)   # (R, B, H, L)
                 outs.append((attn @ val.unsqueeze(-1)).squeeze(-1))             # (R, B, H, T)
         if A:
             val = choice.read(stream[:, :, P:], slice(3 * H, None)).transpose(2, 3)  # (R, B, A, T)
-            count = torch.arange(1, self.T + 1, dtype=val.dtype, device=val.device)
-            outs.append(val.cumsum(-1) / count)
+            outs.append(kernels.aggregate(val) if fused else running_mean(val))
         return self.hook_z(torch.cat(outs, dim=2)), stats
 
     @staticmethod
@@ -126,18 +188,16 @@ class Attention(nn.Module):
         are one head: a penalty on this overlap keeps heads from collapsing onto the offset with the
         strongest signal (seen: every head at t-2 on x_t x_{t-1} + x_{t-2}).
         """
-        B, H, T = attn.shape[1], attn.shape[2], attn.shape[3]
-        overlap = torch.einsum("rbhtl,rbgtl->rhg", attn, attn) / (B * T)           # (R, H, H)
-        same_value = torch.einsum("rhv,rgv->rhg", value_sel, value_sel)
-        pairs = torch.triu(torch.ones(H, H, dtype=attn.dtype, device=attn.device), diagonal=1)
-        return (overlap * same_value * pairs).sum(dim=(1, 2))
+        B, T = attn.shape[1], attn.shape[3]
+        return Attention.penalty(torch.einsum("rbhtl,rbgtl->rhg", attn, attn) / (B * T), value_sel)
 
-    def _attend(self, s: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-        noise = gumbel_like(s, sampling.generator) if sampling.noise else None
-        if noise is not None:
-            noise = noise.masked_fill(~self.causal, 0.0)
-        return relaxed_one_hot(s, sampling.tau, hard=sampling.hard, noise=noise,
-                               straight_through=sampling.straight_through)
+    @staticmethod
+    def penalty(overlap: torch.Tensor, value_sel: torch.Tensor) -> torch.Tensor:
+        """overlap (R, H, H) mean attention overlap of head pairs, value_sel (R, H, V) -> (R,)."""
+        H = overlap.shape[1]
+        same_value = torch.einsum("rhv,rgv->rhg", value_sel, value_sel)
+        pairs = torch.triu(torch.ones(H, H, dtype=overlap.dtype, device=overlap.device), diagonal=1)
+        return (overlap * same_value * pairs).sum(dim=(1, 2))
 
     @torch.no_grad()
     def _route_native(self, stream: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:

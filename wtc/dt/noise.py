@@ -1,0 +1,47 @@
+"""Counter-based Gumbel noise for attention: a value per (seed, head instance, query, key).
+
+Noise drawn from a generator has to be stored for the backward pass; noise that is a pure function
+of (seed, position) can be regenerated where it is needed instead, which is what the fused routing
+kernel (wtc/kernels/route.py) does. This is the torch twin of its `_gumbel`: both hash with the
+murmur3 32-bit finaliser in uint32 arithmetic (here int64 masked to 32 bits), so the reference
+attention and the kernel see bit-identical uniforms.
+
+    key  = fmix32(stream * 0x9E3779B9 + seed)        stream = (r * B + b) * H + h
+    bits = fmix32(key ^ (i * L + j))                  query i, key position j
+    u    = (bits >> 8 + 0.5) / 2^24                   in (0, 1), exact in float32
+    g    = -log(-log(u))
+"""
+from __future__ import annotations
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B9
+
+
+def fmix32(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's finaliser on uint32 values held in int64 (products wrap mod 2^64; the low 32 bits
+    are those of the uint32 product)."""
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & MASK32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & MASK32
+    return h ^ (h >> 16)
+
+
+def draw_seed(generator: torch.Generator | None) -> int:
+    """One 31-bit noise seed per forward call, from the run's generator (or the global one)."""
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
+
+
+def gumbel_hash(seed: int, shape: tuple[int, int, int, int, int], device=None,
+                dtype=torch.float32) -> torch.Tensor:
+    """Gumbel noise of shape (R, B, H, T, L), deterministic in (seed, index)."""
+    R, B, H, T, L = shape
+    stream = torch.arange(R * B * H, device=device, dtype=torch.int64).view(R, B, H, 1, 1)
+    key = fmix32((stream * GOLDEN + seed) & MASK32)
+    counter = (torch.arange(T, device=device, dtype=torch.int64)[:, None] * L
+               + torch.arange(L, device=device, dtype=torch.int64)[None, :])        # (T, L)
+    bits = fmix32(key ^ counter)
+    u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    return (-torch.log(-torch.log(u))).to(dtype)
