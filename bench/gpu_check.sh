@@ -4,8 +4,10 @@
 # safetensors, tqdm, matplotlib, pytest and hypothesis, so nothing is downloaded: wtc is built in
 # place with the CUDA module for sm_90 against them. Then the tests that exercise native and GPU
 # paths run without the Triton interpreter (CUDA tests skip themselves elsewhere, so these are
-# the same files CI runs), then the GPU benchmarks. Everything is logged to $OUT (or
-# bench/results/gpu/). Budget: about 5 minutes; each step has its own timeout.
+# the same files CI runs; the Triton kernel tests run compiled), then the GPU benchmarks: the Triton
+# kernels vs eager and torch.compile, the DT training step with kernels on, the per-weight scan.
+# Everything is logged to $OUT (or bench/results/gpu/). Budget: about 5 minutes on a warm image;
+# each step has its own timeout so a slow one cannot eat the rest.
 #
 #   device run:  bash bench/gpu_check.sh          (timeout_s ~420 leaves room to rerun)
 set -uo pipefail
@@ -21,16 +23,24 @@ step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
   nproc
 
   step "build wtc with wtc._C_cuda (sm_90)"
-  WTC_CUDA=ON WTC_CUDA_ARCHITECTURES=90 timeout 300 $PY -m pip install -q --no-build-isolation --no-deps \
+  WTC_CUDA=ON WTC_CUDA_ARCHITECTURES=90 timeout 150 $PY -m pip install -q --no-build-isolation --no-deps \
       --no-cache-dir -e . || { echo "BUILD FAILED"; exit 1; }
   $PY -m wtc backends
 
-  step "tests (GPU paths included, no interpreter)"
-  timeout 240 $PY -m pytest -q -x -m "not slow" -p no:cacheprovider \
-      tests/test_native.py tests/test_ablate.py tests/test_ace.py tests/test_dt_model.py
+  step "tests (GPU paths included, Triton kernels compiled, no interpreter)"
+  timeout 150 $PY -m pytest -q -m "not slow" -p no:cacheprovider \
+      tests/test_kernels.py tests/test_native.py tests/test_dt_model.py tests/test_ablate.py
+
+  step "bench: Triton kernels vs eager and torch.compile (compile only at B=4096, T=64)"
+  timeout 170 $PY -m bench.kernels --compile-at 4096x64 | tee "$OUT/kernels.md"
+  cp bench/results/kernels.csv "$OUT/" 2>/dev/null || true
+
+  step "bench: DT training step, eager / compile / Triton kernels"
+  timeout 80 $PY bench/train_step.py --device cuda --steps 20
+  cp bench/results/train_step_gpu.csv "$OUT/" 2>/dev/null || true
 
   step "bench: per-weight scan on the GPU (torch path) vs the naive loop"
-  timeout 240 $PY -m bench.ablation --device cuda --naive 16 --sample 2048
+  timeout 60 $PY -m bench.ablation --device cuda --naive 16 --sample 2048
   cp bench/results/ablation_cuda.csv "$OUT/" 2>/dev/null || true
 
   step "done"

@@ -1,12 +1,17 @@
-"""DT training throughput on CPU: steps/s at B=256, T=10, eager vs torch.compile, by threads and
-population size (hard-phase steps, see time_steps). Prints a table and appends rows to
-bench/results/train_step.csv.
+"""DT training throughput: steps/s, eager vs torch.compile (and the Triton kernels on a GPU).
 
-    python bench/train_step.py [--steps 30] [--task parity_last2] [--no-compile]
+CPU (default): B=256, T=10, by threads and population size. GPU (--device cuda): the reference
+path eager, compiled, and with the Triton kernels (WTC_KERNELS=triton), at --batch (default 4096
+there), in the annealing phase (soft selections, Gumbel noise, redundancy penalty: the kernels'
+main work) and the hard phase. Prints a table and appends rows to bench/results/train_step.csv.
+
+    python bench/train_step.py [--steps 30] [--task parity_last2] [--no-compile] [--device cuda]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import time
 
 import torch
@@ -20,32 +25,82 @@ from common import append_rows, machine, stamp  # bench/common.py (run as a scri
 OUT = "train_step"
 
 
-def time_steps(task, config: DTConfig, mode: str, steps: int) -> tuple[float, float]:
-    """(steps/s, compile-or-warmup seconds) of Attempt.train_step under `mode`."""
-    run = Attempt(task, config, seed=0, attempt=0)
-    # time hard-phase steps: tau is fixed there. During annealing tau changes every step, and a
-    # Python float in the graph makes torch.compile recompile each step (it falls back to eager).
-    run.phase, run.step = "hard", config.steps
-    if mode == "compile":
-        run.model.forward = torch.compile(run.model.forward, dynamic=False)
-    t0 = time.perf_counter()
-    for _ in range(3):          # warm-up (and compilation)
-        run.train_step()
-    warm = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        run.train_step()
-    return steps / (time.perf_counter() - t0), warm
+def time_steps(task, config: DTConfig, mode: str, steps: int, device: str = "cpu",
+               phase: str = "hard") -> tuple[float, float]:
+    """(steps/s, compile-or-warmup seconds) of Attempt.train_step under `mode` (eager, compile,
+    triton) in `phase` (hard: tau fixed; anneal: tau changes every step)."""
+    with kernels_env("triton" if mode == "triton" else "reference"):
+        run = Attempt(task, config, seed=0, attempt=0, device=device)
+        # hard-phase steps by default: tau is fixed there. During annealing tau changes every step, and
+        # a Python float in the graph makes torch.compile recompile each step (it falls back to eager).
+        if phase == "hard":
+            run.phase, run.step = "hard", config.steps
+        if mode == "compile":
+            run.model.forward = torch.compile(run.model.forward, dynamic=False)
+        t0 = time.perf_counter()
+        for _ in range(3):          # warm-up (and compilation)
+            run.train_step()
+        sync(device)
+        warm = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            run.train_step()
+        sync(device)
+        return steps / (time.perf_counter() - t0), warm
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def kernels_env(value: str):
+    old = os.environ.get("WTC_KERNELS")
+    os.environ["WTC_KERNELS"] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("WTC_KERNELS")
+        else:
+            os.environ["WTC_KERNELS"] = old
+
+
+def main_gpu(args, task) -> None:
+    rows, when = [], stamp()
+    for phase in ("anneal", "hard"):
+        base = None
+        for mode in ["eager"] + ([] if args.no_compile else ["compile"]) + ["triton"]:
+            cfg = DTConfig(batch_size=args.batch or 4096, replicas=8, threads=None)
+            try:
+                sps, warm = time_steps(task, cfg, mode, args.steps, "cuda", phase)
+                note = ""
+            except Exception as exc:
+                sps, warm, note = float("nan"), float("nan"), f"{type(exc).__name__}: {exc}"[:120]
+            base = sps if mode == "eager" else base
+            rows.append({"date": when, "machine": machine(), "device": torch.cuda.get_device_name(),
+                         "task": task.name, "batch": cfg.batch_size, "replicas": cfg.replicas, "phase": phase,
+                         "mode": mode, "steps_per_s": round(sps, 2), "speedup": round(sps / base, 2) if base else "",
+                         "warmup_s": round(warm, 1), "note": note})
+            r = rows[-1]
+            print(f"{phase:6s} {mode:8s} {r['steps_per_s']:8.2f} steps/s  x{r['speedup']}  warm-up {r['warmup_s']}s "
+                  f"{note}", flush=True)
+    print(f"appended {len(rows)} rows to {append_rows(OUT + '_gpu', rows)}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--task", default="parity_last2")
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=None, help="default 256 on CPU, 4096 on a GPU")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     task = wtc.tasks.get(args.task)
+    if args.device == "cuda":
+        return main_gpu(args, task)
+    args.batch = args.batch or 256
     modes = ["eager"] + ([] if args.no_compile else ["compile"])
     rows = []
     when = stamp()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import json
 from dataclasses import dataclass, field
 
@@ -65,6 +66,10 @@ class DTConfig:
                    a second layer) instead of repeating the same architecture with new seeds. A
                    windowed maximum needs a three-way operator or two chained ones; a prefix sum
                    needs an aggregate head: the engine finds out by trying, not the user
+      device       where the training steps and the finishing fits run ('cpu', 'cuda', 'cuda:N'); on
+                   a CUDA device the DT's routing and sub-MLPs run as fused Triton kernels
+                   (wtc.kernels). Models are built on the CPU (same initial model for a seed on any
+                   device) and returned on the CPU
     """
 
     n_layers: int = 1
@@ -101,6 +106,7 @@ class DTConfig:
     workers: int | None = None
     eval_sequences: int = 2048
     threads: int | None = 1
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         def positive(name, value, kind=int):
@@ -141,6 +147,8 @@ class DTConfig:
             raise ConfigError(f"workers must be None or a positive integer, got {self.workers!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ConfigError(f"threads must be None or a positive integer, got {self.threads!r}")
+        if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if not isinstance(self.read, dict) or not all(
                 isinstance(k, str) and isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v)
                 for k, v in self.read.items()):

@@ -243,6 +243,7 @@ class DiscreteTransformer(nn.Module):
         target = {key: (value[ix] if key in per_replica else value).clone()
                   for key, value in self.state_dict().items()}
         new.load_state_dict(target)
+        new.to(self.W_out.device)
         if bool(new.frozen):
             for sel in new.selectors():
                 sel.logits.requires_grad_(False)
@@ -290,9 +291,10 @@ class DiscreteTransformer(nn.Module):
             from wtc import _native
             outs = []
             for start in range(0, len(x), batch_size):
-                xb = self.normalize_inputs(torch.as_tensor(x[start:start + batch_size], dtype=torch.float32))
-                native = bool(self.frozen) and _native.use_native_cpu(xb.shape[0] * self.seq_len)
-                outs.append(self.denormalize_outputs(self(xb, Sampling(native=native))[0]))
+                xb = self.normalize_inputs(torch.as_tensor(x[start:start + batch_size], dtype=torch.float32,
+                                                           device=self.W_out.device))
+                native = bool(self.frozen) and not xb.is_cuda and _native.use_native_cpu(xb.shape[0] * self.seq_len)
+                outs.append(self.denormalize_outputs(self(xb, Sampling(native=native))[0]).cpu())
             y = torch.cat(outs, dim=1).double().numpy()                          # (R, n, T, O)
         finally:
             self.train(was_training)
@@ -310,12 +312,13 @@ class DiscreteTransformer(nn.Module):
             x = self.check_inputs(x)
             was_training = self.training
             self.eval()
-            y, _ = self(self.normalize_inputs(torch.as_tensor(x, dtype=torch.float32)), EVAL)
+            y, _ = self(self.normalize_inputs(torch.as_tensor(x, dtype=torch.float32, device=self.W_out.device)), EVAL)
             self.train(was_training)
         finally:
             for h in handles:
                 h.remove()
-        y = self.denormalize_outputs(y).double().numpy()
+        y = self.denormalize_outputs(y).double().cpu().numpy()
+        cache = {k: v.cpu() for k, v in cache.items()}
         y = y[..., 0] if self.n_outputs == 1 else y
         if replica is not None:
             y = y[replica]

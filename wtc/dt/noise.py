@@ -8,7 +8,8 @@ attention and the kernel see bit-identical uniforms.
 
     key  = fmix32(stream * 0x9E3779B9 + seed)        stream = (r * B + b) * H + h
     bits = fmix32(key ^ (i * L + j))                  query i, key position j
-    u    = (bits >> 8 + 0.5) / 2^24                   in (0, 1), exact in float32
+    u    = ((bits >> 9) + 0.5) / 2^23                 in (0, 1), exact in float32 (23 bits: with 24,
+                                                      the top value + 0.5 rounds to 2^24 and u = 1)
     g    = -log(-log(u))
 """
 from __future__ import annotations
@@ -31,7 +32,8 @@ def fmix32(h: torch.Tensor) -> torch.Tensor:
 
 def draw_seed(generator: torch.Generator | None) -> int:
     """One 31-bit noise seed per forward call, from the run's generator (or the global one)."""
-    return int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
+    device = generator.device if generator is not None else None
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=device).item())
 
 
 def gumbel_hash(seed: int, shape: tuple[int, int, int, int, int], device=None,
@@ -42,6 +44,10 @@ def gumbel_hash(seed: int, shape: tuple[int, int, int, int, int], device=None,
     key = fmix32((stream * GOLDEN + seed) & MASK32)
     counter = (torch.arange(T, device=device, dtype=torch.int64)[:, None] * L
                + torch.arange(L, device=device, dtype=torch.int64)[None, :])        # (T, L)
-    bits = fmix32(key ^ counter)
-    u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
-    return (-torch.log(-torch.log(u))).to(dtype)
+    return gumbel_from_bits(fmix32(key ^ counter)).to(dtype)
+
+
+def gumbel_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """uint32 hash values (in int64) -> Gumbel samples, float32; finite for every input."""
+    u = ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0)
+    return -torch.log(-torch.log(u))

@@ -10,10 +10,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wtc import kernels
 from wtc.dt.hooks import HookPoint
 from wtc.dt.select import Sampling, Selector
 
 _ACT = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu, "tanh": torch.tanh}
+
+
+def activate(h: torch.Tensor, activation: str) -> torch.Tensor:
+    """Hidden activations (..., hidden); 'relu+silu': the first half ReLU, the rest SiLU."""
+    if activation != "relu+silu":
+        return _ACT[activation](h)
+    half = h.shape[-1] // 2
+    return torch.cat([F.relu(h[..., :half]), F.silu(h[..., half:])], dim=-1)
 
 
 class SubMLPs(nn.Module):
@@ -38,10 +47,7 @@ class SubMLPs(nn.Module):
         self.hook_post = HookPoint()   # (R, B, T, M): each sub-MLP's output
 
     def act(self, h: torch.Tensor) -> torch.Tensor:
-        if self.activation != "relu+silu":
-            return _ACT[self.activation](h)
-        half = h.shape[-1] // 2
-        return torch.cat([F.relu(h[..., :half]), F.silu(h[..., half:])], dim=-1)
+        return activate(h, self.activation)
 
     def evaluate(self, inputs: torch.Tensor) -> torch.Tensor:
         """inputs (R, ..., M, k) -> outputs (R, ..., M); the sub-MLPs as plain functions."""
@@ -53,6 +59,13 @@ class SubMLPs(nn.Module):
 
     def forward(self, stream: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         """stream (R, B, T, V) at real positions -> outputs (R, B, T, M)."""
-        inputs = self.select(sampling).read(stream)                            # (R, B, T, M*k)
+        choice = self.select(sampling)
+        if kernels.use_triton(stream) and not self.hook_pre._forward_hooks:   # fused: inputs never stored
+            R, B, T, V = stream.shape
+            select = choice.index if choice.index is not None else choice.weights
+            y = kernels.mlp_bank(stream.reshape(R, B * T, V), select, self.W1, self.b1, self.W2, self.b2,
+                                 self.skip, self.activation)
+            return self.hook_post(y.view(R, B, T, self.M))
+        inputs = choice.read(stream)                                           # (R, B, T, M*k)
         inputs = self.hook_pre(inputs.unflatten(-1, (self.M, self.k)))
         return self.hook_post(self.evaluate(inputs))

@@ -70,10 +70,18 @@ def rank_key(task, score: dict) -> tuple:
 class Attempt:
     """One population run: all state needed to checkpoint and resume it lives here."""
 
-    def __init__(self, task, config: DTConfig, seed: int, attempt: int):
+    def __init__(self, task, config: DTConfig, seed: int, attempt: int, device: str | torch.device | None = None):
+        """device (default config.device): where the steps run (a CUDA device takes the Triton
+        kernels); the model is built and normalised on the CPU first, so a seed gives the same
+        initial model anywhere."""
         self.task, self.config, self.seed, self.attempt = task, config, seed, attempt
+        self.device = torch.device(device or config.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"DTConfig.device={str(self.device)!r} but torch sees no CUDA device "
+                               f"(torch {torch.__version__}, cuda available: False)")
         self.rng = np.random.default_rng([seed, attempt, 0])                 # training data
-        self.generator = torch.Generator().manual_seed(int(np.random.default_rng([seed, attempt, 1]).integers(2**62)))
+        self.generator = torch.Generator(device=self.device).manual_seed(
+            int(np.random.default_rng([seed, attempt, 1]).integers(2**62)))
         with torch.random.fork_rng():
             torch.manual_seed(int(np.random.default_rng([seed, attempt, 2]).integers(2**62)))
             self.model = DiscreteTransformer(config, seq_len=task.seq_len, n_inputs=task.n_inputs,
@@ -84,6 +92,8 @@ class Attempt:
         with torch.no_grad():   # module-output ranges for the PLE bins, from the untrained model
             self.model(self.fit_data[0][:512], Sampling.anneal(config.tau_start, gumbel=False, straight_through=False),
                        track_ranges="set")
+        self.model.to(self.device)
+        self.fit_data = tuple(t.to(self.device) for t in self.fit_data)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr,
                                            weight_decay=config.weight_decay)
         self.step, self.phase = 0, "anneal"
@@ -95,10 +105,12 @@ class Attempt:
     # ------------------------------------------------------------------ data
     def _tensors(self, x: np.ndarray, y: np.ndarray):
         m = self.model
-        xt = m.normalize_inputs(torch.as_tensor(x, dtype=torch.float32))
-        yt = m.normalize_targets(torch.as_tensor(y, dtype=torch.float32))
+        dev = m.x_scale.device
+        xt = m.normalize_inputs(torch.as_tensor(x, dtype=torch.float32, device=dev))
+        y_raw = torch.as_tensor(y, dtype=torch.float32, device=dev)
+        yt = m.normalize_targets(y_raw)
         valid = torch.isfinite(yt)
-        return xt, torch.nan_to_num(yt), valid.float(), torch.as_tensor(y, dtype=torch.float32)
+        return xt, torch.nan_to_num(yt), valid.float(), y_raw
 
     def _batch_metric(self, pred: torch.Tensor, y_raw: torch.Tensor, valid: torch.Tensor) -> np.ndarray:
         with torch.no_grad():
@@ -106,9 +118,9 @@ class Attempt:
             y = torch.nan_to_num(y_raw)
             if self.task.output == "integer":
                 hit = (torch.round(p) == y).float() * valid
-                return (hit.sum(dim=(1, 2, 3)) / valid.sum()).numpy()
+                return (hit.sum(dim=(1, 2, 3)) / valid.sum()).cpu().numpy()
             rel = ((p - y).abs() / (1 + y.abs())) * valid
-            return rel.amax(dim=(1, 2, 3)).numpy()
+            return rel.amax(dim=(1, 2, 3)).cpu().numpy()
 
     # ------------------------------------------------------------------ phases
     def train_step(self) -> None:
@@ -136,8 +148,8 @@ class Attempt:
             with torch.no_grad():
                 sel_h = torch.cat([entropy(s.probabilities(tau)) for s in self.model.selectors()], dim=1)
                 attn_h = torch.cat(stats["attn_entropy"], dim=1) if stats["attn_entropy"] else torch.zeros(self.model.R, 0)
-            self.history.record(self.step, self.phase, tau, loss_r.detach().numpy(),
-                                self._batch_metric(pred.detach(), y_raw, valid), sel_h.numpy(), attn_h.numpy())
+            self.history.record(self.step, self.phase, tau, loss_r.detach().cpu().numpy(),
+                                self._batch_metric(pred.detach(), y_raw, valid), sel_h.cpu().numpy(), attn_h.cpu().numpy())
         self.step += 1
         if self.phase == "anneal" and self.step >= cfg.steps:
             self.phase = "hard"
@@ -205,7 +217,7 @@ class Attempt:
                 f"{meta.get('attempt')}, not {self.task.name!r}, {self.seed}, {self.attempt}")
         if meta["model"]["config"] != self.config.to_dict():
             raise checkpoint.CheckpointError(f"{path}: checkpoint was written with a different DTConfig")
-        self.model = checkpoint.build_model(meta["model"], tensors, prefix="model.")
+        self.model = checkpoint.build_model(meta["model"], tensors, prefix="model.").to(self.device)
         state = {}
         for key, value in tensors.items():
             if key.startswith("opt."):
@@ -233,8 +245,9 @@ def refit_head(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, val
         keep = valid[..., o].bool().reshape(-1)
         target = y[..., o].reshape(-1)[keep].double()
         for r in range(R):
-            A = torch.cat([feats[r].reshape(-1, V)[keep], torch.ones(int(keep.sum()), 1, dtype=torch.float64)], 1)
-            ridge = 1e-9 * torch.eye(V + 1, dtype=torch.float64)
+            A = torch.cat([feats[r].reshape(-1, V)[keep],
+                           torch.ones(int(keep.sum()), 1, dtype=torch.float64, device=feats.device)], 1)
+            ridge = 1e-9 * torch.eye(V + 1, dtype=torch.float64, device=feats.device)
             w = torch.linalg.solve(A.T @ A + ridge, A.T @ target)
             model.W_out[r, :, o] = w[:V].float()
             model.b_out[r, o] = w[V].float()
@@ -374,7 +387,7 @@ def take_replica(run: Attempt, r: int):
     scores = run.history.final["scores"]
     history = copy.copy(run.history)
     history.replica = r
-    model = run.model.replica(r)
+    model = run.model.replica(r).cpu()
     model.train_info = {"task": run.task.name, "seed": run.seed, "attempt": run.attempt, "replica": r,
                         "score": scores[r]}
     return model, history

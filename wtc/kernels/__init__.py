@@ -74,6 +74,6 @@ def aggregate(val: torch.Tensor) -> torch.Tensor:
 
 
 def mlp_bank(*args, **kwargs):
-    """All sub-MLPs of a layer in one launch; see wtc/kernels/mlp_bank.py."""
-    from wtc.kernels.mlp_bank import mlp_bank as op
+    """All sub-MLPs of a layer in one launch; see wtc/kernels/submlps.py."""
+    from wtc.kernels.submlps import mlp_bank as op
     return op(*args, **kwargs)

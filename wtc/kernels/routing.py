@@ -47,7 +47,7 @@ def _gumbel(seed, stream, i, j, L):
     key = _fmix32(stream.to(tl.uint32) * 0x9E3779B9 + seed.to(tl.uint32))
     counter = (i[:, None] * L + j[None, :]).to(tl.uint32)
     bits = _fmix32(key ^ counter)
-    u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)      # 23 bits: u < 1 exactly
     return -tl.log(-tl.log(u))
 
 
