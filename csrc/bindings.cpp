@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kl.h"
+#include "noise.h"
 #include "ple_route.h"
 
 namespace py = pybind11;
@@ -96,6 +97,19 @@ void expect_finite(const float* data, int64_t n, const char* name) {
       msg << name << " holds a non-finite value at flat index " << i;
       throw py::value_error(msg.str());
     }
+}
+
+py::array_t<float> gumbel_hash(int64_t seed, int64_t streams, int64_t T, int64_t L) {
+  if (seed < 0 || seed > 0xFFFFFFFFLL) throw py::value_error("gumbel_hash: seed must be in [0, 2^32)");
+  if (streams < 0 || T < 0 || L < 0) throw py::value_error("gumbel_hash: streams, T, L must be >= 0");
+  if (streams > 0xFFFFFFFFLL || T * L > 0xFFFFFFFFLL)
+    throw py::value_error("gumbel_hash: streams and T * L must each fit in 32 bits (the hash counters)");
+  py::array_t<float> out({streams, T, L});
+  {
+    py::gil_scoped_release nogil;
+    wtc::gumbel_hash_cpu(static_cast<uint32_t>(seed), streams, T, L, out.mutable_data());
+  }
+  return out;
 }
 
 py::array_t<double> kl_rows(farr logp, farr logits) {
@@ -192,6 +206,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("k_bins"), py::arg("W"), py::arg("u"), py::arg("rel"), py::arg("abs"),
         py::arg("q_offset"),
         "Argmax routing of G heads over N sequences -> (index int64, value, margin), each (G, N, Lq).");
+  m.def("gumbel_hash", &gumbel_hash, py::arg("seed"), py::arg("streams"), py::arg("T"), py::arg("L"),
+        "Counter-based Gumbel noise (streams, T, L), float32: the bits of wtc.dt.noise.gumbel_hash");
   m.def("kl_rows", &kl_rows, py::arg("logp"), py::arg("logits"),
         "Per-position KL(p || softmax(logits)): logp (N, V), logits (A, N, V) -> (A, N) float64.");
   m.def("kl_rank1", &kl_rank1, py::arg("logp"), py::arg("logits"), py::arg("delta"), py::arg("direction"),

@@ -143,3 +143,16 @@ def test_native_routing_is_chosen_by_size_and_override(monkeypatch):
     assert _native.use_native_cpu(1)
     monkeypatch.setenv("WTC_KERNELS", "reference")
     assert not _native.use_native_cpu(10**9)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 2, 5, 9), (1, 1, 1, 1, 1), (1, 2, 3, 17, 33)])
+def test_native_gumbel_noise_matches_torch_twin(rng, shape):
+    from wtc.dt.noise import gumbel_hash
+    seed = int(rng.integers(2**31 - 1))
+    native = gumbel_hash(seed, shape, native=True)
+    torch_twin = gumbel_hash(seed, shape, native=False)
+    assert native.shape == torch_twin.shape and torch.isfinite(native).all()
+    # same hash bits; only the two float32 logs differ (fast-math, vectorised)
+    assert float((native - torch_twin).abs().max()) <= 1e-5 * max(1.0, float(torch_twin.abs().max()))
+    with pytest.raises(ValueError, match="seed"):
+        C.gumbel_hash(-1, 1, 1, 1)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from wtc import _native
+
 MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9
 
@@ -37,9 +39,17 @@ def draw_seed(generator: torch.Generator | None) -> int:
 
 
 def gumbel_hash(seed: int, shape: tuple[int, int, int, int, int], device=None,
-                dtype=torch.float32) -> torch.Tensor:
-    """Gumbel noise of shape (R, B, H, T, L), deterministic in (seed, index)."""
+                dtype=torch.float32, native: bool | None = None) -> torch.Tensor:
+    """Gumbel noise of shape (R, B, H, T, L), deterministic in (seed, index).
+
+    On the CPU wtc._C computes it in one fused pass (bench/noise.py: the torch expression below
+    costs several full-size int64 passes); native=False forces the torch expression, the reference.
+    """
     R, B, H, T, L = shape
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    if native is not False and on_cpu and _native.use_native_cpu():
+        noise = _native.cpu_module().gumbel_hash(seed, R * B * H, T, L)
+        return torch.from_numpy(noise).view(R, B, H, T, L).to(dtype)
     stream = torch.arange(R * B * H, device=device, dtype=torch.int64).view(R, B, H, 1, 1)
     key = fmix32((stream * GOLDEN + seed) & MASK32)
     counter = (torch.arange(T, device=device, dtype=torch.int64)[:, None] * L
