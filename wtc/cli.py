@@ -157,12 +157,30 @@ def _cmd_scan(args) -> int:
 
 
 def _cmd_study(args) -> int:
-    if args.name != "markov":
-        print(f"wtc: error: unknown study {args.name!r} (available: markov)", file=sys.stderr)
+    studies = ("markov", "modadd")
+    if args.name not in studies:
+        print(f"wtc: error: unknown study {args.name!r} (available: {', '.join(studies)})", file=sys.stderr)
         return 2
+    out = Path(args.out or f"study-{args.name}")
+    if args.name == "modadd":
+        from wtc.studies.modadd import ModAddStudy, StudyError, run as run_modadd
+
+        try:
+            summary = run_modadd(out, ModAddStudy.quick() if args.quick else ModAddStudy(), progress=not args.quiet)
+        except StudyError as exc:
+            print(f"wtc: error: {exc}", file=sys.stderr)
+            return 2
+        last, wd0 = summary["final"], summary["wd0_branch"]
+        w = wd0["checkpoints"][-1] if wd0["checkpoints"] else None
+        print(f"modadd: grok step {summary['grok_step']}; final step {last['step']}: test {last['test_acc']:.3f}, "
+              f"core rank {last['rank']} (necessary {last['necessary_rank']}), unit circle "
+              f"{None if last['unit_circle_fraction'] is None else round(last['unit_circle_fraction'], 3)}, modes {last['n_modes']} {last['frequencies']}; wd0 branch from step "
+              f"{wd0['fork_step']}: " + (f"test {w['test_acc']:.3f}, rank {w['rank']}, modes {w['n_modes']} at step "
+                                          f"{w['step']}" if w else "not run") +
+              f" ({summary['seconds']}s); wrote {out}/summary.json, summary.md, modadd.png, modadd_eigenvalues.png")
+        return 0
     from wtc.studies.markov import MarkovStudy, run
 
-    out = Path(args.out or f"study-{args.name}")
     summary = run(out, MarkovStudy.quick() if args.quick else MarkovStudy(), progress=not args.quiet)
     print(f"markov: core rank {summary['rank']}, "
           f"accuracy {[round(a, 4) for a in summary['baseline_acc']]}, keep {[round(a, 4) for a in summary['keep_acc']]}, "
@@ -204,10 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mass", type=float, default=0.9, help="KL share the importance positions hold")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=_cmd_scan)
-    st = sub.add_parser("study", help="run a study (markov: ACE on a 4-state Markov chain, 3 seeds)")
-    st.add_argument("name")
-    st.add_argument("--quick", action="store_true", help="fewer training steps (about 30 s on 2 cores)")
-    st.add_argument("--out", default=None, help="directory for summary.json and plots (default study-NAME)")
+    st = sub.add_parser("study", help="run a study (markov: ACE on a 4-state Markov chain, 3 seeds; modadd: "
+                                      "modular addition p=53, grokking and the core through training, resumable)")
+    st.add_argument("name", help="markov | modadd")
+    st.add_argument("--quick", action="store_true",
+                    help="fewer training steps (markov about 30 s; modadd about 6 min on 2 cores)")
+    st.add_argument("--out", default=None, help="directory for summary.json and plots (default study-NAME); "
+                                                "modadd resumes from the checkpoints there")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=_cmd_study)
     lm = sub.add_parser("lm-train", help="train a token transformer on a Markov stream (a model to scan)")

@@ -347,8 +347,30 @@ def _schedule(cfg: ModAddStudy, total: int, start: int = 0) -> list[int]:
 # ---------------------------------------------------------------- the study
 
 
+class _Clock:
+    """Wall seconds spent on this output directory over all (resumed) invocations, kept in
+    time.json at every checkpoint; time after the last checkpoint of an interrupted run is lost."""
+
+    def __init__(self, out: Path):
+        self.file = out / "time.json"
+        try:
+            self.before = float(json.loads(self.file.read_text())["seconds"]) if self.file.exists() else 0.0
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            self.before = 0.0
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def total(self) -> float:
+        return self.before + self.now()
+
+    def save(self) -> None:
+        self.file.write_text(json.dumps({"seconds": round(self.total(), 1)}))
+
+
 def _run_branch(out, cfg, branch, start_epoch, end_epoch, x, y, train_idx, test_idx, sample_idx,
-                steps_per_epoch, curves, progress, keep_optim=frozenset()):
+                steps_per_epoch, curves, progress, clock, keep_optim=frozenset()):
     """Train a branch from its latest complete checkpoint in [start_epoch, end_epoch] (the branch
     starts with one at start_epoch) to end_epoch, analysing and saving on the schedule."""
     sched = _schedule(cfg, end_epoch - start_epoch, start_epoch)
@@ -356,14 +378,16 @@ def _run_branch(out, cfg, branch, start_epoch, end_epoch, x, y, train_idx, test_
     resume_from = max((e for e in done if start_epoch <= e <= end_epoch), default=None)
     if resume_from is None:
         raise StudyError(f"{out}/checkpoints/{branch}: no checkpoint at epoch {start_epoch} to start from")
+    if resume_from == end_epoch:                      # done already (or a longer run's prefix)
+        return
     curve = curves[branch]
-    curve[:] = [c for c in curve if c["epoch"] <= resume_from]
+    curve[:] = [c for c in curve if c["epoch"] <= resume_from]   # points past the last checkpoint are redone
     model, opt = _load(out, branch, resume_from, cfg, cfg.weight_decay if branch == "main" else 0.0)
     todo = [e for e in sched if e > resume_from]
     bar = tqdm(total=end_epoch - resume_from, disable=not progress, desc=f"modadd {branch}", leave=False)
     for e in train_epochs(model, opt, x, y, train_idx, cfg, resume_from, end_epoch, branch):
         bar.update(1)
-        if e % cfg.curve_every == 0 or e in todo:
+        if e % cfg.curve_every == 0 or e in todo or e - start_epoch in (1, 2, 5):
             tr, _ = accuracy(model, x, y, train_idx)
             te, _ = accuracy(model, x, y, test_idx)
             curve.append({"epoch": e, "step": e * steps_per_epoch, "train_acc": tr, "test_acc": te})
@@ -381,13 +405,12 @@ def _run_branch(out, cfg, branch, start_epoch, end_epoch, x, y, train_idx, test_
                     keep.add(f)
             _prune_optimiser_states(out, branch, keep)
             (out / "curve.json").write_text(json.dumps(curves))
+            clock.save()
             if progress:
                 tqdm.write(f"modadd {branch} epoch {e} (step {rec['step']}): train {rec['train_acc']:.3f} "
                            f"test {rec['test_acc']:.3f} rank {rec['rank']} (necessary {rec['necessary_rank']}) "
                            f"unit circle {_fmt(rec['unit_circle_fraction'])} modes {rec['n_modes']}")
     bar.close()
-    model.eval()
-    return model
 
 
 def _fmt(v):
@@ -403,11 +426,11 @@ def run(out_dir, cfg: ModAddStudy | None = None, progress: bool = True) -> dict:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise StudyError(f"--out {out} exists and is not a directory")
-    t0 = time.perf_counter()
     old_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
         _check_config(out, cfg)
+        clock = _Clock(out)
         x, y = all_pairs(cfg.p)
         train_idx, test_idx = split(cfg.p, cfg.train_frac, cfg.seed)
         n = cfg.p ** 2
@@ -424,7 +447,7 @@ def run(out_dir, cfg: ModAddStudy | None = None, progress: bool = True) -> dict:
             _save(out, "main", 0, 0, model, opt, {"branch": "main", "epoch": 0, "step": 0,
                                                   **analyse(model, cfg, x, y, train_idx, test_idx, sample_idx)})
         _run_branch(out, cfg, "main", 0, cfg.epochs, x, y, train_idx, test_idx, sample_idx,
-                    steps_per_epoch, curves, progress)
+                    steps_per_epoch, curves, progress, clock)
         curve_file.write_text(json.dumps(curves))
         main_recs = [r for r in _records(out, "main") if r["epoch"] <= cfg.epochs]
 
@@ -445,7 +468,7 @@ def run(out_dir, cfg: ModAddStudy | None = None, progress: bool = True) -> dict:
                 rec = json.loads((dst / "record.json").read_text())
                 (dst / "record.json").write_text(json.dumps({**rec, "branch": "wd0"}))
             _run_branch(out, cfg, "wd0", fork, fork + cfg.wd0_epochs, x, y, train_idx, test_idx,
-                        sample_idx, steps_per_epoch, curves, progress, keep_optim={fork})
+                        sample_idx, steps_per_epoch, curves, progress, clock, keep_optim={fork})
             curve_file.write_text(json.dumps(curves))
             wd0["checkpoints"] = [_public(r) for r in _records(out, "wd0") if fork <= r["epoch"] <= fork + cfg.wd0_epochs]
         elif fork is None:
@@ -461,9 +484,11 @@ def run(out_dir, cfg: ModAddStudy | None = None, progress: bool = True) -> dict:
                    "grok_step": grok["step"] if grok else None, "grok_epoch": grok["epoch"] if grok else None,
                    "checkpoints": checkpoints, "wd0_branch": wd0,
                    "final": checkpoints[-1] if checkpoints else None,
-                   "seconds": round(time.perf_counter() - t0, 1)}
+                   "seconds": round(clock.total(), 1), "seconds_this_run": round(clock.now(), 1)}
+        clock.save()
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        _plot(out, summary, curves)
+        ends = {"main": cfg.epochs, "wd0": (fork or 0) + cfg.wd0_epochs}
+        _plot(out, summary, {b: [c for c in curves.get(b, []) if c["epoch"] <= ends[b]] for b in ends})
         _markdown(out, summary)
         return summary
     finally:
@@ -542,9 +567,9 @@ def _plot(out: Path, s: dict, curves: dict) -> None:
     t = np.linspace(0, 2 * np.pi, 400)
     ax.plot(np.cos(t), np.sin(t), color="0.8", lw=0.8)
     pick = []
-    pre = [c for c in main if c["step"] > 0 and (s["grok_step"] is None or c["step"] < s["grok_step"])]
-    if pre:
-        pick.append(("pre-grok step %d" % pre[len(pre) // 2]["step"], pre[len(pre) // 2], "C7"))
+    fork = next((c for c in main if c["step"] == s["wd0_branch"]["fork_step"]), None)
+    if fork:
+        pick.append((f"fork (before grokking) step {fork['step']}", fork, "C7"))
     if main:
         pick.append((f"wd 1.0 step {main[-1]['step']}", main[-1], "C0"))
     if wd0:
