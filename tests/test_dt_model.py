@@ -167,3 +167,30 @@ def test_config_roundtrip():
     assert DTConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ConfigError, match="unknown"):
         DTConfig.from_dict({"n_layer": 2})
+
+
+def test_depth2_submlp_represents_max_of_three_exactly(rng):
+    """max(a, b, c) = a + relu(b - a) + relu(c - a - relu(b - a)): a ReLU of ReLUs, so it needs the
+    second hidden layer (W_mid maps first-layer unit h to second-layer unit g as W_mid[g, h])."""
+    from wtc.dt.submlp import SubMLPs
+    mlp = SubMLPs(0, 1, 1, 3, 8, "relu+silu", ["a", "b", "c"], lambda s, v: torch.ones(len(s), len(v), dtype=torch.bool),
+                  depth=2)
+    with torch.no_grad():
+        for p in mlp.parameters_of_map():
+            p.zero_()
+        W1 = mlp.W1[0, 0]                                   # (hidden, k); units 0-3 ReLU, 4-7 SiLU
+        W1[0] = torch.tensor([-1.0, 1.0, 0.0])              # relu(b - a)
+        W1[1] = torch.tensor([-1.0, 0.0, 1.0])              # relu(c - a)
+        W1[2] = torch.tensor([1.0, 0.0, -1.0])              # relu(a - c)
+        Wm = mlp.W_mid[0, 0]
+        Wm[0, 1], Wm[0, 2], Wm[0, 0] = 1.0, -1.0, -1.0      # relu(c - a - relu(b - a))
+        Wm[1, 0] = 1.0                                      # relu(relu(b - a)) passes u0 on
+        mlp.W2[0, 0, 0], mlp.W2[0, 0, 1] = 1.0, 1.0
+        mlp.skip[0, 0, 0] = 1.0                             # + a
+    x = torch.as_tensor(rng.integers(0, 100, (500, 3)), dtype=torch.float32)
+    y = mlp.evaluate(x[None, :, None, :])[0, :, 0]
+    assert torch.equal(y, x.max(dim=1).values)
+    with pytest.raises(ValueError, match="depth"):
+        SubMLPs(0, 1, 1, 3, 8, "relu", ["a"], lambda s, v: torch.ones(len(s), len(v), dtype=torch.bool), depth=3)
+    with pytest.raises(ConfigError, match="mlp_depth"):
+        DTConfig(mlp_depth=3)

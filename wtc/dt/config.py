@@ -31,6 +31,7 @@ class DTConfig:
       n_heads      pointer heads per layer (int, or one int per layer)
       n_agg_heads  aggregate heads per layer: uniform mean over the causal prefix (beyond the paper)
       n_mlps       sub-MLPs per layer; each reads `mlp_inputs` variables, `mlp_hidden` units
+      mlp_depth    hidden layers per sub-MLP (1 or 2); 2 represents a max of three exactly
       ple_bins     PLE components per variable for attention scores
       pad          virtual positions before the start (all variables 0 there); None = seq_len - 1,
                    so every relative offset 0..seq_len-1 has a key at every query
@@ -78,6 +79,7 @@ class DTConfig:
     n_mlps: int | tuple[int, ...] = 3
     mlp_inputs: int = 2
     mlp_hidden: int = 24
+    mlp_depth: int = 1
     mlp_activation: str = "relu+silu"
     ple_bins: int = 16
     pad: int | None = None
@@ -138,6 +140,8 @@ class DTConfig:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.mlp_activation not in ACTIVATIONS:
             raise ConfigError(f"mlp_activation must be one of {ACTIVATIONS}, got {self.mlp_activation!r}")
+        if self.mlp_depth not in (1, 2):
+            raise ConfigError(f"mlp_depth must be 1 or 2 hidden layers, got {self.mlp_depth!r}")
         if self.mlp_activation == "relu+silu" and self.mlp_hidden < 2:
             raise ConfigError("mlp_activation='relu+silu' needs mlp_hidden >= 2")
         if self.pad is not None and (not isinstance(self.pad, int) or self.pad < 0):
@@ -194,7 +198,7 @@ class DTConfig:
 # (label, DTConfig changes) applied to the user's config on restart i (i mod len), cheapest first.
 LADDER = [
     ("as configured", {}),
-    ("3-input sub-MLPs", {"mlp_inputs": 3}),
+    ("3-input, 2-hidden-layer sub-MLPs", {"mlp_inputs": 3, "mlp_depth": 2}),
     ("+ aggregate heads", {"n_agg_heads": 2}),
     ("two layers: chained sub-MLPs", {"n_layers": 2, "n_heads": (3, 0), "n_mlps": (3, 2)}),
     ("two layers: heads in both", {"n_layers": 2, "n_heads": (3, 2), "n_mlps": (3, 2)}),

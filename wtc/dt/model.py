@@ -77,7 +77,7 @@ class DiscreteTransformer(nn.Module):
                 names = names + attn.output_names
             if M:
                 mlp = SubMLPs(layer, R, M, config.mlp_inputs, config.mlp_hidden, config.mlp_activation,
-                              names, mask_fn)
+                              names, mask_fn, depth=config.mlp_depth)
                 names = names + mlp.names
             blocks.append(Block(attn, mlp))
         self.blocks = nn.ModuleList(blocks)

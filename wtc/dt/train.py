@@ -261,7 +261,7 @@ def polish(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: 
     ends worse than it started (including after re-evaluating the pointers) is restored.
     """
     params = [p for b in model.blocks if b.mlp is not None
-              for p in (b.mlp.W1, b.mlp.b1, b.mlp.W2, b.mlp.b2, b.mlp.skip)] + [model.W_out, model.b_out]
+              for p in b.mlp.parameters_of_map()] + [model.W_out, model.b_out]
     before = [p.detach().clone() for p in params]
     with torch.no_grad():
         start = masked_mse(model(x, EVAL)[0], y, valid)
