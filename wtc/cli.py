@@ -163,7 +163,8 @@ def _cmd_study(args) -> int:
         return 2
     out = Path(args.out or f"study-{args.name}")
     if args.name == "modadd":
-        from wtc.studies.modadd import ModAddStudy, StudyError, run as run_modadd
+        from wtc.studies.modadd import ModAddStudy, StudyError
+        from wtc.studies.modadd import run as run_modadd
 
         try:
             summary = run_modadd(out, ModAddStudy.quick() if args.quick else ModAddStudy(), progress=not args.quiet)

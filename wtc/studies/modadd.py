@@ -34,7 +34,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +75,7 @@ class ModAddStudy:
     threads: int = 1
 
     @classmethod
-    def quick(cls) -> "ModAddStudy":
+    def quick(cls) -> ModAddStudy:
         return cls(epochs=1500, wd0_epochs=600, checkpoint_every=100)
 
     def __post_init__(self) -> None:
@@ -152,7 +152,7 @@ def unit_circle_stats(eigenvalues, p: int) -> tuple[float | None, int]:
         ev = ev[:, 0] + 1j * ev[:, 1]
     on = np.abs(np.abs(ev) - 1.0) <= math.sin(math.pi / p)
     k = np.rint(np.abs(np.angle(ev[on])) * p / (2 * math.pi)).astype(int)
-    return float(on.mean()), int(len(set(k[k >= 1].tolist())))
+    return float(on.mean()), len(set(k[k >= 1].tolist()))
 
 
 def class_means(Z: torch.Tensor, labels: torch.Tensor, p: int) -> torch.Tensor:
@@ -506,8 +506,8 @@ def _public(rec: dict) -> dict:
 
 def _markdown(out: Path, s: dict) -> None:
     lines = [f"# modadd study (p = {s['config']['p']})", "",
-             f"grok step: {s['grok_step']} (epoch {s['grok_epoch']}); wd0 branch forked at step "
-             f"{s['wd0_branch']['fork_step']}, grok step {s['wd0_branch']['grok_step']}; {s['seconds']} s", "",
+             (f"grok step: {s['grok_step']} (epoch {s['grok_epoch']}); wd0 branch forked at step "
+              f"{s['wd0_branch']['fork_step']}, grok step {s['wd0_branch']['grok_step']}; {s['seconds']} s"), "",
              "| branch | step | train | test | rank | necessary | unit circle | modes | frequencies |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, cks in (("main", s["checkpoints"]), ("wd0", s["wd0_branch"]["checkpoints"])):
@@ -557,7 +557,7 @@ def _plot(out: Path, s: dict, curves: dict) -> None:
             b.plot(*zip(*pts), ":", color=color, lw=1)
     series(axes[1, 0], "n_modes", "occupied frequency modes (unit-circle eigenvalues)", "n_modes")
     series(axes[1, 1], "unit_circle_fraction",
-           f"shift-operator eigenvalues within sin(pi/p) of |z| = 1", "fraction")
+           "shift-operator eigenvalues within sin(pi/p) of |z| = 1", "fraction")
     fig.tight_layout()
     fig.savefig(out / "modadd.png", dpi=110)
     plt.close(fig)
