@@ -108,6 +108,8 @@ def test_operator_identification_recovers_a_linear_system(gen):
     shift = shift_operator(reps)
     assert shift["residual"] < 1e-12 and shift["frequency_bins"] == [3, 3]
     assert shift["radii"] == pytest.approx([1.0, 1.0], abs=1e-12)
+    with pytest.raises(ValueError, match="r >= p - 1"):      # exact for any class means: meaningless
+        shift_operator(torch.randn(p, p - 1, dtype=torch.float64))
 
 
 def test_overlap_angles_and_cca_on_hand_computed_cases(gen):

@@ -74,8 +74,17 @@ def sequential_operator(Z: torch.Tensor, oracle: torch.Tensor | None = None) -> 
 
 def shift_operator(reps: torch.Tensor) -> dict:
     """A with reps[c] A ~ reps[c + 1 mod p] from class means reps (p, r): eigenvalues, radii,
-    angles and frequency bins k = |angle| p / (2 pi)."""
-    p = reps.shape[0]
+    angles and frequency bins k = |angle| p / (2 pi).
+
+    The fit means something only for r < p - 1: with r >= p - 1 coordinates (p centred class means
+    span at most p - 1 dimensions) any class means are shifted exactly and every eigenvalue is a
+    p-th root of unity, grokked or not (seen in the modular-addition study). Such input is an error.
+    """
+    p, r = reps.shape
+    if r >= p - 1:
+        raise ValueError(f"shift_operator: {r} coordinates for {p} classes: with r >= p - 1 the fit is exact "
+                         f"for any class means and its eigenvalues say nothing; pass at most {p - 2} "
+                         f"core coordinates (e.g. the top ones)")
     X = reps.double()
     Y = torch.roll(X, -1, 0)
     A = torch.linalg.lstsq(X, Y).solution
