@@ -402,8 +402,10 @@ def _run_attempt(run: Attempt, progress: bool, state_path: Path | None):
 
 
 def _nearly(task, score) -> bool:
-    """Close enough that more precision may solve it."""
-    return score["accuracy"] >= 0.9 if task.output == "integer" else score["max_rel_err"] <= 0.05
+    """Close enough that more precision may solve it. Integer outputs: 0.85, because a 2-hidden-layer
+    sub-MLP with the right inputs can stand at 0.86-0.90 after the float32 polish and reach 1.00 with
+    1000 more L-BFGS iterations (max_last3, seed 0, attempt 1: see bench/RESULTS.md)."""
+    return score["accuracy"] >= 0.85 if task.output == "integer" else score["max_rel_err"] <= 0.05
 
 
 def _metric(task, score):
