@@ -4,10 +4,12 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <string>
 
+#include "gramian.h"
 #include "kl.h"
 #include "noise.h"
 #include "ple_route.h"
@@ -196,6 +198,111 @@ py::tuple importance_positions(farr kl, double mass) {
   return py::make_tuple(off, pos);
 }
 
+// ---- ACE Gramians (gramian.cpp) --------------------------------------------------------------
+
+int gramian_kernel_id(const std::string& kernel) {
+  if (kernel == "auto") return wtc::kGramianAuto;
+  if (kernel == "portable") return wtc::kGramianPortable;
+  if (kernel == "avx2") return wtc::kGramianAvx2;
+  if (kernel == "avx512") return wtc::kGramianAvx512;
+  throw py::value_error("kernel must be auto, portable, avx2 or avx512, got '" + kernel + "'");
+}
+
+int gramian_kernel_checked(const std::string& kernel) {
+  const int resolved = wtc::gramian_kernel_resolve(gramian_kernel_id(kernel));
+  if (resolved < 0) throw py::value_error("this CPU cannot run the '" + kernel + "' Gramian kernel");
+  return resolved;
+}
+
+// Element strides of a (..., D) input; numpy strides are in bytes.
+template <class T>
+wtc::RowView<T> row_view(const py::array& a, const char* name) {
+  wtc::RowView<T> v{static_cast<const T*>(a.data()), 0, 0, 1, 0, 0, 1};
+  for (int ax = 0; ax < a.ndim(); ++ax)
+    if (a.strides(ax) % static_cast<py::ssize_t>(sizeof(T)) != 0)
+      throw py::value_error(std::string(name) + ": strides are not a multiple of the item size");
+  if (a.ndim() == 2) {
+    v.rows = a.shape(0); v.D = a.shape(1); v.K = 1;
+    v.s0 = a.strides(0) / sizeof(T); v.cs = a.strides(1) / sizeof(T);
+  } else {
+    v.rows = a.shape(0) * a.shape(1); v.D = a.shape(2); v.K = std::max<int64_t>(a.shape(1), 1);
+    v.s0 = a.strides(0) / sizeof(T); v.s1 = a.strides(1) / sizeof(T); v.cs = a.strides(2) / sizeof(T);
+  }
+  return v;
+}
+
+enum class Dt { f32, f64 };
+
+Dt float_dtype(const py::array& a, const char* name) {
+  if (a.dtype().is(py::dtype::of<float>())) return Dt::f32;
+  if (a.dtype().is(py::dtype::of<double>())) return Dt::f64;
+  throw py::value_error(std::string(name) + " must be float32 or float64, got dtype " +
+                        std::string(py::str(a.dtype())));
+}
+
+double* state_buffer(py::array& a, int nd, int64_t D, const char* name) {
+  if (!a.dtype().is(py::dtype::of<double>()))
+    throw py::value_error(std::string(name) + " (accumulator state) must be float64, got dtype " +
+                          std::string(py::str(a.dtype())));
+  if (a.ndim() != nd || a.shape(0) != D || (nd == 2 && a.shape(1) != D)) {
+    std::ostringstream msg;
+    msg << name << " (accumulator state) must have shape " << (nd == 1 ? "(D,)" : "(D, D)") << " with D = " << D;
+    throw py::value_error(msg.str());
+  }
+  if (!(a.flags() & py::array::c_style)) throw py::value_error(std::string(name) + " (accumulator state) must be C-contiguous");
+  if (!a.writeable()) throw py::value_error(std::string(name) + " (accumulator state) must be writeable");
+  return static_cast<double*>(a.mutable_data());
+}
+
+template <class T>
+[[noreturn]] void nonfinite_error(const wtc::RowView<T>& v, int64_t bad, const char* what, bool three_d) {
+  const int64_t r = bad / v.D, d = bad % v.D;
+  std::ostringstream msg;
+  msg << what << " hold NaN/inf at ";
+  if (three_d) msg << "(sample " << r / v.K << ", output " << r % v.K << ", column " << d << ")";
+  else msg << "(row " << r << ", column " << d << ")";
+  throw py::value_error(msg.str());
+}
+
+template <class TH, class TJ>
+void gramian_update_typed(const py::array& h, const py::array& J, int64_t n_prev, double* mean, double* m2,
+                          double* jj, int kernel) {
+  const auto hv = row_view<TH>(h, "h");
+  const auto jv = row_view<TJ>(J, "J");
+  // both checked before anything is written: a bad chunk leaves the accumulator as it was
+  wtc::GramianStatus st;
+  {
+    py::gil_scoped_release nogil;
+    st = wtc::gramian_update_cpu(hv, jv, n_prev, mean, m2, jj, kernel);
+  }
+  if (st.bad_h >= 0) nonfinite_error(hv, st.bad_h, "activations h", false);
+  if (st.overflow) throw py::value_error("activations h: their float64 sum overflows (values too large)");
+  if (st.bad_j >= 0) nonfinite_error(jv, st.bad_j, "Jacobians J", true);
+}
+
+int64_t gramian_update(py::array h, py::array J, py::array mean, py::array m2, py::array jj, int64_t n_prev,
+                       const std::string& kernel) {
+  expect_dims(h, 2, "h", "(n, D)");
+  expect_dims(J, 3, "J", "(n, K, D)");
+  const int64_t n = h.shape(0), D = h.shape(1);
+  if (D < 1) throw py::value_error("h: D (axis 1) must be at least 1");
+  expect_dim(J.shape(0), n, "J", 0);
+  expect_dim(J.shape(2), D, "J", 2);
+  if (J.shape(1) < 1) throw py::value_error("J: K (axis 1) must be at least 1");
+  if (n_prev < 0) throw py::value_error("n_prev must be >= 0");
+  const Dt th = float_dtype(h, "h"), tj = float_dtype(J, "J");
+  double* mu = state_buffer(mean, 1, D, "mean");
+  double* s = state_buffer(m2, 2, D, "m2");
+  double* g = state_buffer(jj, 2, D, "jj");
+  if (mu == s || mu == g || s == g) throw py::value_error("mean, m2 and jj must be distinct buffers");
+  const int k = gramian_kernel_checked(kernel);
+  if (th == Dt::f32 && tj == Dt::f32) gramian_update_typed<float, float>(h, J, n_prev, mu, s, g, k);
+  else if (th == Dt::f32) gramian_update_typed<float, double>(h, J, n_prev, mu, s, g, k);
+  else if (tj == Dt::f32) gramian_update_typed<double, float>(h, J, n_prev, mu, s, g, k);
+  else gramian_update_typed<double, double>(h, J, n_prev, mu, s, g, k);
+  return n_prev + n;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -218,6 +325,14 @@ PYBIND11_MODULE(_C, m) {
         "per-position (M, N) float32 or empty).");
   m.def("importance_positions", &importance_positions, py::arg("kl"), py::arg("mass") = 0.9,
         "Smallest position sets holding `mass` of each row's KL: (offsets (M + 1), positions) CSR.");
+  m.def("gramian_update", &gramian_update, py::arg("h"), py::arg("J"), py::arg("mean"), py::arg("m2"),
+        py::arg("jj"), py::arg("n_prev"), py::arg("kernel") = "auto",
+        "Fold a chunk h (n, D), J (n, K, D) (float32/float64) into float64 state in place: mean (D,), "
+        "m2 = centred scatter (D, D) by Chan's merge, jj += J^T J (D, D); upper triangles only. "
+        "Returns n_prev + n. Inputs are checked finite before anything is written.");
+  m.def("gramian_kernel", [](const std::string& kernel) {
+          return std::string(wtc::gramian_kernel_name(gramian_kernel_checked(kernel)));
+        }, py::arg("kernel") = "auto", "The Gramian micro-kernel `kernel` resolves to on this CPU.");
   m.def("num_threads", []() { return omp_get_max_threads(); },
         "OpenMP threads the kernels may use.");
   m.def("set_num_threads", [](int n) { omp_set_num_threads(n); }, py::arg("n"));
