@@ -32,6 +32,7 @@ FIT_SEQUENCES = 2048     # sequences for normalisation and the head refit
 POLISH_SEQUENCES = 1024  # full batch of the L-BFGS polish (10k positions)
 REFINE_SEQUENCES = 512   # batch of the pointer refinement (counterfactual forwards per key)
 PRECISION_REPLICAS = 2   # nearly-solved replicas that get the float64 polish
+PRECISION_CHUNK = 250    # L-BFGS iterations between checks whether they are solved
 
 
 @contextlib.contextmanager
@@ -183,9 +184,16 @@ class Attempt:
             return scores
         x, y, valid = (t[:POLISH_SEQUENCES].double() for t in self.fit_data[:3])
         sub = self.model.select_replicas(close).double()
-        polish(sub, x, y, valid, iters=self.config.precision_iters)
-        self.model.assign_replicas(close, sub.float())
-        return self.evaluate(self.config.eval_sequences)
+        done = 0
+        while done < self.config.precision_iters:   # in chunks: stop once one of them is solved
+            step = min(PRECISION_CHUNK, self.config.precision_iters - done)
+            polish(sub, x, y, valid, iters=step)
+            done += step
+            self.model.assign_replicas(close, copy.deepcopy(sub).float())   # .float() is in place
+            scores = self.evaluate(self.config.eval_sequences)
+            if any(_solid(self.task, scores[r]) for r in close):   # a population needs one solved replica
+                break
+        return scores
 
     def evaluate(self, n: int) -> list[dict]:
         x, y = self.task.batch(np.random.default_rng([self.seed, self.attempt, 4]), n)
@@ -399,6 +407,13 @@ def _run_attempt(run: Attempt, progress: bool, state_path: Path | None):
     r = max(range(len(scores)), key=lambda i: keys[i])
     model, history = take_replica(run, r)
     return keys[r], model, history
+
+
+def _solid(task, score) -> bool:
+    """Solved with a margin: integer outputs at most 0.4 from the target everywhere on the evaluation
+    set, so rounding still holds on fresh data (max_last3 stopped at 0.47 scored 0.99994 on 10^5
+    fresh positions)."""
+    return score["solved"] and (task.output != "integer" or score["max_abs_err"] <= 0.4)
 
 
 def _nearly(task, score) -> bool:
