@@ -13,6 +13,12 @@ import numpy as np
 import pytest
 
 
+def pytest_collection_modifyitems(config, items):
+    """Slow (integration) tests first, in file order: with one worker per core (pytest -n auto) the
+    longest ones start at once and the quick ones fill in behind them."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1)
+
+
 @pytest.fixture
 def rng():
     """Fresh random inputs every run (seeded from the OS), reported on failure via the seed."""

@@ -20,6 +20,16 @@ def fresh_score(model, name, seed=12345):
     return task.score(model.predict(x), y)
 
 
+def test_dt_reaches_full_accuracy_on_max_last3():
+    """A windowed max of three needs a ReLU of ReLUs: the default config fails on rung 0 (a
+    one-hidden-layer sub-MLP cannot represent it) and solves it on the ladder's rung 1 (3-input
+    sub-MLPs with two hidden layers). Default config, sequential attempts; the slowest test
+    (~5 min on one core)."""
+    model, _ = wtc.train("max_last3", DTConfig(workers=1), seed=0, progress=False)
+    assert model.train_info["attempt"] == 1
+    assert fresh_score(model, "max_last3")["accuracy"] == 1.0
+
+
 @pytest.mark.parametrize("name", ["parity_last2", "sum_last2", "prev2"])
 def test_dt_reaches_full_accuracy(name):
     model, history = wtc.train(name, DTConfig(**CI), seed=0, progress=False)
