@@ -106,9 +106,11 @@ def simplest_rational(lo: float, hi: float, max_den: int = 10_000) -> Fraction |
     if hi < 0:
         r = simplest_rational(-hi, -lo, max_den)
         return -r if r is not None else None
-    # convergents p/q built as h_n = a_n h_{n-1} + h_{n-2}
+    # convergents p/q built as h_n = a_n h_{n-1} + h_{n-2}. The ends are walked as exact rationals
+    # (a float is one): float reciprocals lose an end that is itself a simple fraction (lo = 49.75
+    # gave 647/13 instead of 199/4, found by the property test).
     p0, q0, p1, q1 = 0, 1, 1, 0
-    a, b = lo, hi
+    a, b = Fraction(lo), Fraction(hi)
     for _ in range(40):
         fa = math.floor(a)
         if fa + 1 <= b or a == fa:  # an integer lies in [a, b]: the smallest one ends the walk
@@ -121,7 +123,7 @@ def simplest_rational(lo: float, hi: float, max_den: int = 10_000) -> Fraction |
         da, db = a - fa, b - fa
         if da <= 0 or db <= 0:
             return None
-        a, b = 1.0 / db, 1.0 / da  # reciprocals swap the ends
+        a, b = 1 / db, 1 / da  # reciprocals swap the ends
     return None
 
 
