@@ -271,7 +271,7 @@ def test_hooks_force_the_reference_path(monkeypatch):
     if DEV == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     from wtc.dt.model import DiscreteTransformer
-    model = DiscreteTransformer(DTConfig(n_heads=2, n_mlps=1, replicas=1), seq_len=4)
+    model = DiscreteTransformer(DTConfig(n_heads=2, n_mlps=1, replicas=1), seq_len=4).to(DEV)
     x = np.random.default_rng(0).random((3, 4))
     y_fused = model.predict(x)
     y_cached, cache = model.run_with_cache(x, replica=0)
