@@ -362,14 +362,12 @@ GramianStatus gramian_update_cpu(const RowView<TH>& h, const RowView<TJ>& J, int
   const int64_t n = h.rows, D = h.D;
   GramianStatus status;
   if (n == 0) return status;
-  // One pass over the inputs: chunk mean of h (float64, per-thread partial sums; a non-finite h
-  // shows up in them) and the finiteness of J. Both are settled before anything is written.
+  // Chunk mean of h (float64, per-thread partial sums; a non-finite h shows up in them) and the
+  // finiteness of J, both settled before anything is written.
   std::vector<double> mu(D, 0.0);
-  const TJ big = std::numeric_limits<TJ>::max();
 #pragma omp parallel
   {
     std::vector<double> part(D, 0.0);
-    int64_t bad = -1;
 #pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < n; ++r) {
       const TH* row = row_ptr(h, r);
@@ -379,26 +377,10 @@ GramianStatus gramian_update_cpu(const RowView<TH>& h, const RowView<TJ>& J, int
         for (int64_t d = 0; d < D; ++d) part[d] += static_cast<double>(row[d * h.cs]);
       }
     }
-#pragma omp for schedule(static) nowait
-    for (int64_t r = 0; r < J.rows; ++r) {
-      if (bad >= 0) continue;
-      const TJ* row = row_ptr(J, r);
-      bool nonfinite = false;
-      if (J.cs == 1) {
-        for (int64_t d = 0; d < D; ++d) nonfinite |= !(std::fabs(row[d]) <= big);    // NaN fails too
-      } else {
-        for (int64_t d = 0; d < D; ++d) nonfinite |= !(std::fabs(row[d * J.cs]) <= big);
-      }
-      if (nonfinite)
-        for (int64_t d = 0; d < D; ++d)
-          if (!std::isfinite(row[d * J.cs])) { bad = r * D + d; break; }
-    }
 #pragma omp critical
-    {
-      for (int64_t d = 0; d < D; ++d) mu[d] += part[d];
-      if (bad >= 0 && (status.bad_j < 0 || bad < status.bad_j)) status.bad_j = bad;
-    }
+    for (int64_t d = 0; d < D; ++d) mu[d] += part[d];
   }
+  status.bad_j = first_nonfinite(J);
   bool finite = true;
   for (int64_t d = 0; d < D; ++d) {
     mu[d] /= static_cast<double>(n);
