@@ -156,30 +156,38 @@ def _cmd_scan(args) -> int:
     return 0
 
 
-def _cmd_study(args) -> int:
-    studies = ("markov", "modadd")
-    if args.name not in studies:
-        print(f"wtc: error: unknown study {args.name!r} (available: {', '.join(studies)})", file=sys.stderr)
-        return 2
-    out = Path(args.out or f"study-{args.name}")
-    if args.name == "modadd":
-        from wtc.studies.modadd import ModAddStudy, StudyError
-        from wtc.studies.modadd import run as run_modadd
+def _study_modadd(args, out: Path) -> int:
+    from wtc.studies.modadd import ModAddStudy
+    from wtc.studies.modadd import run as run_modadd
 
-        try:
-            summary = run_modadd(out, ModAddStudy.quick() if args.quick else ModAddStudy(), progress=not args.quiet)
-        except StudyError as exc:
-            print(f"wtc: error: {exc}", file=sys.stderr)
-            return 2
-        last, wd0 = summary["final"], summary["wd0_branch"]
-        w = wd0["checkpoints"][-1] if wd0["checkpoints"] else None
-        print(f"modadd: grok step {summary['grok_step']}; final step {last['step']}: test {last['test_acc']:.3f}, "
-              f"core rank {last['rank']} (necessary {last['necessary_rank']}), unit circle "
-              f"{None if last['unit_circle_fraction'] is None else round(last['unit_circle_fraction'], 3)}, modes {last['n_modes']} {last['frequencies']}; wd0 branch from step "
-              f"{wd0['fork_step']}: " + (f"test {w['test_acc']:.3f}, rank {w['rank']}, modes {w['n_modes']} at step "
-                                          f"{w['step']}" if w else "not run") +
-              f" ({summary['seconds']}s); wrote {out}/summary.json, summary.md, modadd.png, modadd_eigenvalues.png")
-        return 0
+    summary = run_modadd(out, ModAddStudy.quick() if args.quick else ModAddStudy(), progress=not args.quiet)
+    last, wd0 = summary["final"], summary["wd0_branch"]
+    w = wd0["checkpoints"][-1] if wd0["checkpoints"] else None
+    print(f"modadd: grok step {summary['grok_step']}; final step {last['step']}: test {last['test_acc']:.3f}, "
+          f"core rank {last['rank']} (necessary {last['necessary_rank']}), unit circle "
+          f"{None if last['unit_circle_fraction'] is None else round(last['unit_circle_fraction'], 3)}, modes {last['n_modes']} {last['frequencies']}; wd0 branch from step "
+          f"{wd0['fork_step']}: " + (f"test {w['test_acc']:.3f}, rank {w['rank']}, modes {w['n_modes']} at step "
+                                      f"{w['step']}" if w else "not run") +
+          f" ({summary['seconds']}s); wrote {out}/summary.json, summary.md, modadd.png, modadd_eigenvalues.png")
+    return 0
+
+
+def _study_assign_add(args, out: Path) -> int:
+    from wtc.studies.assign_add import AssignAddStudy, run
+
+    cfg = AssignAddStudy.quick() if args.quick else AssignAddStudy()
+    s = run(out, cfg, progress=not args.quiet)
+    jump = s["routing_jump"]
+    print(f"assign-add: step {s['steps']}: 0-var held-out {s['acc_0var_heldout']:.4f}, 2-var union "
+          f"{s['acc_2var_union']:.4f}; L1 prev-token {s['l1_prev_token_rate']:.3f}, L2 value routing "
+          f"{s['l2_value_routing_rate']:.3f}; routing jump "
+          f"{'none' if jump is None else str(jump['start_step']) + '-' + str(jump['end_step'])}, virtual addition "
+          f">= 0.99 from step {s['virtual_addition_ready_step']}; key frequencies {s['key_frequencies']} "
+          f"({s['seconds']}s); wrote {out}/summary.json, report.md, assign_add.png")
+    return 0
+
+
+def _study_markov(args, out: Path) -> int:
     from wtc.studies.markov import MarkovStudy, run
 
     summary = run(out, MarkovStudy.quick() if args.quick else MarkovStudy(), progress=not args.quiet)
@@ -188,6 +196,21 @@ def _cmd_study(args) -> int:
           f"remove {[round(a, 4) for a in summary['remove_acc']]}, eigenvalue error "
           f"{[round(e, 3) for e in summary['eigenvalue_error']]} ({summary['seconds']}s); wrote {out}/summary.json, markov.png")
     return 0
+
+
+STUDIES = {"markov": _study_markov, "modadd": _study_modadd, "assign-add": _study_assign_add}
+
+
+def _cmd_study(args) -> int:
+    if args.name not in STUDIES:
+        print(f"wtc: error: unknown study {args.name!r} (available: {', '.join(STUDIES)})", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"study-{args.name}")
+    try:
+        return STUDIES[args.name](args, out)
+    except ValueError as exc:          # the studies' StudyError: a bad argument or a foreign --out
+        print(f"wtc: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,12 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=_cmd_scan)
     st = sub.add_parser("study", help="run a study (markov: ACE on a 4-state Markov chain, 3 seeds; modadd: "
-                                      "modular addition p=53, grokking and the core through training, resumable)")
-    st.add_argument("name", help="markov | modadd")
+                                      "modular addition p=53, grokking and the core through training; assign-add: "
+                                      "variable binding + addition mod 59, routing, Fourier, sweeps; both resumable)")
+    st.add_argument("name", help="markov | modadd | assign-add")
     st.add_argument("--quick", action="store_true",
-                    help="fewer training steps (markov about 30 s; modadd about 6 min on 2 cores)")
+                    help="fewer training steps (markov about 30 s; modadd about 6 min; assign-add QUICK_AA on 2 cores)")
     st.add_argument("--out", default=None, help="directory for summary.json and plots (default study-NAME); "
-                                                "modadd resumes from the checkpoints there")
+                                                "modadd and assign-add resume from the checkpoints there")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=_cmd_study)
     lm = sub.add_parser("lm-train", help="train a token transformer on a Markov stream (a model to scan)")

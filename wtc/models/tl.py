@@ -1,13 +1,18 @@
 """Moving weights between wtc.models.Transformer and TransformerLens's HookedTransformer.
 
-The parameter names are the same, so a state dict moves unchanged; only TL's buffers (masks,
-IGNORE) are left out on the way back. TransformerLens is optional (pip install
-transformer_lens==3.9.*, the last line with HookedTransformer) and imported only here.
+The parameter names are the same, so a state dict moves almost unchanged: blocks without an MLP
+export a zero MLP (relu(0 @ W_in) @ W_out = 0, and TL has no per-block MLP switch), a model without
+biases exports zero biases, and TL's buffers (masks, IGNORE) are left out on the way back. The
+state-dict functions need no TransformerLens; the HookedTransformer ones import it (optional: pip
+install 'transformer_lens==3.9.*', the last line with HookedTransformer).
 """
 from __future__ import annotations
 
+import torch
 
 from wtc.models.transformer import Transformer, TransformerConfig
+
+_BIASES = ("attn.b_Q", "attn.b_K", "attn.b_V", "attn.b_O", "mlp.b_in", "mlp.b_out")
 
 
 def _tl():
@@ -18,36 +23,73 @@ def _tl():
     return HookedTransformer, HookedTransformerConfig
 
 
+def to_tl_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """A state dict in HookedTransformer's layout (zero MLPs where a block has none)."""
+    c = model.cfg
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if c.mlp_layers and len(c.mlp_layers) < c.n_layers:
+        like = next(v for k, v in state.items() if k.endswith("mlp.W_in"))
+        for layer in sorted(set(range(c.n_layers)) - set(c.mlp_layers)):
+            state[f"blocks.{layer}.mlp.W_in"] = torch.zeros(c.d_model, c.d_mlp, dtype=like.dtype)
+            state[f"blocks.{layer}.mlp.b_in"] = torch.zeros(c.d_mlp, dtype=like.dtype)
+            state[f"blocks.{layer}.mlp.W_out"] = torch.zeros(c.d_mlp, c.d_model, dtype=like.dtype)
+            state[f"blocks.{layer}.mlp.b_out"] = torch.zeros(c.d_model, dtype=like.dtype)
+    return state
+
+
+def from_tl_state_dict(state: dict[str, torch.Tensor], cfg: TransformerConfig) -> Transformer:
+    """A wtc Transformer with `cfg` from a HookedTransformer-layout state dict. The MLP of a block
+    outside cfg.mlp_layers, and every bias when cfg.bias is False, must be exactly zero there:
+    dropping them must not change the function."""
+    model = Transformer(cfg)
+    ours = model.state_dict()
+    dropped = [k for k in state if k not in ours and not (k.endswith("IGNORE") or k.endswith(".mask"))]
+    for k in dropped:
+        parts = k.split(".")
+        if len(parts) != 4 or parts[0] != "blocks" or parts[2] != "mlp":
+            raise ValueError(f"state dict key {k!r} has no place in a wtc Transformer with this config")
+    nonzero = [k for k in dropped if bool(state[k].abs().max() > 0)]
+    if not cfg.bias:
+        nonzero += [k for k in state if k in ours and k.endswith(_BIASES + ("unembed.b_U",))
+                    and bool(state[k].abs().max() > 0)]
+    if nonzero:
+        raise ValueError(f"these weights are nonzero but the config has no place for them "
+                         f"(mlp_layers={cfg.mlp_layers}, bias={cfg.bias}): {nonzero}")
+    missing = [k for k in ours if k not in state]
+    if missing:
+        raise ValueError(f"state dict lacks {missing}")
+    dtype = next(v.dtype for v in state.values() if v.is_floating_point())
+    model = model.to(dtype)
+    model.load_state_dict({k: state[k] for k in ours})
+    return model.eval()
+
+
 def to_hooked_transformer(model: Transformer):
     """A HookedTransformer computing the same logits as `model`."""
     HookedTransformer, HookedTransformerConfig = _tl()
     c = model.cfg
-    if c.mlp_layers not in (tuple(range(c.n_layers)), ()):
-        raise ValueError("TransformerLens has no per-layer MLP switch: export needs MLPs in all or no blocks")
     tl_cfg = HookedTransformerConfig(n_layers=c.n_layers, d_model=c.d_model, n_ctx=c.n_ctx, d_head=c.d_head,
                                      n_heads=c.n_heads, d_mlp=c.d_mlp, d_vocab=c.d_vocab, act_fn=c.act_fn,
                                      normalization_type=c.normalization, attn_only=not c.mlp_layers,
                                      positional_embedding_type="standard", dtype=next(model.parameters()).dtype)
     tl = HookedTransformer(tl_cfg)
-    missing, unexpected = tl.load_state_dict(model.state_dict(), strict=False)
+    missing, unexpected = tl.load_state_dict(to_tl_state_dict(model), strict=False)
     if unexpected or any(not (k.endswith("IGNORE") or k.endswith(".mask")) for k in missing):
         raise ValueError(f"state dict mismatch with TransformerLens: missing {missing}, unexpected {unexpected}")
     return tl.eval()
 
 
-def from_hooked_transformer(tl) -> Transformer:
-    """A wtc Transformer with the weights of a (standard, LN or no-norm) HookedTransformer."""
+def from_hooked_transformer(tl, mlp_layers: tuple[int, ...] | None = None, bias: bool = True) -> Transformer:
+    """A wtc Transformer with the weights of a (standard, LN or no-norm) HookedTransformer; pass
+    mlp_layers / bias=False to get back a model exported without some MLPs or without biases."""
     c = tl.cfg
     if c.positional_embedding_type != "standard" or c.normalization_type not in (None, "LN"):
         raise ValueError(f"only standard positions and LN/no normalization are supported, got "
                          f"{c.positional_embedding_type!r}, {c.normalization_type!r}")
     cfg = TransformerConfig(n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, d_head=c.d_head,
                             d_mlp=None if c.attn_only else c.d_mlp, d_vocab=c.d_vocab, n_ctx=c.n_ctx,
-                            act_fn=c.act_fn, normalization=c.normalization_type)
-    model = Transformer(cfg).to(next(tl.parameters()).dtype)
-    ours = set(model.state_dict())
-    model.load_state_dict({k: v for k, v in tl.state_dict().items() if k in ours})
-    return model.eval()
+                            act_fn=c.act_fn, normalization=c.normalization_type, mlp_layers=mlp_layers, bias=bias)
+    return from_tl_state_dict(tl.state_dict(), cfg)
 
 
-__all__ = ["to_hooked_transformer", "from_hooked_transformer"]
+__all__ = ["to_hooked_transformer", "from_hooked_transformer", "to_tl_state_dict", "from_tl_state_dict"]

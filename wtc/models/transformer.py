@@ -5,7 +5,8 @@ W_O (H, d_head, D), b_Q/b_K/b_V (H, d_head), b_O (D), blocks.{l}.mlp.W_in (D, d_
 (d_mlp, D), b_out, optional blocks.{l}.ln1/ln2/ln_final .w/.b, unembed.W_U (D, V), b_U. So a state
 dict moves to and from a HookedTransformer unchanged. Hooks: hook_embed, hook_pos_embed,
 blocks.{l}.hook_resid_pre, attn.hook_pattern, attn.hook_z, mlp.hook_pre, mlp.hook_post,
-hook_resid_post, ln_final.hook_normalized.
+hook_resid_post, ln_final.hook_normalized. With bias=False the biases are zero buffers, not
+parameters: they are neither trained nor scanned, and the state dict still has TL's layout.
 
 The forward is split (embed -> block(l) -> unembed) so scans can cache the clean prefix and run
 only the rest of the network (wtc.ablate).
@@ -34,6 +35,7 @@ class TransformerConfig:
     act_fn: str = "relu"            # relu | gelu
     normalization: str | None = None   # None | "LN"
     mlp_layers: tuple[int, ...] | None = None   # blocks that have an MLP (None: all, when d_mlp)
+    bias: bool = True               # False: every bias is a fixed zero buffer (kept for TL export)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_vocab", "n_ctx"):
@@ -53,6 +55,16 @@ class TransformerConfig:
             raise ValueError(f"TransformerConfig.mlp_layers {self.mlp_layers} must index blocks 0..{self.n_layers - 1}")
         if self.mlp_layers and not self.d_mlp:
             raise ValueError("TransformerConfig.mlp_layers given but d_mlp is None")
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"TransformerConfig.bias must be True or False, got {self.bias!r}")
+
+
+def _bias(module: nn.Module, name: str, size, trained: bool) -> None:
+    """A zero-initialised bias: a parameter, or a fixed zero buffer when the model has no biases."""
+    if trained:
+        module.register_parameter(name, nn.Parameter(torch.zeros(size)))
+    else:
+        module.register_buffer(name, torch.zeros(size))
 
 
 class LayerNorm(nn.Module):
@@ -92,20 +104,20 @@ class Attention(nn.Module):
         self.W_K = nn.Parameter(torch.randn(H, D, d) / math.sqrt(D))
         self.W_V = nn.Parameter(torch.randn(H, D, d) / math.sqrt(D))
         self.W_O = nn.Parameter(torch.randn(H, d, D) / math.sqrt(H * d))
-        self.b_Q = nn.Parameter(torch.zeros(H, d))
-        self.b_K = nn.Parameter(torch.zeros(H, d))
-        self.b_V = nn.Parameter(torch.zeros(H, d))
-        self.b_O = nn.Parameter(torch.zeros(D))
+        for name, size in (("b_Q", (H, d)), ("b_K", (H, d)), ("b_V", (H, d)), ("b_O", (D,))):
+            _bias(self, name, size, cfg.bias)
         self.hook_pattern = HookPoint()   # (B, H, Tq, Tk)
         self.hook_z = HookPoint()         # (B, T, H, d_head)
 
-    def forward(self, x):                                         # x (B, T, D)
-        q = torch.einsum("btd,hde->bthe", x, self.W_Q) + self.b_Q
+    def forward(self, x, queries: slice = slice(None)):           # x (B, T, D)
+        """Outputs at the query positions `queries` (all by default), attending causally to x."""
+        q = torch.einsum("btd,hde->bthe", x[:, queries], self.W_Q) + self.b_Q
         k = torch.einsum("btd,hde->bthe", x, self.W_K) + self.b_K
         v = torch.einsum("btd,hde->bthe", x, self.W_V) + self.b_V
-        scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(q.shape[-1])
+        scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(q.shape[-1])   # (B, H, Tq, T)
         T = x.shape[-2]
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        positions = torch.arange(T, device=x.device)
+        causal = positions[queries, None] >= positions[None, :]                  # (Tq, T)
         pattern = self.hook_pattern(scores.masked_fill(~causal, float("-inf")).softmax(-1))
         z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))
         return torch.einsum("bqhe,hed->bqd", z, self.W_O) + self.b_O
@@ -116,9 +128,9 @@ class MLP(nn.Module):
         super().__init__()
         D, M = cfg.d_model, cfg.d_mlp
         self.W_in = nn.Parameter(torch.randn(D, M) / math.sqrt(D))
-        self.b_in = nn.Parameter(torch.zeros(M))
         self.W_out = nn.Parameter(torch.randn(M, D) / math.sqrt(M))
-        self.b_out = nn.Parameter(torch.zeros(D))
+        _bias(self, "b_in", (M,), cfg.bias)
+        _bias(self, "b_out", (D,), cfg.bias)
         self.act = F.relu if cfg.act_fn == "relu" else F.gelu
         self.hook_pre = HookPoint()       # (B, T, d_mlp)
         self.hook_post = HookPoint()
@@ -129,10 +141,10 @@ class MLP(nn.Module):
 
 
 class Unembed(nn.Module):
-    def __init__(self, D: int, V: int):
+    def __init__(self, D: int, V: int, bias: bool = True):
         super().__init__()
         self.W_U = nn.Parameter(torch.randn(D, V) / math.sqrt(D))
-        self.b_U = nn.Parameter(torch.zeros(V))
+        _bias(self, "b_U", (V,), bias)
 
     def forward(self, h):
         return h @ self.W_U + self.b_U                            # (B, T, V)
@@ -152,9 +164,9 @@ class Block(nn.Module):
         self.hook_resid_mid = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, resid):                                     # (B, T, D)
+    def forward(self, resid, queries: slice = slice(None)):       # (B, T, D) -> (B, Tq, D)
         resid = self.hook_resid_pre(resid)
-        resid = self.hook_resid_mid(resid + self.attn(self.ln1(resid)))
+        resid = self.hook_resid_mid(resid[:, queries] + self.attn(self.ln1(resid), queries))
         if self.has_mlp:
             resid = resid + self.mlp(self.ln2(resid))
         return self.hook_resid_post(resid)
@@ -174,7 +186,7 @@ class Transformer(nn.Module):
         self.hook_pos_embed = HookPoint()
         self.blocks = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
         self.ln_final = LayerNorm(cfg.d_model) if cfg.normalization == "LN" else nn.Identity()
-        self.unembed = Unembed(cfg.d_model, cfg.d_vocab)
+        self.unembed = Unembed(cfg.d_model, cfg.d_vocab, cfg.bias)
 
     def check_tokens(self, tokens) -> torch.Tensor:
         tokens = torch.as_tensor(tokens)
@@ -201,6 +213,17 @@ class Transformer(nn.Module):
 
     def forward(self, tokens):
         return self.logits_from(self.embed_tokens(self.check_tokens(tokens)))
+
+    def logits_at(self, tokens, positions: slice):
+        """Logits (B, len(positions), V) at some positions only: the same numbers as
+        forward(tokens)[:, positions], with the last block run for those queries alone (a task read
+        out at one position trains several times faster; hooks of the last block see those rows)."""
+        if not isinstance(positions, slice):
+            raise TypeError(f"positions must be a slice, got {type(positions).__name__}")
+        resid = self.embed_tokens(self.check_tokens(tokens))
+        for block in self.blocks[:-1]:
+            resid = block(resid)
+        return self.unembed(self.final_hidden(self.blocks[-1](resid, positions)))
 
     def run_with_cache(self, tokens) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cache: dict[str, torch.Tensor] = {}

@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from wtc.ace import extract_core, patched_accuracy, shift_operator
 from wtc.models import Transformer, TransformerConfig
 from wtc.models import io as model_io
 from wtc.studies import modadd_report
+from wtc.studies.clock import Clock
 
 
 class StudyError(ValueError):
@@ -348,28 +348,6 @@ def _schedule(cfg: ModAddStudy, total: int, start: int = 0) -> list[int]:
 # ---------------------------------------------------------------- the study
 
 
-class _Clock:
-    """Wall seconds spent on this output directory over all (resumed) invocations, kept in
-    time.json at every checkpoint; time after the last checkpoint of an interrupted run is lost."""
-
-    def __init__(self, out: Path):
-        self.file = out / "time.json"
-        try:
-            self.before = float(json.loads(self.file.read_text())["seconds"]) if self.file.exists() else 0.0
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            self.before = 0.0
-        self.t0 = time.perf_counter()
-
-    def now(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def total(self) -> float:
-        return self.before + self.now()
-
-    def save(self) -> None:
-        self.file.write_text(json.dumps({"seconds": round(self.total(), 1)}))
-
-
 def _run_branch(out, cfg, branch, start_epoch, end_epoch, x, y, train_idx, test_idx, sample_idx,
                 steps_per_epoch, curves, progress, clock, keep_optim=frozenset()):
     """Train a branch from its latest complete checkpoint in [start_epoch, end_epoch] (the branch
@@ -427,7 +405,7 @@ def run(out_dir, cfg: ModAddStudy | None = None, progress: bool = True) -> dict:
     torch.set_num_threads(cfg.threads)
     try:
         _check_config(out, cfg)
-        clock = _Clock(out)
+        clock = Clock(out)
         x, y = all_pairs(cfg.p)
         train_idx, test_idx = split(cfg.p, cfg.train_frac, cfg.seed)
         n = cfg.p ** 2

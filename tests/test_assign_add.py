@@ -1,0 +1,207 @@
+"""Assign-and-Add: the task generator, the analyses and the study's resume (tiny runs)."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from wtc.studies import assign_add_analysis as an
+from wtc.studies.assign_add import AssignAddStudy, StudyError, make_model, run
+from wtc.tasks import assign_add as aa
+from wtc.tasks.assign_add import AssignAdd
+
+
+def _sides(tokens):
+    return tokens[:, aa.PREFIX + 1], tokens[:, aa.PREFIX + 2]
+
+
+def test_training_batches_are_well_formed_and_respect_the_split(rng):
+    task = AssignAdd(f=0.7, r=0.3, seed=int(rng.integers(1000)))
+    x, y = task.sample_train(rng, 4000)
+    assert x.shape == (4000, aa.SEQ_LEN) and x.dtype == np.int64
+    assert x.min() >= 0 and x.max() < aa.VOCAB
+    assert (aa.resolve(x) == y).all()                                # every label follows from the tokens
+    assert (x[:, aa.PREFIX] == aa.PLUS).all() and (x[:, aa.ANSWER_POS] == aa.EQUALS).all()
+    left, right = _sides(x)
+    # the resolved pair is never a held-out pair
+    ref = an.referenced_positions(x)
+    rows = np.arange(len(x))
+    n1, n2 = x[rows, ref[:, 0]], x[rows, ref[:, 1]]
+    assert task.is_train[n1, n2].all()
+    # positional restrictions hold in training
+    assert not np.isin(left, task.left_barred).any()
+    assert not np.isin(right, task.right_barred).any()
+    two = (left >= aa.VAR0) & (right >= aa.VAR0)
+    assert (left[two] != right[two]).all()
+    assert abs(two.mean() - 0.3) < 0.04                               # the 2-var share r
+    n_assign = (x[:, : aa.PREFIX] >= aa.VAR0).sum(1)
+    assert n_assign.min() >= 1 and n_assign.max() <= 6
+    assert (n_assign[two] >= 2).all()
+    # each variable is assigned at most once
+    for row in x[:200]:
+        heads = row[: aa.PREFIX][row[: aa.PREFIX] >= aa.VAR0]
+        assert len(set(heads.tolist())) == len(heads)
+
+
+def test_surface_forms_are_fresh_every_batch():
+    task = AssignAdd()
+    a, _ = task.sample_train(np.random.default_rng(1), 256)
+    b, _ = task.sample_train(np.random.default_rng(2), 256)
+    assert len({r.tobytes() for r in a} & {r.tobytes() for r in b}) < 5
+
+
+def test_pools_cover_the_held_out_pairs_and_the_restricted_positions():
+    task = AssignAdd(seed=3)
+    pools = task.pools(n=256)
+    x, y = pools["0var_heldout"]
+    pairs = {tuple(p) for p in np.stack(_sides(x), 1).tolist()}
+    assert pairs == {tuple(p) for p in task.heldout_pairs.tolist()} and len(x) == len(task.heldout_pairs)
+    assert len(task.heldout_pairs) == round(0.3 * 59 * 59)
+    for name, (px, py) in pools.items():
+        assert (aa.resolve(px) == py).all(), name
+    left, right = _sides(pools["2var_restricted2"][0])
+    assert np.isin(left, task.left_barred).all() and np.isin(right, task.right_barred).all()
+    left, right = _sides(pools["1var_restricted"][0])
+    assert (np.isin(left, task.left_barred) | np.isin(right, task.right_barred)).all()
+    held = pools["2var_heldout"][0]
+    ref = an.referenced_positions(held)
+    rows = np.arange(len(held))
+    assert not task.is_train[held[rows, ref[:, 0]], held[rows, ref[:, 1]]].any()
+    assert len(pools["2var_union"][0]) == sum(len(pools[k][0]) for k in aa.TWO_VAR_POOLS)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"f": 0.0}, "training fraction"), ({"r": 1.5}, "2-var share"),
+                                           ({"no_left": ("a",), "no_right": ("a",)}, "both sides"),
+                                           ({"no_left": ("z",)}, "a-l")])
+def test_bad_task_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AssignAdd(**kwargs)
+
+
+def test_constant_twin_keeps_the_label_and_has_no_variables_in_the_core(rng):
+    task = AssignAdd()
+    x, y = task.sample_train(rng, 500)
+    twin = an.constant_twin(x)
+    assert (aa.resolve(twin) == y).all()
+    assert (twin[:, aa.PREFIX + 1: aa.PREFIX + 3] < aa.P).all()
+    assert (twin[:, : aa.PREFIX] == x[:, : aa.PREFIX]).all()
+
+
+def test_frequency_analysis_finds_planted_frequencies():
+    a, b = np.meshgrid(np.arange(59), np.arange(59), indexing="ij")
+    a, b = a.ravel(), b.ravel()
+    w = 2 * np.pi / 59
+    noise = np.random.default_rng(0).normal(size=a.size)
+    cols = [np.cos(w * 5 * (a + b) + 0.3), np.sin(w * 5 * (a - b)), np.cos(w * 7 * a) + np.cos(w * 7 * b),
+            noise, np.zeros(a.size)]
+    res = an.frequency_analysis(torch.tensor(np.stack(cols, 1)))
+    assert res["alive"] == 4 and res["single_frequency"] == 3
+    assert res["frequency_counts"] == {5: 2, 7: 1}
+    assert res["key_frequencies"] == [5]          # a key frequency needs at least two neurons
+    with pytest.raises(ValueError, match="pre-activations"):
+        an.frequency_analysis(torch.zeros(10, 3))
+
+
+def test_phases_finds_a_jump_and_ignores_a_plateau():
+    curve = [{"step": s, "acc": 0.3 if s < 5000 else (0.95 if s >= 5500 else 0.6), "flat": 0.5}
+             for s in range(0, 10001, 250)]
+    found = an.phases(curve, ["acc", "flat"], window=1000, jump=0.2)
+    assert len(found) == 1
+    p = found[0]
+    assert p["metric"] == "acc" and 4000 <= p["start_step"] <= 5000 and 5500 <= p["end_step"] <= 6000
+    assert p["steepest_step"] in (5000, 5500)
+
+
+def test_logits_at_equals_the_full_forward_and_the_model_has_no_biases():
+    model = make_model(AssignAddStudy()).double()
+    assert not any(n.split(".")[-1].startswith("b_") for n, _ in model.named_parameters())
+    assert "blocks.0.mlp.W_in" not in dict(model.named_parameters())
+    x = torch.from_numpy(AssignAdd().sample_train(np.random.default_rng(0), 32)[0])
+    torch.testing.assert_close(model.logits_at(x, slice(15, 16)), model(x)[:, 15:16], rtol=1e-12, atol=1e-12)
+
+
+def test_routing_rates_read_the_attention_patterns():
+    """With the attention patterns forced to the ideal routing, both rates are 1."""
+    task = AssignAdd()
+    x, _ = task.sample_train(np.random.default_rng(0), 64)
+    model = make_model(AssignAddStudy())
+    vals = an.value_positions(x)
+    ref = an.referenced_positions(x)
+
+    def ideal_l1(mod, inp, out):
+        p = torch.zeros_like(out)
+        for i in range(len(x)):
+            for t in range(16):
+                p[i, 0, t, t - 1 if vals[i, t] else t] = 1.0
+        return p
+
+    def ideal_l2(mod, inp, out):
+        p = out.clone()
+        p[:, 0, 15] = 0
+        for i in range(len(x)):
+            p[i, 0, 15, ref[i, 0]] = 0.6
+            p[i, 0, 15, ref[i, 1]] = 0.4
+        return p
+
+    h1 = model.blocks[0].attn.hook_pattern.register_forward_hook(ideal_l1)
+    h2 = model.blocks[1].attn.hook_pattern.register_forward_hook(ideal_l2)
+    try:
+        r = an.routing(model, x)
+    finally:
+        h1.remove()
+        h2.remove()
+    assert r["l1_prev_token_rate"] == 1.0 and r["l2_value_routing_rate"] == 1.0
+    assert r["l2_value_attention_mass"] == pytest.approx(1.0)
+    plain = an.routing(model, x)                     # an untrained model routes nowhere in particular
+    assert plain["l2_value_routing_rate"] < 0.5
+
+
+def test_virtual_addition_matches_a_real_forward_when_routing_is_ideal():
+    """value_vectors: with layer-2 attention split 1/2-1/2 over the two values, the real MLP input at
+    '=' differs from the virtual one only by the deviations of the actual residuals from their means."""
+    task = AssignAdd()
+    x, _ = task.sample_train(np.random.default_rng(0), 256)
+    model = make_model(AssignAddStudy()).double()
+    v, r_eq = an.value_vectors(model, x)
+    assert v.shape == (59, 128) and r_eq.shape == (128,)
+    attn = model.blocks[1].attn
+    _, cache = model.run_with_cache(torch.from_numpy(x))
+    resid = cache[an.L2_RESID_PRE]
+    rows, cols = np.nonzero(an.value_positions(x))
+    direct = (resid[rows, cols] @ attn.W_V[0] + attn.b_V[0]) @ attn.W_O[0]      # the head's per-position output
+    torch.testing.assert_close(direct.mean(0), v[torch.from_numpy(x[rows, cols])].mean(0), rtol=1e-9, atol=1e-9)
+    acc = an.virtual_addition(model, x)
+    assert 0.0 <= acc <= 1.0
+
+
+def _tiny(**kw):
+    base = dict(steps=30, eval_every=10, checkpoint_every=10, sweep_steps=0, pool_size=32, threads=1,
+                d_model=16, d_mlp=32)
+    return AssignAddStudy(**{**base, **kw})
+
+
+def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
+    straight = run(tmp_path / "a", _tiny(), progress=False)
+    run(tmp_path / "b", _tiny(steps=20), progress=False)
+    resumed = run(tmp_path / "b", _tiny(), progress=False)
+    wa = torch.load(tmp_path / "a/checkpoints/step_000030/optim.pt", weights_only=True)
+    wb = torch.load(tmp_path / "b/checkpoints/step_000030/optim.pt", weights_only=True)
+    for k in wa["state"]:
+        torch.testing.assert_close(wa["state"][k]["exp_avg"], wb["state"][k]["exp_avg"], rtol=0, atol=0)
+    assert straight["pools"] == resumed["pools"]
+    s = json.loads((tmp_path / "b/summary.json").read_text())
+    for key in ("acc_0var_heldout", "acc_2var_union", "steps", "seconds", "phases", "l1_prev_token_rate",
+                "l2_value_routing_rate", "key_frequencies"):
+        assert key in s
+    assert s["steps"] == 30 and [c["step"] for c in json.loads((tmp_path / "b/curve.json").read_text())] == \
+        [0, 10, 20, 30]
+    assert (tmp_path / "b/assign_add.png").exists() and (tmp_path / "b/report.md").exists()
+    with pytest.raises(StudyError, match="different config"):
+        run(tmp_path / "b", _tiny(f=0.5), progress=False)
+
+
+@pytest.mark.parametrize("kwargs", [{"steps": 0}, {"eval_every": 7, "checkpoint_every": 10}, {"r": 2.0},
+                                    {"sweep_f": (1.5,)}])
+def test_bad_study_config_is_refused(kwargs):
+    with pytest.raises(StudyError):
+        _tiny(**kwargs)

@@ -1,0 +1,108 @@
+"""Reporting for the Assign-and-Add study (wtc.studies.assign_add): report.md and assign_add.png."""
+from __future__ import annotations
+
+from pathlib import Path
+
+POOL_STYLE = {"0var_heldout": ("C0", "-"), "0var_train": ("C0", ":"), "1var_heldout": ("C1", "-"),
+              "1var_restricted": ("C1", "--"), "2var_valid": ("C2", "-"), "2var_restricted1": ("C2", "--"),
+              "2var_restricted2": ("C2", ":"), "2var_heldout": ("C2", "-."), "2var_union": ("k", "-")}
+
+
+def _fmt(v, digits=3):
+    return "-" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
+
+
+def plot(out: Path, s: dict, curve: list[dict]) -> None:
+    """assign_add.png: pool accuracies with the phases, routing and virtual addition, the Fourier
+    frequency counts at the end, and the f / r sweeps."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [c["step"] for c in curve]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    a = axes[0, 0]
+    for name, (color, ls) in POOL_STYLE.items():
+        if name in curve[-1]:
+            a.plot(steps, [c[name] for c in curve], ls, color=color, lw=1.4 if name == "2var_union" else 1,
+                   label=name.replace("_", " "))
+    for p in s["phases"]:
+        if p["metric"] in ("2var_union", "l2_value_routing_rate"):
+            a.axvspan(p["start_step"], p["end_step"], color="C3", alpha=0.08)
+            a.axvline(p["steepest_step"], color="C3", lw=0.7, ls=":")
+    a.set(xlabel="step", ylabel="accuracy", title="accuracy per evaluation pool (shaded: phases)", ylim=(0, 1.02))
+    a.legend(fontsize=7, ncol=2)
+
+    b = axes[0, 1]
+    for key, label in (("l1_prev_token_rate", "layer 1: value -> own variable"),
+                       ("l2_value_routing_rate", "layer 2: '=' top-2 = the two values"),
+                       ("virtual_addition", "virtual addition (MLP on value vectors)"),
+                       ("2var_union", "2-var union accuracy")):
+        b.plot(steps, [c[key] for c in curve], label=label)
+    b.set(xlabel="step", ylabel="rate", title="routing and the addition MLP", ylim=(0, 1.02))
+    b.legend(fontsize=7)
+
+    c = axes[1, 0]
+    counts = s["fourier"]["frequency_counts"]
+    ks = sorted(int(k) for k in counts)
+    c.bar(ks, [counts[k] if k in counts else counts[str(k)] for k in ks],
+          color=["C3" if k in s["key_frequencies"] else "C7" for k in ks])
+    c.set(xlabel="frequency k (of 59)", ylabel="neurons",
+          title=f"layer-2 MLP neurons on one frequency ({_fmt(s['fourier']['single_frequency_fraction'], 2)} "
+                f"of live ones; red: key)")
+
+    d = axes[1, 1]
+    sw = s["sweeps"]
+    if sw:
+        labels = [f"f={p['f']:g}\nr={p['r']:g}" + ("\n(main)" if p.get("main_run") else "") for p in sw]
+        x = range(len(sw))
+        d.bar([i - 0.2 for i in x], [p["0var_heldout"] for p in sw], 0.4, label="0-var held-out")
+        d.bar([i + 0.2 for i in x], [p["2var_union"] for p in sw], 0.4, label="2-var union")
+        d.set_xticks(list(x), labels, fontsize=7)
+        d.set(ylim=(0, 1.02), ylabel="accuracy", title=f"sweeps ({sw[0]['steps']} steps each)")
+        d.legend(fontsize=7)
+    else:
+        d.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(out / "assign_add.png", dpi=110)
+    plt.close(fig)
+
+
+def markdown(out: Path, s: dict) -> None:
+    cfg = s["config"]
+    lines = [f"# Assign-and-Add study (seed {cfg['seed']}, f = {cfg['f']}, r = {cfg['r']}, {s['steps']} steps, "
+             f"{s['seconds']} s)", "",
+             f"- 0-var held-out pairs: **{_fmt(s['acc_0var_heldout'])}** (first >= 0.99 at step "
+             f"{_fmt(s['first_step_0var_heldout_99'])}); 2-var union: **{_fmt(s['acc_2var_union'])}** "
+             f"(first >= 0.97 at step {_fmt(s['first_step_2var_union_97'])})",
+             f"- layer-1 previous-token routing {_fmt(s['l1_prev_token_rate'])}; layer-2 exact value routing "
+             f"{_fmt(s['l2_value_routing_rate'])} (attention mass on the two values "
+             f"{_fmt(s['l2_value_attention_mass'])})",
+             f"- virtual addition {_fmt(s['virtual_addition'])}, >= 0.99 from step "
+             f"{_fmt(s['virtual_addition_ready_step'])}; routing jump "
+             f"{'-' if not s['routing_jump'] else str(s['routing_jump']['start_step']) + '-' + str(s['routing_jump']['end_step'])}"
+             f" -> addition ready before the jump: {_fmt(s['addition_before_routing_jump'])}",
+             f"- layer-2 MLP: {_fmt(s['fourier']['single_frequency_fraction'], 2)} of live neurons on one frequency, "
+             f"{_fmt(s['fourier']['on_key_fraction'], 2)} on the key frequencies {s['key_frequencies']}",
+             f"- residual before the layer-2 MLP, variable vs constant twin: cosine "
+             + ", ".join(f"{k} {_fmt(v)}" for k, v in s["twin_cosine"].items()),
+             f"- ACE core at '=' ({s['ace_core']['layer']}): rank {s['ace_core']['rank']} at energy "
+             f"{s['ace_core']['energy']}, sufficient rank {_fmt(s['ace_core']['sufficient_rank'])}", "",
+             "## Pools (final)", "", "| pool | accuracy | core kept | core removed |", "|---|---|---|---|"]
+    for k, v in s["pools"].items():
+        core = s["ace_core"]["pools"].get(k, {})
+        lines.append(f"| {k} | {_fmt(v)} | {_fmt(core.get('keep'))} | {_fmt(core.get('remove'))} |")
+    lines += ["", "## Phases", "", "| metric | start | steepest | end | before | after |", "|---|---|---|---|---|---|"]
+    lines += [f"| {p['metric']} | {p['start_step']} | {p['steepest_step']} | {p['end_step']} | {_fmt(p['before'])} | "
+              f"{_fmt(p['after'])} |" for p in s["phases"]]
+    if s["sweeps"]:
+        lines += ["", "## Sweeps (training fraction f, 2-var share r)", "",
+                  "| f | r | steps | 0-var held-out | 2-var union | 1-var restricted |", "|---|---|---|---|---|---|"]
+        lines += [f"| {p['f']:g} | {p['r']:g}{' (main run)' if p.get('main_run') else ''} | {p['steps']} | "
+                  f"{_fmt(p['0var_heldout'])} | {_fmt(p['2var_union'])} | {_fmt(p.get('1var_restricted'))} |"
+                  for p in s["sweeps"]]
+    lines += ["", "![curves](assign_add.png)"]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+__all__ = ["plot", "markdown"]
