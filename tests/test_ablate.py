@@ -27,9 +27,9 @@ def rng():
     return torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
 
 
-def tiny_model(normalization=None, seed=0):
+def tiny_model(normalization=None, seed=0, abstopk=None):
     cfg = TransformerConfig(n_layers=2, d_model=8, n_heads=2, d_head=4, d_mlp=12, d_vocab=7, n_ctx=6,
-                            normalization=normalization)
+                            normalization=normalization, mlp_abstopk=abstopk)
     return Transformer(cfg, seed=seed).double()
 
 
@@ -125,9 +125,9 @@ def _scan_vs_naive(model, tokens, names, readout=None):
     return res
 
 
-@pytest.mark.parametrize("normalization", [None, "LN"])
-def test_scan_equals_naive_loop_on_every_weight(normalization):
-    model = tiny_model(normalization)
+@pytest.mark.parametrize("normalization,abstopk", [(None, None), ("LN", None), ("RMS", None), (None, 0.25)])
+def test_scan_equals_naive_loop_on_every_weight(normalization, abstopk):
+    model = tiny_model(normalization, abstopk=abstopk)
     with torch.no_grad():
         model.blocks[0].mlp.W_in[0, :4] = 0.0                # already-zero weights report 0
     tokens = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(1))

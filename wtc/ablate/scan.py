@@ -97,7 +97,7 @@ class _Evaluator:
         rank-1 term (positions x one vocabulary direction), no forward pass needed."""
         self.last_mlp = None
         cfg, last = self.model.cfg, self.model.blocks[-1]
-        if cfg.normalization is not None or not last.has_mlp:
+        if cfg.normalization is not None or not last.has_mlp or getattr(cfg, "mlp_abstopk", None):
             return
         x = self.resid_pre[-1]
         mid = x + last.attn(last.ln1(x))                                      # (B, T, D)

@@ -66,8 +66,10 @@ def from_tl_state_dict(state: dict[str, torch.Tensor], cfg: TransformerConfig) -
 
 def to_hooked_transformer(model: Transformer):
     """A HookedTransformer computing the same logits as `model`."""
-    HookedTransformer, HookedTransformerConfig = _tl()
     c = model.cfg
+    if c.mlp_abstopk is not None:
+        raise ValueError(f"TransformerLens has no AbsTopK MLP: a model with mlp_abstopk={c.mlp_abstopk} cannot be exported")
+    HookedTransformer, HookedTransformerConfig = _tl()
     tl_cfg = HookedTransformerConfig(n_layers=c.n_layers, d_model=c.d_model, n_ctx=c.n_ctx, d_head=c.d_head,
                                      n_heads=c.n_heads, d_mlp=c.d_mlp, d_vocab=c.d_vocab, act_fn=c.act_fn,
                                      normalization_type=c.normalization, attn_only=not c.mlp_layers,
@@ -80,11 +82,11 @@ def to_hooked_transformer(model: Transformer):
 
 
 def from_hooked_transformer(tl, mlp_layers: tuple[int, ...] | None = None, bias: bool = True) -> Transformer:
-    """A wtc Transformer with the weights of a (standard, LN or no-norm) HookedTransformer; pass
+    """A wtc Transformer with the weights of a (standard; LN, RMS or no-norm) HookedTransformer; pass
     mlp_layers / bias=False to get back a model exported without some MLPs or without biases."""
     c = tl.cfg
-    if c.positional_embedding_type != "standard" or c.normalization_type not in (None, "LN"):
-        raise ValueError(f"only standard positions and LN/no normalization are supported, got "
+    if c.positional_embedding_type != "standard" or c.normalization_type not in (None, "LN", "RMS"):
+        raise ValueError(f"only standard positions and LN/RMS/no normalization are supported, got "
                          f"{c.positional_embedding_type!r}, {c.normalization_type!r}")
     cfg = TransformerConfig(n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, d_head=c.d_head,
                             d_mlp=None if c.attn_only else c.d_mlp, d_vocab=c.d_vocab, n_ctx=c.n_ctx,

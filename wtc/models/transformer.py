@@ -2,10 +2,13 @@
 
 Parameters: embed.W_E (V, D), pos_embed.W_pos (n_ctx, D), blocks.{l}.attn.W_Q/W_K/W_V (H, D, d_head),
 W_O (H, d_head, D), b_Q/b_K/b_V (H, d_head), b_O (D), blocks.{l}.mlp.W_in (D, d_mlp), b_in, W_out
-(d_mlp, D), b_out, optional blocks.{l}.ln1/ln2/ln_final .w/.b, unembed.W_U (D, V), b_U. So a state
-dict moves to and from a HookedTransformer unchanged. Hooks: hook_embed, hook_pos_embed,
-blocks.{l}.hook_resid_pre, attn.hook_pattern, attn.hook_z, mlp.hook_pre, mlp.hook_post,
-hook_resid_post, ln_final.hook_normalized. With bias=False the biases are zero buffers, not
+(d_mlp, D), b_out, optional blocks.{l}.ln1/ln2/ln_final .w/.b (LN) or .w (RMS), unembed.W_U (D, V), b_U.
+So a state dict moves to and from a HookedTransformer unchanged. Hooks: hook_embed, hook_pos_embed,
+blocks.{l}.hook_resid_pre, attn.hook_q/hook_k/hook_v, attn.hook_pattern, attn.hook_z, mlp.hook_pre, mlp.hook_post,
+hook_resid_post, ln_final.hook_normalized (RMS: also hook_scale; as in TL, RMS hook_normalized is x / scale,
+before w). mlp_abstopk (fraction f): the MLP keeps, per position, the round(f * d_mlp) hidden units
+of largest |post-activation| and zeroes the rest (AbsTopK, Gao et al. 2025), before hook_post, so
+hook_post is what W_out reads. With bias=False the biases are zero buffers, not
 parameters: they are neither trained nor scanned, and the state dict still has TL's layout.
 
 The forward is split (embed -> block(l) -> unembed) so scans can cache the clean prefix and run
@@ -33,9 +36,10 @@ class TransformerConfig:
     d_vocab: int = 64
     n_ctx: int = 128
     act_fn: str = "relu"            # relu | gelu
-    normalization: str | None = None   # None | "LN"
+    normalization: str | None = None   # None | "LN" | "RMS" (TransformerLens's, eps 1e-5)
     mlp_layers: tuple[int, ...] | None = None   # blocks that have an MLP (None: all, when d_mlp)
     bias: bool = True               # False: every bias is a fixed zero buffer (kept for TL export)
+    mlp_abstopk: float | None = None   # AbsTopK on the MLP hidden layer: fraction of units kept per position
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_vocab", "n_ctx"):
@@ -46,8 +50,8 @@ class TransformerConfig:
             raise ValueError(f"TransformerConfig.d_mlp must be None or a positive int, got {self.d_mlp!r}")
         if self.act_fn not in ("relu", "gelu"):
             raise ValueError(f"TransformerConfig.act_fn must be 'relu' or 'gelu', got {self.act_fn!r}")
-        if self.normalization not in (None, "LN"):
-            raise ValueError(f"TransformerConfig.normalization must be None or 'LN', got {self.normalization!r}")
+        if self.normalization not in (None, "LN", "RMS"):
+            raise ValueError(f"TransformerConfig.normalization must be None, 'LN' or 'RMS', got {self.normalization!r}")
         if self.mlp_layers is None:
             self.mlp_layers = tuple(range(self.n_layers)) if self.d_mlp else ()
         self.mlp_layers = tuple(self.mlp_layers)
@@ -57,6 +61,10 @@ class TransformerConfig:
             raise ValueError("TransformerConfig.mlp_layers given but d_mlp is None")
         if not isinstance(self.bias, bool):
             raise ValueError(f"TransformerConfig.bias must be True or False, got {self.bias!r}")
+        if self.mlp_abstopk is not None:
+            f = self.mlp_abstopk
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+                raise ValueError(f"TransformerConfig.mlp_abstopk must be None or a fraction in (0, 1], got {f!r}")
 
 
 def _bias(module: nn.Module, name: str, size, trained: bool) -> None:
@@ -76,6 +84,33 @@ class LayerNorm(nn.Module):
 
     def forward(self, x):
         return self.hook_normalized(F.layer_norm(x, x.shape[-1:], self.w, self.b, eps=1e-5))
+
+
+class RMSNorm(nn.Module):
+    """TransformerLens's RMSNorm: x / sqrt(mean(x^2) + eps) * w, eps 1e-5 (no centring, no bias)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(d))
+        self.hook_scale = HookPoint()         # (..., 1)
+        self.hook_normalized = HookPoint()    # (..., d), before w (as in TL)
+
+    def forward(self, x):
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt())
+        return self.hook_normalized(x / scale) * self.w
+
+
+def _norm(cfg: TransformerConfig, d: int) -> nn.Module:
+    return {"LN": LayerNorm, "RMS": RMSNorm}[cfg.normalization](d) if cfg.normalization else nn.Identity()
+
+
+def abstopk(x: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Keep the round(fraction * n) (at least 1) entries of largest |x| along the last axis, zero the rest."""
+    k = max(1, round(fraction * x.shape[-1]))
+    if k >= x.shape[-1]:
+        return x
+    keep = torch.zeros_like(x, dtype=torch.bool).scatter(-1, x.abs().topk(k, dim=-1, sorted=False).indices, True)
+    return x * keep
 
 
 class Embed(nn.Module):
@@ -106,14 +141,17 @@ class Attention(nn.Module):
         self.W_O = nn.Parameter(torch.randn(H, d, D) / math.sqrt(H * d))
         for name, size in (("b_Q", (H, d)), ("b_K", (H, d)), ("b_V", (H, d)), ("b_O", (D,))):
             _bias(self, name, size, cfg.bias)
+        self.hook_q = HookPoint()         # (B, Tq, H, d_head)
+        self.hook_k = HookPoint()         # (B, T, H, d_head)
+        self.hook_v = HookPoint()
         self.hook_pattern = HookPoint()   # (B, H, Tq, Tk)
         self.hook_z = HookPoint()         # (B, T, H, d_head)
 
     def forward(self, x, queries: slice = slice(None)):           # x (B, T, D)
         """Outputs at the query positions `queries` (all by default), attending causally to x."""
-        q = torch.einsum("btd,hde->bthe", x[:, queries], self.W_Q) + self.b_Q
-        k = torch.einsum("btd,hde->bthe", x, self.W_K) + self.b_K
-        v = torch.einsum("btd,hde->bthe", x, self.W_V) + self.b_V
+        q = self.hook_q(torch.einsum("btd,hde->bthe", x[:, queries], self.W_Q) + self.b_Q)   # (B, Tq, H, d_head)
+        k = self.hook_k(torch.einsum("btd,hde->bthe", x, self.W_K) + self.b_K)
+        v = self.hook_v(torch.einsum("btd,hde->bthe", x, self.W_V) + self.b_V)
         scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(q.shape[-1])   # (B, H, Tq, T)
         T = x.shape[-2]
         positions = torch.arange(T, device=x.device)
@@ -132,11 +170,15 @@ class MLP(nn.Module):
         _bias(self, "b_in", (M,), cfg.bias)
         _bias(self, "b_out", (D,), cfg.bias)
         self.act = F.relu if cfg.act_fn == "relu" else F.gelu
+        self.abstopk = cfg.mlp_abstopk
         self.hook_pre = HookPoint()       # (B, T, d_mlp)
-        self.hook_post = HookPoint()
+        self.hook_post = HookPoint()      # after AbsTopK when there is one: what W_out reads
 
     def forward(self, x):
-        post = self.hook_post(self.act(self.hook_pre(x @ self.W_in + self.b_in)))
+        post = self.act(self.hook_pre(x @ self.W_in + self.b_in))
+        if self.abstopk is not None:
+            post = abstopk(post, self.abstopk)
+        post = self.hook_post(post)
         return post @ self.W_out + self.b_out
 
 
@@ -153,12 +195,11 @@ class Unembed(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: TransformerConfig, layer: int):
         super().__init__()
-        ln = cfg.normalization == "LN"
-        self.ln1 = LayerNorm(cfg.d_model) if ln else nn.Identity()
+        self.ln1 = _norm(cfg, cfg.d_model)
         self.attn = Attention(cfg)
         self.has_mlp = layer in cfg.mlp_layers
         if self.has_mlp:
-            self.ln2 = LayerNorm(cfg.d_model) if ln else nn.Identity()
+            self.ln2 = _norm(cfg, cfg.d_model)
             self.mlp = MLP(cfg)
         self.hook_resid_pre = HookPoint()
         self.hook_resid_mid = HookPoint()
@@ -185,7 +226,7 @@ class Transformer(nn.Module):
         self.hook_embed = HookPoint()
         self.hook_pos_embed = HookPoint()
         self.blocks = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
-        self.ln_final = LayerNorm(cfg.d_model) if cfg.normalization == "LN" else nn.Identity()
+        self.ln_final = _norm(cfg, cfg.d_model)
         self.unembed = Unembed(cfg.d_model, cfg.d_vocab, cfg.bias)
 
     def check_tokens(self, tokens) -> torch.Tensor:

@@ -1,0 +1,160 @@
+"""Conditional zero-ablation: a weight zeroed only in the computations at some positions.
+
+Every weight of a wtc Transformer enters the forward pass as one term of a linear map applied at
+one position: output[b, t, o] += W[.., i, o] * input[b, t, i]. Zeroing it "at positions S" removes
+that term where S holds, and the rest of the network runs on as usual, so an effect applied at
+position t can still reach later positions through attention. Implemented exactly with hooks:
+the input coordinate is captured where the map reads it, and the term is subtracted at the hook
+where the map's output appears (TransformerLens hook names):
+
+    embed.W_E[v, d]        hook_embed, channel d, where the token is v       (input: the one-hot token)
+    pos_embed.W_pos[t, d]  blocks.0.hook_resid_pre, channel d, at position t
+    attn.W_Q/W_K/W_V[h, d, e]  attn.hook_q/k/v, head h channel e         (input: the attention input)
+    attn.W_O[h, e, d]      attn output, channel d                        (input: attn.hook_z)
+    mlp.W_in[d, m]         mlp.hook_pre, neuron m                        (input: the MLP input)
+    mlp.W_out[m, d]        mlp output, channel d                         (input: mlp.hook_post)
+    unembed.W_U[d, v]      logits, vocabulary entry v                    (input: the final hidden)
+
+With S = every position this is exactly the zeroed weight (tested against zeroing it); with any S
+it equals a forward pass whose weight depends on the position (tested against one written out).
+
+Additive shortcut: when nothing after the weight mixes positions (the unembedding, the last
+block's MLP, and its W_Q and W_O), the KL at a position depends only on whether the weight is
+zeroed there, so A(S) is the sum over S of the fully ablated per-position KL: exact, no forward.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+
+import torch
+
+_PATTERN = re.compile(r"^(embed\.W_E|pos_embed\.W_pos|unembed\.W_U|blocks\.(\d+)\.(attn\.W_[QKVO]|mlp\.W_in|mlp\.W_out))$")
+
+
+def _parse(model, name: str) -> tuple[str, int | None]:
+    m = _PATTERN.match(name)
+    if m is None or not hasattr(model, "blocks"):
+        raise KeyError(f"conditional ablation supports wtc Transformer matrices (embed.W_E, pos_embed.W_pos, "
+                       f"blocks.L.attn.W_Q/W_K/W_V/W_O, blocks.L.mlp.W_in/W_out, unembed.W_U), got {name!r}")
+    if m.group(2) is None:
+        return m.group(1), None
+    layer = int(m.group(2))
+    if layer >= len(model.blocks):
+        raise KeyError(f"{name!r}: the model has {len(model.blocks)} blocks")
+    if m.group(3).startswith("mlp") and not model.blocks[layer].has_mlp:
+        raise KeyError(f"{name!r}: block {layer} has no MLP")
+    return m.group(3), layer
+
+
+def is_local(model, name: str) -> bool:
+    """Whether the effect of zeroing `name` at a position stays at that position."""
+    kind, layer = _parse(model, name)
+    if kind == "unembed.W_U":
+        return True
+    return layer == len(model.blocks) - 1 and kind in ("attn.W_Q", "attn.W_O", "mlp.W_in", "mlp.W_out")
+
+
+@contextlib.contextmanager
+def zeroed_at(model, name: str, index: tuple[int, ...], mask: torch.Tensor, tokens: torch.Tensor):
+    """Within the block, model(tokens) runs with weight `name`[index] zeroed at the positions where
+    mask (B, T) is True (B, T must be those of `tokens`)."""
+    kind, layer = _parse(model, name)
+    W = dict(model.named_parameters())[name]
+    index = tuple(int(i) for i in index)
+    if len(index) != W.ndim or any(not 0 <= i < s for i, s in zip(index, W.shape)):
+        raise IndexError(f"index {index} out of range for {name} {tuple(W.shape)}")
+    mask = torch.as_tensor(mask, dtype=torch.bool, device=W.device)
+    if mask.shape != tokens.shape[:2]:
+        raise ValueError(f"mask must be shaped like the tokens {tuple(tokens.shape)}, got {tuple(mask.shape)}")
+    w = W.detach()[index]
+    m = mask.to(W.dtype)                                               # (B, T)
+    seen: dict[str, torch.Tensor] = {}
+    handles = []
+
+    def capture(key):
+        def hook(mod, args, out=None):
+            seen[key] = (args[0] if out is None else out).detach()
+        return hook
+
+    def subtract(term_fn, out_index):
+        def hook(mod, args, out):
+            out = out.clone()
+            out[out_index] = out[out_index] - term_fn()
+            return out
+        return hook
+
+    block = model.blocks[layer] if layer is not None else None
+    if kind == "embed.W_E":
+        v, d = index
+        handles.append(model.hook_embed.register_forward_hook(
+            subtract(lambda: w * m * (tokens == v).to(W.dtype), (Ellipsis, d))))
+    elif kind == "pos_embed.W_pos":
+        t, d = index
+        handles.append(model.blocks[0].hook_resid_pre.register_forward_hook(
+            subtract(lambda: w * m[:, t], (slice(None), t, d))))
+    elif kind in ("attn.W_Q", "attn.W_K", "attn.W_V"):
+        h, d, e = index
+        attn = block.attn
+        handles.append(attn.register_forward_pre_hook(capture("x")))
+        hook_point = {"attn.W_Q": attn.hook_q, "attn.W_K": attn.hook_k, "attn.W_V": attn.hook_v}[kind]
+
+        def qkv_hook(mod, args, out):
+            out = out.clone()                                        # (B, Tq or T, H, d_head)
+            T = out.shape[1]
+            x = seen["x"]
+            # queries may be a suffix of the positions (Transformer.logits_at); keys and values never are
+            rows = slice(x.shape[1] - T, None)
+            out[:, :, h, e] = out[:, :, h, e] - w * m[:, rows] * x[:, rows, d]
+            return out
+        handles.append(hook_point.register_forward_hook(qkv_hook))
+    elif kind == "attn.W_O":
+        h, e, d = index
+        attn = block.attn
+        handles.append(attn.hook_z.register_forward_hook(capture("z")))
+        handles.append(attn.register_forward_hook(
+            subtract(lambda: w * m[:, -seen["z"].shape[1]:] * seen["z"][:, :, h, e], (Ellipsis, d))))
+    elif kind == "mlp.W_in":
+        d, n = index
+        handles.append(block.mlp.register_forward_pre_hook(capture("x")))
+        handles.append(block.mlp.hook_pre.register_forward_hook(
+            subtract(lambda: w * m[:, -seen["x"].shape[1]:] * seen["x"][..., d], (Ellipsis, n))))
+    elif kind == "mlp.W_out":
+        n, d = index
+        handles.append(block.mlp.hook_post.register_forward_hook(capture("post")))
+        handles.append(block.mlp.register_forward_hook(
+            subtract(lambda: w * m[:, -seen["post"].shape[1]:] * seen["post"][..., n], (Ellipsis, d))))
+    else:                                                              # unembed.W_U
+        d, v = index
+        handles.append(model.unembed.register_forward_pre_hook(capture("h")))
+        handles.append(model.unembed.register_forward_hook(
+            subtract(lambda: w * m[:, -seen["h"].shape[1]:] * seen["h"][..., d], (Ellipsis, v))))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def conditional_kl(model, tokens: torch.Tensor, name: str, index, masks, clean_logp: torch.Tensor | None = None,
+                   per_position: bool = False):
+    """Total KL(clean || zeroed at S) summed over all positions, for each mask S in `masks` (a (B, T)
+    bool tensor or a list of them); float64. per_position=True gives (len(masks), B, T) instead.
+    The masks run as one batch (the tokens repeated)."""
+    tokens = torch.as_tensor(tokens).long()
+    single = torch.is_tensor(masks)
+    masks = [masks] if single else list(masks)
+    if clean_logp is None:
+        clean_logp = torch.log_softmax(model(tokens).double(), -1)
+    k = len(masks)
+    rep = tokens.repeat(k, 1)
+    with zeroed_at(model, name, index, torch.cat([torch.as_tensor(s, dtype=torch.bool) for s in masks]), rep):
+        logp = torch.log_softmax(model(rep).double(), -1)
+    kl = (clean_logp.exp().repeat(k, 1, 1) * (clean_logp.repeat(k, 1, 1) - logp)).sum(-1)     # (k*B, T)
+    kl = kl.clamp_min(0).reshape(k, *tokens.shape)
+    out = kl if per_position else kl.sum((1, 2))
+    return out[0] if single else out
+
+
+__all__ = ["zeroed_at", "conditional_kl", "is_local"]

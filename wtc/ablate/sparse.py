@@ -1,0 +1,485 @@
+"""Weight-sparse (or dense) training of small byte-level language models (Gao et al. 2025).
+
+A wtc.models.Transformer (RMSNorm, learned positions; `lm_config` gives the usual shape) learns
+next-token prediction on a 1-D token array. After every AdamW step each weight matrix is projected
+onto its top-k entries by magnitude (`project_topk`); only the weights are projected: gradients and
+the AdamW moments stay dense, so a zeroed weight can come back when its moments push it above the
+others. k is annealed linearly from dense to the target over the first `anneal_frac` of training
+(`density_schedule`).
+
+Matrices: every parameter with >= 2 dimensions that is not a bias (embed.W_E, pos_embed.W_pos,
+attn.W_Q/W_K/W_V/W_O, mlp.W_in/W_out, unembed.W_U); norm weights (`w`) and biases (b_*, including
+the 2-D attn.b_Q/b_K/b_V (H, d_head)) stay dense and get no weight decay. Each keeps
+round(density * numel) entries: the global top-k of its |entries| (the same density everywhere).
+
+Units ("neurons/channels"), for the min_per_unit rule: every one of these matrices has exactly one
+residual-stream axis (d_model). A unit is one index of the other axes, i.e. one thing the residual
+stream talks to, and its connections are its d_model entries along the residual axis. Each unit
+keeps the top-`min_per_unit` of its connections by magnitude in addition to the global top-k, so
+nothing the model owns is cut off from the residual stream:
+
+    embed.W_E      (V, D)          unit = a token: its embedding writes >= 4 residual channels
+    pos_embed.W_pos (n_ctx, D)     unit = a position
+    attn.W_Q/K/V   (H, D, d_head)  as the matrix (D, H*d_head): unit = query/key/value channel (h, e),
+                                   which reads >= 4 residual channels
+    attn.W_O       (H, d_head, D)  as the matrix (H*d_head, D): unit = channel (h, e) of z, which
+                                   writes >= 4 residual channels
+    mlp.W_in       (D, d_mlp)      unit = an MLP neuron (column): reads >= 4 residual channels
+    mlp.W_out      (d_mlp, D)      unit = an MLP neuron (row): writes >= 4 residual channels
+    unembed.W_U    (D, V)          unit = a logit (column): reads >= 4 residual channels
+    (other >= 2-D parameters: units are the indices of all axes but the last, the connection axis)
+
+So a matrix has numel / d_model units and at most round(density * numel) + min_per_unit * numel /
+d_model nonzeros: the allowance adds at most min_per_unit / d_model to the density (3.1% for
+d_model 128 and 4). Residual channels themselves get no minimum.
+
+Training (SparseTrainConfig): AdamW (betas (0.9, 0.95), decoupled weight decay 0.1 on the matrices
+only, none on norms and biases), global-L2-norm gradient clipping (1.0), learning rate warmed up
+linearly over `warmup` steps then cosine-decayed to min_lr_frac * lr at the last step. A batch is
+`batch` random windows of ctx + 1 tokens (inputs and next-token targets, cross-entropy over all ctx
+positions) drawn by numpy.random.default_rng([seed, step]), so the data are a function of (seed,
+step) and a resumed run equals an uninterrupted one bit for bit. Activation sparsity (AbsTopK on
+the MLP hidden layer: per position, keep the top fraction of units by |value|, zero the rest) is a
+property of the model, TransformerConfig.mlp_abstopk, so the forward pass honours it and a saved
+model keeps it; Gao et al.'s 1/4 is lm_config(abstopk=0.25) (lm_config's default is None: off).
+
+Checkpoints under `out`: out/checkpoint/{model.safetensors, config.json} (wtc.models.io.save, the
+train config in extra), optimizer.pt (torch.save of the AdamW state dict, loaded with
+weights_only=True) and state.json (step, history, data fingerprints); written to a temporary
+directory and swapped in, so a kill leaves the previous checkpoint whole. out/history.json and,
+at the end, out/summary.json. A call with the same `out` resumes from the checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
+
+from wtc.models import io as model_io
+from wtc.models.transformer import Transformer, TransformerConfig
+
+# residual-stream (connection) axis of each matrix, by parameter-name suffix
+RESIDUAL_AXIS = {"embed.W_E": 1, "pos_embed.W_pos": 1, "attn.W_Q": 1, "attn.W_K": 1, "attn.W_V": 1,
+                 "attn.W_O": 2, "mlp.W_in": 0, "mlp.W_out": 1, "unembed.W_U": 0}
+
+# fields that change the numbers a run produces: a checkpoint only resumes under the same values
+_RESULT_FIELDS = ("steps", "batch", "lr", "warmup", "min_lr_frac", "weight_decay", "betas", "grad_clip",
+                  "density", "anneal_frac", "min_per_unit", "seed", "ctx")
+
+
+def lm_config(abstopk: float | None = None, **overrides) -> TransformerConfig:
+    """The byte-level LM shape used here: 2 layers, d_model 128, 4 heads of 32, d_mlp 512, ReLU,
+    RMSNorm, learned positions, n_ctx 128, vocab 256; abstopk: AbsTopK fraction on the MLP hidden
+    layer (Gao et al. use 1/4), None for none. Any TransformerConfig field can be overridden."""
+    base = {"n_layers": 2, "d_model": 128, "n_heads": 4, "d_head": 32, "d_mlp": 512, "d_vocab": 256, "n_ctx": 128,
+            "act_fn": "relu", "normalization": "RMS", "mlp_abstopk": abstopk}
+    return TransformerConfig(**{**base, **overrides})
+
+
+@dataclass
+class SparseTrainConfig:
+    steps: int = 1000
+    batch: int = 32
+    lr: float = 1e-3
+    warmup: int | None = None           # linear warmup steps; None: min(200, steps // 10)
+    min_lr_frac: float = 0.1            # cosine decay from lr to min_lr_frac * lr at the last step
+    weight_decay: float = 0.1           # decoupled (AdamW), matrices only
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float | None = 1.0       # global L2 norm of the gradient; None: no clipping
+    density: float = 1.0                # target fraction of nonzeros per matrix; 1.0 = dense training
+    anneal_frac: float = 0.5            # density goes linearly 1 -> target over this fraction of steps
+    min_per_unit: int = 4               # nonzeros every unit keeps (see the module doc)
+    seed: int = 0                       # batches are numpy.random.default_rng([seed, step])
+    ctx: int | None = None              # window length; None: the model's n_ctx
+    threads: int | None = 1             # torch threads while training (None: leave as is). On the 2-core dev box:
+                                        # 2 is ~1.5x faster when idle, 4-10x slower when another job holds the cores
+    eval_every: int | None = 500        # held-out loss every this many steps (and at the end)
+    checkpoint_every: int | None = None  # None: at every eval (and at the end / stop)
+    eval_windows: int = 64              # fixed windows for the held-out and final train loss
+
+    def __post_init__(self) -> None:
+        def positive_int(name, allow_none=False, allow_zero=False):
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < (0 if allow_zero else 1):
+                raise ValueError(f"SparseTrainConfig.{name} must be a {'non-negative' if allow_zero else 'positive'} "
+                                 f"int{' or None' if allow_none else ''}, got {v!r}")
+
+        def number(name, lo, hi, lo_open=False, allow_none=False):
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            ok = (isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+                  and math.isfinite(v) and (v > lo if lo_open else v >= lo) and v <= hi)
+            if not ok:
+                span = f"{'(' if lo_open else '['}{lo}, {hi}]"
+                raise ValueError(f"SparseTrainConfig.{name} must be a number in {span}"
+                                 f"{' or None' if allow_none else ''}, got {v!r}")
+
+        positive_int("steps")
+        positive_int("batch")
+        number("lr", 0, math.inf, lo_open=True)
+        positive_int("warmup", allow_none=True, allow_zero=True)
+        if self.warmup is None:
+            self.warmup = min(200, self.steps // 10)
+        if self.warmup > self.steps:
+            raise ValueError(f"SparseTrainConfig.warmup ({self.warmup}) exceeds steps ({self.steps})")
+        number("min_lr_frac", 0, 1)
+        number("weight_decay", 0, math.inf)
+        b = self.betas
+        if (not isinstance(b, (tuple, list)) or len(b) != 2
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1 for x in b)):
+            raise ValueError(f"SparseTrainConfig.betas must be two numbers in [0, 1), got {b!r}")
+        self.betas = tuple(float(x) for x in b)
+        number("grad_clip", 0, math.inf, lo_open=True, allow_none=True)
+        number("density", 0, 1, lo_open=True)
+        number("anneal_frac", 0, 1)
+        positive_int("min_per_unit", allow_zero=True)
+        positive_int("seed", allow_zero=True)
+        positive_int("ctx", allow_none=True)
+        positive_int("threads", allow_none=True)
+        positive_int("eval_every", allow_none=True)
+        positive_int("checkpoint_every", allow_none=True)
+        positive_int("eval_windows")
+
+
+def density_schedule(step: int, cfg: SparseTrainConfig) -> float:
+    """Density the weights have after `step` optimiser steps: 1 at step 0, linear down to
+    cfg.density at step anneal_frac * steps, cfg.density from there on."""
+    if cfg.density >= 1:
+        return 1.0
+    end = cfg.anneal_frac * cfg.steps
+    if step >= end:
+        return float(cfg.density)
+    return 1.0 + (cfg.density - 1.0) * step / end
+
+
+def lr_schedule(step: int, cfg: SparseTrainConfig) -> float:
+    """Learning rate of update `step` (0-based): linear warmup to lr over cfg.warmup updates, then
+    cosine down to min_lr_frac * lr at the last update."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - 1 - cfg.warmup)
+    t = min(1.0, (step - cfg.warmup) / span)
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+# ---------------------------------------------------------------------------------- projection
+
+def _residual_axis(name: str, p: torch.Tensor) -> int:
+    for suffix, axis in RESIDUAL_AXIS.items():
+        if name == suffix or name.endswith("." + suffix):
+            return axis
+    return p.ndim - 1
+
+
+def _is_matrix(name: str, p: torch.Tensor) -> bool:
+    last = name.rsplit(".", 1)[-1]
+    return p.ndim >= 2 and not (last.startswith("b_") or last == "bias")
+
+
+def sparse_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter, int]]:
+    """(name, parameter, connection axis) of every matrix: a parameter with >= 2 dimensions that is
+    not a bias (b_*, bias)."""
+    return [(n, p, _residual_axis(n, p)) for n, p in model.named_parameters() if _is_matrix(n, p)]
+
+
+def topk_mask(w: torch.Tensor, density: float, min_per_unit: int = 4, axis: int = -1) -> torch.Tensor | None:
+    """Boolean mask of the entries `project_topk` keeps in w: its round(density * numel) largest |w|
+    and, for every unit (index of the axes other than `axis`), its min_per_unit largest |w| along
+    `axis`. None when everything is kept."""
+    n = w.numel()
+    k = min(n, round(density * n))
+    if k >= n:
+        return None
+    a = w.detach().abs()
+    keep = torch.zeros(n, dtype=torch.bool, device=w.device)
+    if k > 0:
+        keep[a.reshape(-1).topk(k, sorted=False).indices] = True
+    keep = keep.view(w.shape)
+    m = min(min_per_unit, w.shape[axis])
+    if m > 0:
+        idx = a.movedim(axis, -1).topk(m, dim=-1, sorted=False).indices
+        keep.movedim(axis, -1).scatter_(-1, idx, True)       # writes through the view
+    return keep
+
+
+def _project(model: torch.nn.Module, density: float, min_per_unit: int) -> None:
+    if density >= 1:
+        return
+    with torch.no_grad():
+        for _, p, axis in sparse_parameters(model):
+            keep = topk_mask(p, density, min_per_unit, axis)
+            if keep is not None:
+                p.masked_fill_(~keep, 0.0)
+
+
+def project_topk(model: torch.nn.Module, density: float, min_per_unit: int = 4) -> dict[str, float]:
+    """Zero, in place, every entry of every matrix that is neither among its matrix's
+    round(density * numel) largest magnitudes nor among its unit's min_per_unit largest (units: the
+    module doc). Returns the achieved density (fraction nonzero) of each matrix. Idempotent (ties
+    aside)."""
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
+        raise ValueError(f"density must be a number in (0, 1], got {density!r}")
+    if isinstance(min_per_unit, bool) or not isinstance(min_per_unit, int) or min_per_unit < 0:
+        raise ValueError(f"min_per_unit must be a non-negative int, got {min_per_unit!r}")
+    _project(model, float(density), min_per_unit)
+    return nonzero_fraction(model, matrices_only=True)
+
+
+def nonzero_fraction(model: torch.nn.Module, matrices_only: bool = False) -> dict[str, float]:
+    """Fraction of nonzero entries of each parameter (only the matrices, see sparse_parameters,
+    with matrices_only)."""
+    return {n: float(torch.count_nonzero(p.detach())) / p.numel()
+            for n, p in model.named_parameters() if not matrices_only or _is_matrix(n, p)}
+
+
+def density_allowance(model: torch.nn.Module, density: float, min_per_unit: int = 4) -> dict[str, float]:
+    """Upper bound on each matrix's density after project_topk: (round(density * numel) +
+    min_per_unit * units) / numel, units = numel / (size of the connection axis)."""
+    out = {}
+    for n, p, axis in sparse_parameters(model):
+        k = min(p.numel(), round(density * p.numel()))
+        units = p.numel() // p.shape[axis]
+        out[n] = min(1.0, (k + min(min_per_unit, p.shape[axis]) * units) / p.numel())
+    return out
+
+
+# ---------------------------------------------------------------------------------- data
+
+def _check_tokens(tokens, what: str, ctx: int, vocab: int) -> np.ndarray:
+    t = tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
+    if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer):
+        raise ValueError(f"{what} must be a 1-D integer array, got shape {t.shape} dtype {t.dtype}")
+    if len(t) < ctx + 1:
+        raise ValueError(f"{what} has {len(t)} tokens; a window needs ctx + 1 = {ctx + 1}")
+    lo, hi = int(t.min()), int(t.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"{what} ids must lie in [0, {vocab}) (the model's d_vocab), got [{lo}, {hi}]")
+    return t
+
+
+def _fingerprint(t: np.ndarray | None) -> str | None:
+    if t is None:
+        return None
+    canon = np.ascontiguousarray(t.astype(np.uint8 if int(t.max()) < 256 else np.int64, copy=False))
+    return f"{len(t)}:{hashlib.blake2b(canon.data, digest_size=8).hexdigest()}"
+
+
+def batch_windows(tokens: np.ndarray, ctx: int, batch: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and next-token targets (batch, ctx) int64 of training step `step`: random contiguous
+    windows drawn by numpy.random.default_rng([seed, step])."""
+    starts = np.random.default_rng([seed, step]).integers(0, len(tokens) - ctx, size=batch)
+    w = torch.from_numpy(tokens[starts[:, None] + np.arange(ctx + 1)].astype(np.int64))
+    return w[:, :-1], w[:, 1:]
+
+
+def eval_windows(tokens: np.ndarray, ctx: int, n: int) -> torch.Tensor:
+    """n fixed windows of ctx + 1 tokens (B, ctx + 1), starts evenly spaced over the array."""
+    starts = np.unique(np.linspace(0, len(tokens) - ctx - 1, n).round().astype(np.int64))
+    return torch.from_numpy(tokens[starts[:, None] + np.arange(ctx + 1)].astype(np.int64))
+
+
+@torch.no_grad()
+def lm_loss(model: Transformer, windows: torch.Tensor, batch: int = 32) -> float:
+    """Mean next-token cross-entropy (nats per token, = per byte for byte tokens) over all
+    positions of windows (B, ctx + 1)."""
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for i in range(0, len(windows), batch):
+            w = windows[i:i + batch]
+            logits = model(w[:, :-1])
+            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), w[:, 1:].reshape(-1),
+                                           reduction="sum"))
+            count += w[:, 1:].numel()
+    finally:
+        model.train(was)
+    return total / count
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+
+def _cfg_json(cfg) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def _save_checkpoint(out: Path, model, optimizer, state: dict, cfg: SparseTrainConfig) -> Path:
+    tmp, cur, old = out / "checkpoint.tmp", out / "checkpoint", out / "checkpoint.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model_io.save(model, tmp, extra={"train_config": _cfg_json(cfg), "step": state["step"]})
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps(state))           # last: marks the directory complete
+    if cur.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        cur.rename(old)
+    tmp.rename(cur)
+    shutil.rmtree(old, ignore_errors=True)
+    (out / "history.json").write_text(json.dumps({"history": state["history"], "evals": state["evals"]}))
+    return cur
+
+
+def _find_checkpoint(out: Path) -> Path | None:
+    for name in ("checkpoint", "checkpoint.old"):
+        if (out / name / "state.json").exists():
+            return out / name
+    return None
+
+
+def _load_checkpoint(ckpt: Path, model, optimizer, cfg: SparseTrainConfig, fingerprints: dict) -> dict:
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+        meta = json.loads((ckpt / "config.json").read_text())
+        weights = load_file(str(ckpt / "model.safetensors"))
+        opt_state = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"{ckpt}: corrupt or incomplete training checkpoint ({type(exc).__name__}: {exc}); "
+                         f"delete it to start afresh") from exc
+    ours = _cfg_json(model.cfg)
+    if meta.get("config") != ours:
+        diff = sorted(k for k in set(ours) | set(meta.get("config", {})) if ours.get(k) != meta.get("config", {}).get(k))
+        raise ValueError(f"{ckpt}: the checkpoint's model config differs from the model's in {diff}")
+    saved, now = state.get("train_config", {}), _cfg_json(cfg)
+    diff = [k for k in _RESULT_FIELDS if saved.get(k) != now.get(k)]
+    if diff:
+        raise ValueError(f"{ckpt}: cannot resume, SparseTrainConfig differs from the checkpoint's in {diff} "
+                         f"(saved {[saved.get(k) for k in diff]}, now {[now.get(k) for k in diff]})")
+    for what, fp in fingerprints.items():
+        if state.get("fingerprints", {}).get(what) != fp:
+            raise ValueError(f"{ckpt}: cannot resume, {what} differ from the ones the checkpoint was trained on")
+    model.load_state_dict(weights)
+    optimizer.load_state_dict(opt_state)
+    return state
+
+
+# ---------------------------------------------------------------------------------- training
+
+def train_lm(model: Transformer, train_tokens, cfg: SparseTrainConfig, out: Path | str | None = None,
+             heldout_tokens=None, progress: bool = True, stop_after: int | None = None,
+             budget_s: float | None = None) -> dict:
+    """Train `model` in place on next-token prediction (module doc); resume from out/checkpoint
+    when there is one. stop_after: return (checkpointed) once this many steps are done, as a kill
+    would; budget_s: likewise once this many seconds have passed in this call. Returns
+    {history: [{step, loss, density, lr}], evals: [{step, heldout_loss}], train_loss, heldout_loss
+    (nats per token on fixed windows; None without held-out tokens), densities (achieved, per
+    matrix), density_target, steps_done, finished, seconds (all calls), seconds_per_step,
+    checkpoint (path or None)}."""
+    if not isinstance(cfg, SparseTrainConfig):
+        raise TypeError(f"cfg must be a SparseTrainConfig, got {type(cfg).__name__}")
+    ctx = cfg.ctx or model.cfg.n_ctx
+    if ctx > model.cfg.n_ctx:
+        raise ValueError(f"SparseTrainConfig.ctx ({ctx}) exceeds the model's n_ctx ({model.cfg.n_ctx})")
+    train = _check_tokens(train_tokens, "train_tokens", ctx, model.cfg.d_vocab)
+    held = None if heldout_tokens is None else _check_tokens(heldout_tokens, "heldout_tokens", ctx, model.cfg.d_vocab)
+    out = None if out is None else Path(out)
+    decay = [p for n, p in model.named_parameters() if _is_matrix(n, p)]
+    other = [p for n, p in model.named_parameters() if not _is_matrix(n, p)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
+    fingerprints = {"train_tokens": _fingerprint(train), "heldout_tokens": _fingerprint(held)}
+    state = {"step": 0, "history": [], "evals": [], "seconds": 0.0, "train_config": _cfg_json(cfg),
+             "fingerprints": fingerprints}
+    if out is not None and (ckpt := _find_checkpoint(out)) is not None:
+        state = _load_checkpoint(ckpt, model, optimizer, cfg, fingerprints)
+    held_windows = None if held is None else eval_windows(held, ctx, cfg.eval_windows)
+    checkpoint_every = cfg.checkpoint_every or cfg.eval_every
+
+    old_threads = torch.get_num_threads()
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    t0, start, step = time.perf_counter(), state["step"], state["step"]
+    seconds_before = state["seconds"]
+    bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc="train_lm", dynamic_ncols=True)
+
+    def checkpoint():
+        state["seconds"] = seconds_before + time.perf_counter() - t0
+        if out is not None:
+            _save_checkpoint(out, model, optimizer, state, cfg)
+
+    try:
+        model.train()
+        while step < cfg.steps:
+            lr = lr_schedule(step, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, y = batch_windows(train, ctx, cfg.batch, cfg.seed, step)
+            logits = model(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"train_lm: loss is {loss.item()} at step {step} (lr {lr:.3g}); the last "
+                                         f"checkpoint{'' if out is None else ' in ' + str(out)} is intact")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            loss = loss.item()
+            step += 1
+            density = density_schedule(step, cfg)
+            _project(model, density, cfg.min_per_unit)
+            state["step"] = step
+            state["history"].append({"step": step, "loss": loss, "density": density, "lr": lr})
+            if held_windows is not None and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                state["evals"].append({"step": step, "heldout_loss": lm_loss(model, held_windows, cfg.batch)})
+            bar.update(1)
+            if step % 10 == 0 or step == cfg.steps:
+                bar.set_postfix(loss=f"{loss:.3f}", density=f"{density:.3g}")
+            stop = (stop_after is not None and step >= stop_after) or \
+                   (budget_s is not None and time.perf_counter() - t0 >= budget_s)
+            if step == cfg.steps or stop or (checkpoint_every and step % checkpoint_every == 0):
+                checkpoint()
+            if stop:
+                break
+        if step == start:                            # nothing ran (already finished, or stop_after <= start)
+            checkpoint()
+    finally:
+        loop_s = time.perf_counter() - t0
+        bar.close()
+        torch.set_num_threads(old_threads)
+        model.eval()
+
+    ran = step - start
+    result = {
+        "history": state["history"], "evals": state["evals"],
+        "train_loss": lm_loss(model, eval_windows(train, ctx, cfg.eval_windows), cfg.batch),
+        "heldout_loss": None if held_windows is None else lm_loss(model, held_windows, cfg.batch),
+        "densities": nonzero_fraction(model, matrices_only=True), "density_target": density_schedule(step, cfg),
+        "steps_done": step, "finished": step >= cfg.steps, "seconds": state["seconds"],
+        "seconds_per_step": loop_s / ran if ran else None,
+        "checkpoint": None if out is None else str(out / "checkpoint"),
+    }
+    if out is not None:
+        (out / "summary.json").write_text(json.dumps({k: v for k, v in result.items() if k not in ("history", "evals")},
+                                                     indent=2))
+    return result
+
+
+__all__ = [
+    "RESIDUAL_AXIS",
+    "SparseTrainConfig",
+    "batch_windows",
+    "density_allowance",
+    "density_schedule",
+    "eval_windows",
+    "lm_config",
+    "lm_loss",
+    "lr_schedule",
+    "nonzero_fraction",
+    "project_topk",
+    "sparse_parameters",
+    "topk_mask",
+    "train_lm",
+]
