@@ -181,7 +181,9 @@ def _tiny(**kw):
 
 
 def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
-    straight = run(tmp_path / "a", _tiny(), progress=False)
+    straight = run(tmp_path / "a", _tiny(sweep_steps=10, sweep_f=(0.5,), sweep_r=()), progress=False)
+    assert [(p["f"], p["steps"], p.get("main_run", False)) for p in straight["sweeps"]] == [(0.5, 10, False),
+                                                                                            (0.7, 10, True)]
     run(tmp_path / "b", _tiny(steps=20), progress=False)
     resumed = run(tmp_path / "b", _tiny(), progress=False)
     wa = torch.load(tmp_path / "a/checkpoints/step_000030/optim.pt", weights_only=True)

@@ -198,7 +198,40 @@ def _study_markov(args, out: Path) -> int:
     return 0
 
 
-STUDIES = {"markov": _study_markov, "modadd": _study_modadd, "assign-add": _study_assign_add}
+def _study_sparse_dense(args, out: Path) -> int:
+    from wtc.studies.sparse_dense import SparseDenseStudy, run
+
+    s = run(out, SparseDenseStudy.quick() if args.quick else SparseDenseStudy(), progress=not args.quiet)
+    for kind in ("dense", "sparse"):
+        r = s[kind]
+        print(f"{kind}: density {r['density']:.4f}, held-out loss {r['heldout_loss']:.3f} nats/byte; "
+              f"{r['weights_scored']} weights scored, interpretable {r['interpretable_fraction']}, robust "
+              f"{r['robust_fraction']}, reliability {r['reliability']}")
+    print(f"({s['seconds']}s); wrote {out}/summary.json, report.md, sparse_vs_dense.png")
+    return 0
+
+
+STUDIES = {"markov": _study_markov, "modadd": _study_modadd, "assign-add": _study_assign_add,
+           "sparse-vs-dense": _study_sparse_dense}
+
+
+def _cmd_explain(args) -> int:
+    from wtc.ablate import explain_report
+    from wtc.models import io as model_io
+    from wtc.tasks.corpus import build_corpus
+
+    model = model_io.load(args.checkpoint)
+    corpus = build_corpus(root=args.text, seed=args.seed)
+    if model.cfg.d_vocab != 256:
+        print(f"wtc: error: explain works on byte-level models (vocab 256); {args.checkpoint} has "
+              f"{model.cfg.d_vocab}", file=sys.stderr)
+        return 2
+    s = explain_report.run(model, corpus, args.out, sample=args.sample, seed=args.seed, k=args.slices,
+                           proposer=args.proposer, progress=not args.quiet, label=str(args.checkpoint))
+    print(f"{s['weights_scored']} weights scored: interpretable {s['interpretable_fraction']}, robust "
+          f"{s['robust_fraction']}, reliability {s['reliability']} ({s['seconds']}s); wrote {args.out}/summary.json, "
+          f"report.md, explanations.json")
+    return 0
 
 
 def _cmd_study(args) -> int:
@@ -248,14 +281,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_scan)
     st = sub.add_parser("study", help="run a study (markov: ACE on a 4-state Markov chain, 3 seeds; modadd: "
                                       "modular addition p=53, grokking and the core through training; assign-add: "
-                                      "variable binding + addition mod 59, routing, Fourier, sweeps; both resumable)")
-    st.add_argument("name", help="markov | modadd | assign-add")
+                                      "variable binding + addition mod 59, routing, Fourier, sweeps; sparse-vs-dense: weight-sparse vs dense "
+                                      "byte LMs on the stdlib, share of weights explained by one predicate; all resumable)")
+    st.add_argument("name", help="markov | modadd | assign-add | sparse-vs-dense")
     st.add_argument("--quick", action="store_true",
                     help="fewer training steps (markov about 30 s; modadd about 6 min; assign-add QUICK_AA on 2 cores)")
     st.add_argument("--out", default=None, help="directory for summary.json and plots (default study-NAME); "
                                                 "modadd and assign-add resume from the checkpoints there")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=_cmd_study)
+    ex = sub.add_parser("explain", help="explain single weights of a byte-level model by predicates, scored by "
+                                        "conditional zero-ablation on held-out text")
+    ex.add_argument("checkpoint", help="directory written by wtc.models.io.save (e.g. a sparse-vs-dense model/)")
+    ex.add_argument("--sample", type=int, default=100, help="weights to explain (uniform over nonzero weights)")
+    ex.add_argument("--out", required=True, help="directory for summary.json, report.md, explanations.json")
+    ex.add_argument("--text", default=None, help="directory of text files (default: the Python stdlib sources)")
+    ex.add_argument("--slices", type=int, default=10, help="disjoint held-out slices for robustness")
+    ex.add_argument("--proposer", default=None, help="shell command proposing predicate sources (JSON contexts "
+                                                     "on stdin, JSON list of sources on stdout); run sandboxed")
+    ex.add_argument("--seed", type=int, default=0)
+    ex.add_argument("--quiet", action="store_true")
+    ex.set_defaults(func=_cmd_explain)
     lm = sub.add_parser("lm-train", help="train a token transformer on a Markov stream (a model to scan)")
     lm.add_argument("--layers", type=int, default=2)
     lm.add_argument("--d-model", type=int, default=128)

@@ -314,7 +314,7 @@ def _sweep_point(out: Path, cfg: AssignAddStudy, f: float, r: float, progress: b
     opt = _new_optimizer(model, cfg)
     curve = []
     t0 = time.perf_counter()
-    point = replace(cfg, eval_every=cfg.sweep_steps, steps=cfg.sweep_steps, f=f, r=r)
+    point = replace(cfg, eval_every=cfg.sweep_steps, checkpoint_every=cfg.sweep_steps, steps=cfg.sweep_steps, f=f, r=r)
     train(model, point, task, 0, cfg.sweep_steps, opt, pools, grid, lambda s, rec: curve.append(rec),
           f"sweep f={f:g} r={r:g}", progress)
     d.mkdir(parents=True, exist_ok=True)

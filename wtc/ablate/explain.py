@@ -1,0 +1,261 @@
+"""Per-weight predicate explanations, scored by conditional zero-ablation on held-out text.
+
+For a sampled nonzero weight:
+1. its exact per-position KL(clean || zeroed) on a search set of held-out windows (wtc.ablate.scan);
+2. candidate predicates f(tokens, pos) -> bool: the built-in grammar's beam search
+   (wtc.ablate.predicates) and, optionally, an external proposer (a callable or a shell command
+   given the weight's importance contexts, returning predicate sources, which run only through
+   the sandbox, wtc.ablate.sandbox);
+3. each candidate scored exactly on the search set: A(S) = total KL when the weight is zeroed only
+   at positions S (wtc.ablate.conditional); recovery R = 1 - A(not f) / A(all) (the weight kept only
+   where f holds), inverse I = 1 - A(f) / A(all); score = min(R, 1 - I); only predicates with
+   coverage 0 < p(f) <= max_coverage compete;
+4. the best one judged on K disjoint held-out slices it was not chosen on: interpretable when its
+   pooled score over the slices is >= threshold, robustly interpretable when every slice passes too.
+Reliability: the share of the variance of the per-slice scores that lies between weights (an
+intraclass correlation: 1 when slices agree on each weight, 0 when the score is slice noise).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from wtc.ablate import predicates as grammar
+from wtc.ablate import sandbox
+from wtc.ablate.conditional import conditional_kl, is_local
+from wtc.ablate.scan import scan
+
+
+@dataclass
+class Explanation:
+    param: str
+    index: list[int]
+    total_kl: float                        # on the search set
+    predicate: str | None = None           # readable name of the best predicate
+    source: str | None = None              # its Python source
+    proposer: str | None = None            # "grammar" or "external"
+    coverage: float | None = None          # p(f) on the search set
+    search_score: float | None = None
+    heldout_score: float | None = None     # pooled over the K slices
+    slice_scores: list[float] = field(default_factory=list)
+    interpretable: bool = False
+    robust: bool = False
+    examples: list[str] = field(default_factory=list)   # importance contexts (text up to the position)
+    note: str = ""
+
+
+def sample_weights(model, n: int, params=None, seed: int = 0) -> list[tuple[str, tuple[int, ...]]]:
+    """n nonzero weights drawn uniformly (seeded) from the chosen matrices (default: all >= 2-D)."""
+    named = {k: p for k, p in model.named_parameters() if p.ndim >= 2 and (params is None or k in params)}
+    if params is not None and set(params) - set(named):
+        raise KeyError(f"unknown parameters {sorted(set(params) - set(named))}")
+    names = sorted(named)
+    counts = np.array([int((named[k] != 0).sum()) for k in names])
+    if counts.sum() == 0:
+        raise ValueError("the chosen parameters have no nonzero weights")
+    rng = np.random.default_rng([seed, 41])
+    picks = np.sort(rng.choice(counts.sum(), size=min(n, int(counts.sum())), replace=False))
+    edges = np.cumsum(counts)
+    out = []
+    for g in picks:
+        k = int(np.searchsorted(edges, g, side="right"))
+        local = int(g - (edges[k - 1] if k else 0))
+        flat = torch.nonzero(named[names[k]].detach().flatten() != 0).flatten()[local]
+        out.append((names[k], tuple(int(i) for i in np.unravel_index(int(flat), tuple(named[names[k]].shape)))))
+    return out
+
+
+def _scores(a_all: float, a_f: float, a_notf: float) -> float:
+    """min(R, 1 - I) with R = 1 - A(not f)/A(all), I = 1 - A(f)/A(all)."""
+    if a_all <= 0:
+        return float("nan")
+    return float(min(1 - a_notf / a_all, a_f / a_all))
+
+
+class Scorer:
+    """A(all), A(f), A(not f) for one weight on one token set, exact, with the clean pass cached."""
+
+    def __init__(self, model, tokens: torch.Tensor):
+        self.model, self.tokens = model, tokens
+        with torch.no_grad():
+            self.clean_logp = torch.log_softmax(model(tokens).double(), -1)
+
+    def kl_map(self, name, index) -> torch.Tensor:
+        """(B, T) per-position KL of zeroing the weight everywhere."""
+        full = torch.ones(self.tokens.shape, dtype=torch.bool)
+        return conditional_kl(self.model, self.tokens, name, index, full, self.clean_logp, per_position=True)
+
+    def triple(self, name, index, F: np.ndarray, kl_map: torch.Tensor | None = None) -> tuple[float, float, float]:
+        F = torch.as_tensor(F, dtype=torch.bool)
+        if is_local(self.model, name):            # additive shortcut, exact here
+            kl = self.kl_map(name, index) if kl_map is None else kl_map
+            return float(kl.sum()), float(kl[F].sum()), float(kl[~F].sum())
+        masks = [F, ~F] if kl_map is not None else [torch.ones_like(F), F, ~F]
+        res = conditional_kl(self.model, self.tokens, name, index, masks, self.clean_logp).tolist()
+        if kl_map is not None:
+            res = [float(kl_map.sum())] + res
+        return res[0], res[1], res[2]
+
+
+def _context_text(tokens_row: np.ndarray, pos: int, width: int = 48) -> str:
+    lo = max(0, pos - width + 1)
+    return bytes(tokens_row[lo:pos + 1].astype(np.uint8)).decode("latin-1")
+
+
+def _external(proposer, contexts: list[str], timeout_s: float) -> list[str]:
+    """Candidate sources from a callable or a shell command (JSON list of contexts on stdin,
+    JSON list of sources on stdout)."""
+    if callable(proposer):
+        out = proposer(contexts)
+    else:
+        run = subprocess.run(shlex.split(proposer), input=json.dumps(contexts), capture_output=True, text=True,
+                             timeout=timeout_s)
+        if run.returncode != 0:
+            raise RuntimeError(f"proposer {proposer!r} failed ({run.returncode}): {run.stderr[-500:]}")
+        out = json.loads(run.stdout)
+    if not isinstance(out, (list, tuple)) or not all(isinstance(s, str) for s in out):
+        raise TypeError(f"a proposer must return a list of predicate sources, got {type(out).__name__}")
+    return list(out)
+
+
+def explain(model, search_tokens, slices: list, sample: int = 100, params=None, seed: int = 0, proposer=None,
+            threshold: float = 0.75, max_coverage: float = 0.5, candidates: int = 5, beam: int = 10,
+            max_atoms: int = 3, progress: bool = True, proposer_timeout_s: float = 60.0, weights=None,
+            builtin: bool = True) -> dict:
+    """Explain `sample` weights of `model` (see the module docstring). search_tokens (n, T) and each
+    slice (n_k, T) are byte tokens of held-out text; weights: explain these [(name, index), ...]
+    instead of a sample; builtin=False: only the external proposer's candidates compete.
+    Returns {"weights": [Explanation...], "summary": {...}}."""
+    search = torch.as_tensor(np.asarray(search_tokens)).long()
+    slices = [torch.as_tensor(np.asarray(s)).long() for s in slices]
+    if search.ndim != 2 or not slices or any(s.ndim != 2 for s in slices):
+        raise ValueError("search_tokens and every slice must be (n, T) token arrays, with at least one slice")
+    if not 0 < max_coverage <= 1 or not 0 < threshold <= 1:
+        raise ValueError(f"need 0 < max_coverage <= 1 and 0 < threshold <= 1, got {max_coverage}, {threshold}")
+    t0 = time.perf_counter()
+    model.eval()
+    weights = sample_weights(model, sample, params, seed) if weights is None else \
+        [(n, tuple(int(i) for i in idx)) for n, idx in weights]
+    search_scorer = Scorer(model, search)
+    slice_scorers = [Scorer(model, s) for s in slices]
+    search_np = search.numpy()
+    chosen = {}
+    for name, index in weights:
+        p = dict(model.named_parameters())[name]
+        chosen.setdefault(name, torch.zeros(p.shape, dtype=torch.bool))[index] = True
+    scanned = scan(model, search, params=sorted(chosen), weights=chosen, keep_positions=True, progress=False)
+    out: list[Explanation] = []
+    for name, index in tqdm(weights, disable=not progress, desc="explain", unit="w"):
+        kl = scanned.position_kl(name, index).reshape(search.shape)         # (n, T) exact
+        total = float(kl.sum())
+        ex = Explanation(name, list(index), total)
+        out.append(ex)
+        if total <= 1e-12:
+            ex.note = "no effect on the search set"
+            continue
+        kl_np = kl.numpy()
+        found = grammar.search(search_np, kl_np, beam=beam, max_atoms=max_atoms, max_coverage=max_coverage,
+                               top=candidates) if builtin else []
+        cands = [(p.name, p.source, p.evaluate, "grammar") for p, _ in found]
+        flat = np.argsort(-kl_np, axis=None)[:20]
+        ex.examples = [_context_text(search_np[i // kl_np.shape[1]], int(i % kl_np.shape[1]))
+                       for i in flat[:5]]
+        if proposer is not None:
+            ctx = [_context_text(search_np[i // kl_np.shape[1]], int(i % kl_np.shape[1])) for i in flat]
+            for src in _external(proposer, ctx, proposer_timeout_s):
+                try:
+                    sandbox.check_source(src)
+                except sandbox.PredicateRejected as exc:
+                    ex.note += f"rejected external predicate: {exc}; "
+                    continue
+                cands.append(("external", src, lambda toks, src=src: sandboxed_truth(src, toks), "external"))
+        best = None
+        for cname, src, truth, who in cands:
+            try:
+                F = truth(search_np)
+            except sandbox.PredicateRejected as exc:
+                ex.note += f"rejected external predicate: {exc}; "
+                continue
+            cov = float(F.mean())
+            if not 0 < cov <= max_coverage:
+                continue
+            a = search_scorer.triple(name, index, F, kl)
+            score = _scores(*a)
+            if best is None or score > best[0]:
+                best = (score, cname, src, cov, who, truth)
+        if best is None:
+            ex.note = "no candidate predicate within the coverage gate"
+            continue
+        ex.search_score, ex.predicate, ex.source, ex.coverage, ex.proposer, truth = best
+        sums = np.zeros(3)
+        for sc in slice_scorers:
+            a = np.array(sc.triple(name, index, truth(sc.tokens.numpy())))
+            sums += a
+            ex.slice_scores.append(_scores(*a))
+        ex.heldout_score = _scores(*sums)
+        ex.interpretable = bool(ex.heldout_score >= threshold)
+        ex.robust = bool(ex.interpretable and all(s >= threshold for s in ex.slice_scores))
+    summary = summarise(out, threshold)
+    summary.update(seconds=round(time.perf_counter() - t0, 1), threshold=threshold, max_coverage=max_coverage,
+                   slices=len(slices), search_positions=int(search.numel()))
+    return {"weights": out, "summary": summary}
+
+
+def sandboxed_truth(source: str, tokens: np.ndarray, timeout_s: float = 30.0) -> np.ndarray:
+    """(n, T) truth array of an untrusted predicate source on byte tokens, run in the sandbox.
+    (Grammar predicates use their vectorised form, equal to their source by construction and test.)"""
+    tokens = np.asarray(tokens)
+    contexts = [[chr(int(b)) for b in row] for row in tokens]
+    return np.asarray(sandbox.evaluate(source, contexts, None, timeout_s=timeout_s), bool).reshape(tokens.shape)
+
+
+def reliability(score_matrix: np.ndarray) -> float | None:
+    """Between-weight share of the variance of per-slice scores (rows: weights, columns: slices)."""
+    s = np.asarray(score_matrix, float)
+    s = s[~np.isnan(s).any(1)] if s.ndim == 2 else s
+    if s.ndim != 2 or s.shape[0] < 2 or s.shape[1] < 2:
+        return None
+    within = float(s.var(1, ddof=1).mean())
+    between = float(s.mean(1).var(ddof=1)) - within / s.shape[1]     # the mean carries within / K of noise
+    between = max(between, 0.0)
+    return between / (between + within) if between + within > 0 else None
+
+
+def summarise(expl: list[Explanation], threshold: float) -> dict:
+    scored = [e for e in expl if e.total_kl > 1e-12]
+    n = len(scored)
+    with_slices = [e.slice_scores for e in scored if e.slice_scores]
+    return {"weights_sampled": len(expl), "weights_scored": n,
+            "interpretable_fraction": (sum(e.interpretable for e in scored) / n) if n else None,
+            "robust_fraction": (sum(e.robust for e in scored) / n) if n else None,
+            "reliability": reliability(np.array(with_slices)) if len(with_slices) >= 2 else None,
+            "mean_heldout_score": _finite_mean([e.heldout_score for e in scored])}
+
+
+def _finite_mean(values) -> float | None:
+    v = [x for x in values if x is not None and np.isfinite(x)]
+    return float(np.mean(v)) if v else None
+
+
+def _plain(v):
+    """NaN (a score whose A(all) is 0 on some slice) as None: JSON has no NaN."""
+    if isinstance(v, float) and not np.isfinite(v):
+        return None
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
+def to_json(result: dict) -> dict:
+    return {"summary": {k: _plain(v) for k, v in result["summary"].items()},
+            "weights": [{k: _plain(v) for k, v in asdict(e).items()} for e in result["weights"]]}
+
+
+__all__ = ["explain", "Explanation", "Scorer", "sample_weights", "reliability", "summarise", "to_json"]
