@@ -156,11 +156,19 @@ def _cmd_scan(args) -> int:
     return 0
 
 
+def _seeded(cfg, args):
+    """The study config with --seed applied (when given)."""
+    import dataclasses
+
+    return cfg if args.seed is None else dataclasses.replace(cfg, seed=args.seed)
+
+
 def _study_modadd(args, out: Path) -> int:
     from wtc.studies.modadd import ModAddStudy
     from wtc.studies.modadd import run as run_modadd
 
-    summary = run_modadd(out, ModAddStudy.quick() if args.quick else ModAddStudy(), progress=not args.quiet)
+    summary = run_modadd(out, _seeded(ModAddStudy.quick() if args.quick else ModAddStudy(), args),
+                         progress=not args.quiet)
     last, wd0 = summary["final"], summary["wd0_branch"]
     w = wd0["checkpoints"][-1] if wd0["checkpoints"] else None
     print(f"modadd: grok step {summary['grok_step']}; final step {last['step']}: test {last['test_acc']:.3f}, "
@@ -175,21 +183,23 @@ def _study_modadd(args, out: Path) -> int:
 def _study_assign_add(args, out: Path) -> int:
     from wtc.studies.assign_add import AssignAddStudy, run
 
-    cfg = AssignAddStudy.quick() if args.quick else AssignAddStudy()
+    cfg = _seeded(AssignAddStudy.quick() if args.quick else AssignAddStudy(), args)
     s = run(out, cfg, progress=not args.quiet)
     jump = s["routing_jump"]
     print(f"assign-add: step {s['steps']}: 0-var held-out {s['acc_0var_heldout']:.4f}, 2-var union "
           f"{s['acc_2var_union']:.4f}; L1 prev-token {s['l1_prev_token_rate']:.3f}, L2 value routing "
-          f"{s['l2_value_routing_rate']:.3f}; routing jump "
-          f"{'none' if jump is None else str(jump['start_step']) + '-' + str(jump['end_step'])}, virtual addition "
-          f">= 0.99 from step {s['virtual_addition_ready_step']}; key frequencies {s['key_frequencies']} "
-          f"({s['seconds']}s); wrote {out}/summary.json, report.md, assign_add.png")
+          f"{s['l2_value_routing_rate']:.3f} (rise midpoint at step {None if jump is None else jump['t50']}), "
+          f"virtual addition >= 0.99 from step {s['virtual_addition_ready_step']}; key frequencies "
+          f"{s['key_frequencies']} ({s['seconds']}s); wrote {out}/summary.json, report.md, assign_add.png")
     return 0
 
 
 def _study_markov(args, out: Path) -> int:
     from wtc.studies.markov import MarkovStudy, run
 
+    if args.seed is not None:
+        print("wtc: error: the markov study runs its own seeds (0, 1, 2); --seed does not apply", file=sys.stderr)
+        return 2
     summary = run(out, MarkovStudy.quick() if args.quick else MarkovStudy(), progress=not args.quiet)
     print(f"markov: core rank {summary['rank']}, "
           f"accuracy {[round(a, 4) for a in summary['baseline_acc']]}, keep {[round(a, 4) for a in summary['keep_acc']]}, "
@@ -201,7 +211,7 @@ def _study_markov(args, out: Path) -> int:
 def _study_sparse_dense(args, out: Path) -> int:
     from wtc.studies.sparse_dense import SparseDenseStudy, run
 
-    s = run(out, SparseDenseStudy.quick() if args.quick else SparseDenseStudy(), progress=not args.quiet)
+    s = run(out, _seeded(SparseDenseStudy.quick() if args.quick else SparseDenseStudy(), args), progress=not args.quiet)
     for kind in ("dense", "sparse"):
         r = s[kind]
         print(f"{kind}: density {r['density']:.4f}, held-out loss {r['heldout_loss']:.3f} nats/byte; "
@@ -288,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fewer training steps (markov about 30 s; modadd about 6 min; assign-add QUICK_AA on 2 cores)")
     st.add_argument("--out", default=None, help="directory for summary.json and plots (default study-NAME); "
                                                 "modadd and assign-add resume from the checkpoints there")
+    st.add_argument("--seed", type=int, default=None, help="seed of the study (default: its config's, 0)")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=_cmd_study)
     ex = sub.add_parser("explain", help="explain single weights of a byte-level model by predicates, scored by "

@@ -58,8 +58,8 @@ class AssignAddStudy:
     eval_every: int = 250
     checkpoint_every: int = 2000
     pool_size: int = 1024
-    phase_window: int = 1500         # a phase: a metric rising by >= phase_jump within this many steps
-    phase_jump: float = 0.1
+    phase_window: int = 1000         # a phase: a metric rising by >= phase_jump within this many steps
+    phase_jump: float = 0.15
     sweep_f: tuple[float, ...] = (0.3, 0.5)
     sweep_r: tuple[float, ...] = (0.0, 0.1, 0.5)
     sweep_steps: int = 12000
@@ -208,7 +208,8 @@ def _check_config(out: Path, cfg: AssignAddStudy) -> None:
             theirs = json.loads(f.read_text())
         except json.JSONDecodeError as exc:
             raise StudyError(f"{f}: corrupt ({exc})") from None
-        free = {"steps", "threads", "sweep_f", "sweep_r", "sweep_steps"}   # sweeps are kept per point
+        free = {"steps", "threads", "sweep_f", "sweep_r", "sweep_steps",   # sweeps are kept per point,
+                "phase_window", "phase_jump"}                               # phases are read off the curve
         diff = sorted(k for k in set(mine) | set(theirs)
                       if k not in free and json.loads(json.dumps(mine.get(k))) != theirs.get(k))
         if diff:
@@ -348,7 +349,8 @@ def run(out_dir, cfg: AssignAddStudy | None = None, progress: bool = True) -> di
             sweeps.append({"f": cfg.f, "r": cfg.r, "steps": cfg.sweep_steps, "main_run": True, **at_sweep})
         final, last = curve[-1], records[-1]
         found = an.phases(curve, PHASE_METRICS, cfg.phase_window, cfg.phase_jump)
-        routing_jump = next((p for p in found if p["metric"] == "l2_value_routing_rate"), None)
+        transitions = {k: an.transition(curve, k) for k in PHASE_METRICS}
+        routing_jump = transitions["l2_value_routing_rate"]
         addition_ready = next((c["step"] for c in curve if c["virtual_addition"] >= 0.99), None)
         summary = {
             "config": cfg.to_dict(), "steps": final["step"],
@@ -361,7 +363,8 @@ def run(out_dir, cfg: AssignAddStudy | None = None, progress: bool = True) -> di
             "virtual_addition_ready_step": addition_ready,
             "routing_jump": routing_jump,
             "addition_before_routing_jump": (None if routing_jump is None or addition_ready is None
-                                             else addition_ready < routing_jump["steepest_step"]),
+                                             else addition_ready < routing_jump["t50"]),
+            "transitions": transitions,
             "first_step_0var_heldout_99": next((c["step"] for c in curve if c["0var_heldout"] >= 0.99), None),
             "first_step_2var_union_97": next((c["step"] for c in curve if c["2var_union"] >= 0.97), None),
             "key_frequencies": last["fourier"]["key_frequencies"],

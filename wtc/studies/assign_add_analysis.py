@@ -204,5 +204,17 @@ def phases(curves: list[dict], keys, window: int, jump: float) -> list[dict]:
     return sorted(out, key=lambda p: (p["start_step"], p["metric"]))
 
 
-__all__ = ["routing", "virtual_addition", "value_vectors", "fourier", "frequency_analysis", "twin_cosine", "phases", "zero_var_grid",
+def transition(curve: list[dict], key: str) -> dict | None:
+    """When a metric made its rise: the first steps at which it covered 10%, 50% and 90% of the
+    way from its first value to its final value (None when it did not rise by at least 0.1)."""
+    y = np.array([c[key] for c in curve], float)
+    steps = [c["step"] for c in curve]
+    lo, hi = y[0], y[-1]
+    if hi - lo < 0.1:
+        return None
+    at = {f"t{int(q * 100)}": int(steps[int(np.argmax(y >= lo + q * (hi - lo)))]) for q in (0.1, 0.5, 0.9)}
+    return {"metric": key, "from": float(lo), "to": float(hi), **at}
+
+
+__all__ = ["transition", "routing", "virtual_addition", "value_vectors", "fourier", "frequency_analysis", "twin_cosine", "phases", "zero_var_grid",
            "value_positions", "referenced_positions", "constant_twin", "EQUALS"]

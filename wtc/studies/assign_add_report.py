@@ -8,6 +8,10 @@ POOL_STYLE = {"0var_heldout": ("C0", "-"), "0var_train": ("C0", ":"), "1var_held
               "2var_restricted2": ("C2", ":"), "2var_heldout": ("C2", "-."), "2var_union": ("k", "-")}
 
 
+def _t(transition, key):
+    return None if transition is None else transition[key]
+
+
 def _fmt(v, digits=3):
     return "-" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
 
@@ -27,10 +31,11 @@ def plot(out: Path, s: dict, curve: list[dict]) -> None:
             a.plot(steps, [c[name] for c in curve], ls, color=color, lw=1.4 if name == "2var_union" else 1,
                    label=name.replace("_", " "))
     for p in s["phases"]:
-        if p["metric"] in ("2var_union", "l2_value_routing_rate"):
-            a.axvspan(p["start_step"], p["end_step"], color="C3", alpha=0.08)
+        if p["metric"] in ("2var_union", "1var_restricted", "l2_value_routing_rate"):
+            a.axvspan(p["start_step"], p["end_step"], color="C3", alpha=0.06)
             a.axvline(p["steepest_step"], color="C3", lw=0.7, ls=":")
-    a.set(xlabel="step", ylabel="accuracy", title="accuracy per evaluation pool (shaded: phases)", ylim=(0, 1.02))
+    a.set(xlabel="step", ylabel="accuracy", ylim=(0, 1.02),
+          title="accuracy per evaluation pool (shaded: phases of 2-var union, 1-var restricted, L2 routing)")
     a.legend(fontsize=7, ncol=2)
 
     b = axes[0, 1]
@@ -79,9 +84,10 @@ def markdown(out: Path, s: dict) -> None:
              f"{_fmt(s['l2_value_routing_rate'])} (attention mass on the two values "
              f"{_fmt(s['l2_value_attention_mass'])})",
              f"- virtual addition {_fmt(s['virtual_addition'])}, >= 0.99 from step "
-             f"{_fmt(s['virtual_addition_ready_step'])}; routing jump "
-             f"{'-' if not s['routing_jump'] else str(s['routing_jump']['start_step']) + '-' + str(s['routing_jump']['end_step'])}"
-             f" -> addition ready before the jump: {_fmt(s['addition_before_routing_jump'])}",
+             f"{_fmt(s['virtual_addition_ready_step'])}; layer-2 value routing rose (10% / 50% / 90% of the way) "
+             f"at steps {_fmt(_t(s['routing_jump'], 't10'))} / {_fmt(_t(s['routing_jump'], 't50'))} / "
+             f"{_fmt(_t(s['routing_jump'], 't90'))} -> addition in place before the routing midpoint: "
+             f"{_fmt(s['addition_before_routing_jump'])}",
              f"- layer-2 MLP: {_fmt(s['fourier']['single_frequency_fraction'], 2)} of live neurons on one frequency, "
              f"{_fmt(s['fourier']['on_key_fraction'], 2)} on the key frequencies {s['key_frequencies']}",
              f"- residual before the layer-2 MLP, variable vs constant twin: cosine "
@@ -92,7 +98,12 @@ def markdown(out: Path, s: dict) -> None:
     for k, v in s["pools"].items():
         core = s["ace_core"]["pools"].get(k, {})
         lines.append(f"| {k} | {_fmt(v)} | {_fmt(core.get('keep'))} | {_fmt(core.get('remove'))} |")
-    lines += ["", "## Phases", "", "| metric | start | steepest | end | before | after |", "|---|---|---|---|---|---|"]
+    lines += ["", "## Transitions (first step at 10% / 50% / 90% of the rise)", "",
+              "| metric | from | to | t10 | t50 | t90 |", "|---|---|---|---|---|---|"]
+    lines += [f"| {k} | {_fmt(t['from'])} | {_fmt(t['to'])} | {t['t10']} | {t['t50']} | {t['t90']} |"
+              for k, t in s["transitions"].items() if t]
+    lines += ["", f"## Phases (a metric rising by >= {cfg['phase_jump']} within {cfg['phase_window']} steps)", "",
+              "| metric | start | steepest | end | before | after |", "|---|---|---|---|---|---|"]
     lines += [f"| {p['metric']} | {p['start_step']} | {p['steepest_step']} | {p['end_step']} | {_fmt(p['before'])} | "
               f"{_fmt(p['after'])} |" for p in s["phases"]]
     if s["sweeps"]:
