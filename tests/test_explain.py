@@ -83,3 +83,17 @@ def test_reliability_is_one_for_consistent_weights_and_low_for_noise():
     noise = rng.random((20, 10))
     assert reliability(noise) < 0.2
     assert reliability(np.ones((1, 10))) is None
+
+
+def test_weights_are_sampled_from_matrices_only_and_nonzero():
+    from wtc.ablate.explain import sample_weights
+    model = planted_model()
+    picks = sample_weights(model, 300, seed=1)
+    params = dict(model.named_parameters())
+    assert len(picks) == 300 and len(set(picks)) == 300
+    assert all(".b_" not in n and params[n][i] != 0 for n, i in picks)
+    assert {n for n, _ in picks} <= {"embed.W_E", "pos_embed.W_pos", "blocks.0.attn.W_Q", "blocks.0.attn.W_K",
+                                     "blocks.0.attn.W_V", "blocks.0.mlp.W_in", "blocks.0.mlp.W_out", "unembed.W_U"}
+    assert sample_weights(model, 300, seed=1) == picks
+    with pytest.raises(KeyError, match="not weight matrices"):
+        sample_weights(model, 3, params=["blocks.0.attn.b_Q"])

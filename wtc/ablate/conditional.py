@@ -32,6 +32,11 @@ import torch
 _PATTERN = re.compile(r"^(embed\.W_E|pos_embed\.W_pos|unembed\.W_U|blocks\.(\d+)\.(attn\.W_[QKVO]|mlp\.W_in|mlp\.W_out))$")
 
 
+def is_matrix(name: str) -> bool:
+    """Whether `name` is one of the weight matrices conditional ablation handles (not a bias or norm)."""
+    return _PATTERN.match(name) is not None
+
+
 def _parse(model, name: str) -> tuple[str, int | None]:
     m = _PATTERN.match(name)
     if m is None or not hasattr(model, "blocks"):
@@ -157,4 +162,4 @@ def conditional_kl(model, tokens: torch.Tensor, name: str, index, masks, clean_l
     return out[0] if single else out
 
 
-__all__ = ["zeroed_at", "conditional_kl", "is_local"]
+__all__ = ["zeroed_at", "conditional_kl", "is_local", "is_matrix"]

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from wtc.ablate import predicates as grammar
 from wtc.ablate import sandbox
-from wtc.ablate.conditional import conditional_kl, is_local
+from wtc.ablate.conditional import conditional_kl, is_local, is_matrix
 from wtc.ablate.scan import scan
 
 
@@ -52,10 +52,12 @@ class Explanation:
 
 
 def sample_weights(model, n: int, params=None, seed: int = 0) -> list[tuple[str, tuple[int, ...]]]:
-    """n nonzero weights drawn uniformly (seeded) from the chosen matrices (default: all >= 2-D)."""
-    named = {k: p for k, p in model.named_parameters() if p.ndim >= 2 and (params is None or k in params)}
+    """n nonzero weights drawn uniformly (seeded) from the chosen weight matrices (default: every
+    matrix: embedding, positions, attention W_Q/W_K/W_V/W_O, MLP W_in/W_out, unembedding; biases
+    and norm weights are not weights here)."""
+    named = {k: p for k, p in model.named_parameters() if is_matrix(k) and (params is None or k in params)}
     if params is not None and set(params) - set(named):
-        raise KeyError(f"unknown parameters {sorted(set(params) - set(named))}")
+        raise KeyError(f"not weight matrices of this model: {sorted(set(params) - set(named))}")
     names = sorted(named)
     counts = np.array([int((named[k] != 0).sum()) for k in names])
     if counts.sum() == 0:
