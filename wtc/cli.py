@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "byte LMs on the stdlib, share of weights explained by one predicate; all resumable)")
     st.add_argument("name", help="markov | modadd | assign-add | sparse-vs-dense")
     st.add_argument("--quick", action="store_true",
-                    help="fewer training steps (markov about 30 s; modadd about 6 min; assign-add QUICK_AA on 2 cores)")
+                    help="fewer training steps (markov about 30 s; modadd about 6 min; assign-add about 23 min; sparse-vs-dense about 12 min; on 2 cores)")
     st.add_argument("--out", default=None, help="directory for summary.json and plots (default study-NAME); "
                                                 "modadd and assign-add resume from the checkpoints there")
     st.add_argument("--seed", type=int, default=None, help="seed of the study (default: its config's, 0)")
