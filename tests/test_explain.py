@@ -97,3 +97,20 @@ def test_weights_are_sampled_from_matrices_only_and_nonzero():
     assert sample_weights(model, 300, seed=1) == picks
     with pytest.raises(KeyError, match="not weight matrices"):
         sample_weights(model, 3, params=["blocks.0.attn.b_Q"])
+
+
+def test_a_failing_proposer_is_noted_and_the_grammar_still_explains():
+    model = planted_model()
+    search, slices = _text(8, 32, 0), [_text(4, 32, s) for s in range(1, 4)]
+
+    def broken(contexts):
+        raise RuntimeError("proposer exploded")
+
+    res = explain(model, search, slices, weights=[("blocks.0.mlp.W_out", (0, 5))], proposer=broken, progress=False)
+    (w,) = res["weights"]
+    assert "proposer exploded" in w.note and w.proposer == "grammar" and w.interpretable
+    shell = explain(model, search, slices, weights=[("blocks.0.mlp.W_out", (0, 5))], builtin=False, progress=False,
+                    proposer="python -c \"import json,sys; json.load(sys.stdin); "
+                             "print(json.dumps(['def predicate(tokens, pos):\\n    return tokens[pos] == chr(46)']))\"")
+    (w,) = shell["weights"]
+    assert w.proposer == "external" and w.interpretable, w.note

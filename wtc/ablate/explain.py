@@ -171,7 +171,12 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
                        for i in flat[:5]]
         if proposer is not None:
             ctx = [_context_text(search_np[i // kl_np.shape[1]], int(i % kl_np.shape[1])) for i in flat]
-            for src in _external(proposer, ctx, proposer_timeout_s):
+            try:
+                sources = _external(proposer, ctx, proposer_timeout_s)
+            except Exception as exc:        # a broken proposer costs its candidates, not the run
+                ex.note += f"external proposer failed: {type(exc).__name__}: {exc}; "
+                sources = []
+            for src in sources:
                 try:
                     sandbox.check_source(src)
                 except sandbox.PredicateRejected as exc:
