@@ -338,3 +338,20 @@ def test_fisher_estimate_tracks_small_exact_kl_and_prefilters():
     assert (got[~mask] == 0).all()
     with pytest.raises(ValueError, match="bool mask"):
         scan(model, tokens, params="blocks.1.mlp.W_out", weights={"blocks.1.mlp.W_out": mask.float()}, progress=False)
+
+
+def test_scan_counts_kl_only_at_the_chosen_positions():
+    model = tiny_model(seed=3)
+    tokens = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(3))
+    counted = torch.zeros(3, 6, dtype=torch.bool)
+    counted[:, -1] = True
+    counted[1, 2] = True
+    names = ["embed.W_E", "blocks.0.attn.W_K", "blocks.1.mlp.W_in", "blocks.1.mlp.W_out", "unembed.W_U"]
+    res = scan(model, tokens, params=names, positions=counted, progress=False, batch=4)
+    for name in names:
+        want = naive_position_kl(model, tokens, name) * counted.flatten()          # (n, N)
+        for flat in range(dict(model.named_parameters())[name].numel()):
+            torch.testing.assert_close(res.position_kl(name, flat), want[flat], rtol=1e-5, atol=1e-9)
+        torch.testing.assert_close(res.total_kl[name].flatten(), want.sum(-1), rtol=1e-5, atol=1e-9)
+    with pytest.raises(ValueError, match="positions"):
+        scan(model, tokens, params=names, positions=torch.ones(3, 5, dtype=torch.bool), progress=False)

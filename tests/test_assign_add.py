@@ -198,6 +198,10 @@ def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert s["steps"] == 30 and [c["step"] for c in json.loads((tmp_path / "b/curve.json").read_text())] == \
         [0, 10, 20, 30]
     assert (tmp_path / "b/assign_add.png").exists() and (tmp_path / "b/report.md").exists()
+    ws = s["weight_scan"]
+    assert sum(v["share"] for v in ws["per_matrix"].values()) == pytest.approx(1.0)
+    assert "blocks.0.mlp.W_in" not in ws["per_matrix"] and ws["per_matrix"]["unembed.W_U"]["estimated"] is False
+    assert ws["top"][0]["total_kl"] >= ws["top"][-1]["total_kl"] > 0
     with pytest.raises(StudyError, match="different config"):
         run(tmp_path / "b", _tiny(f=0.5), progress=False)
 

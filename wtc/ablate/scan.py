@@ -67,6 +67,7 @@ class _Evaluator:
 
     def __init__(self, model: nn.Module, tokens: torch.Tensor, readout):
         self.model, self.tokens, self.readout = model, tokens, readout or _default_readout
+        self.counted = None          # (N,) bool: positions whose KL counts (scan(positions=...)); None: all
         # prefix caching needs wtc's split forward and logits as the model's own output
         self.is_wtc = readout is None and hasattr(model, "logits_from") and hasattr(model, "embed_tokens")
         self.last_mlp = None
@@ -226,7 +227,8 @@ def _dist():
 
 def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None = None, out=None,
          mass: float = 0.9, keep_positions: bool | None = None, progress: bool = True,
-         chunk: int = CHUNK, weights: dict[str, torch.Tensor] | None = None) -> ScanResult:
+         chunk: int = CHUNK, weights: dict[str, torch.Tensor] | None = None,
+         positions: torch.Tensor | None = None) -> ScanResult:
     """Exact per-position KL(clean || weight zeroed) for every nonzero weight of `params`.
 
     model: a wtc Transformer, a TransformerLens HookedTransformer, or any nn.Module;
@@ -236,7 +238,10 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
     store (None: in memory); mass: share of KL the importance positions hold; keep_positions:
     store full per-position KL (default: when it fits in 1 GiB; otherwise recomputed on demand);
     weights: {name: bool mask shaped like the parameter} to scan only some weights exactly (e.g. the
-    top of wtc.ablate.fisher_estimate); unscanned weights report total KL 0 and no row in the store.
+    top of wtc.ablate.fisher_estimate); unscanned weights report total KL 0 and no row in the store;
+    positions: a bool mask (B, T): KL counted only there (e.g. the one position a task is read at),
+    0 elsewhere; the ablations themselves still act everywhere, so effects that travel to the
+    counted positions through attention are in.
     """
     if not 0 < mass <= 1:
         raise ValueError(f"mass must be in (0, 1], got {mass}")
@@ -246,10 +251,16 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
     tokens = tokens.long()
     chosen = _select_params(model, params)
     masks = _check_masks(weights, chosen)
+    if positions is not None:
+        positions = torch.as_tensor(positions)
+        if positions.dtype != torch.bool or positions.shape != tokens.shape:
+            raise ValueError(f"positions must be a bool mask shaped like the tokens {tuple(tokens.shape)}, "
+                             f"got {positions.dtype} {tuple(positions.shape)}")
     was_training = model.training
     model.eval()
     try:
         ev = _Evaluator(model, tokens, readout)
+        ev.counted = None if positions is None else positions.flatten().to(ev.logp.device)
         return _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, progress, chunk)
     finally:
         model.train(was_training)
@@ -281,6 +292,7 @@ def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, pr
     if keep_positions is None:
         keep_positions = sum(nonzero.values()) * N * 4 <= KEEP_POSITIONS_BYTES
     meta = {**_fingerprint(model, tokens), "params": sorted(chosen), "mass": mass, "keep_positions": keep_positions,
+            "positions_sha256": None if ev.counted is None else hashlib.sha256(ev.counted.cpu().numpy().tobytes()).hexdigest(),
             "chunk": chunk, "weights_sha256": hashlib.sha256(b"".join(
                 m.numpy().tobytes() for _, m in sorted(masks.items()))).hexdigest()}
     directory = Path(out) if out is not None else None
@@ -335,8 +347,13 @@ def _chunk(ev, name, p, idx, A, mass, keep_positions):
     closed = ev.unembed_weight(name, p)
     if closed is not None:
         totals, per = _closed_form(ev, closed, idx)
+        if ev.counted is not None:
+            per = per * ev.counted
+            totals = per.double().sum(-1)
     else:
         per64 = torch.cat([_exact_rows(ev, name, p, part) for part in _batches(ev, name, p, idx, A)])
+        if ev.counted is not None:
+            per64 = per64 * ev.counted
         totals, per = per64.sum(-1), per64.float()
     totals, per = totals.cpu(), per.float().cpu()
     positions = importance_positions(per, mass)
@@ -387,6 +404,5 @@ def _position_kl_one(ev, name, p, index) -> torch.Tensor:
         return torch.zeros(ev.logp.shape[0], dtype=torch.float64)
     idx = torch.tensor([flat])                   # moved to the model's device where it is used
     closed = ev.unembed_weight(name, p)
-    if closed is not None:
-        return _closed_form(ev, closed, idx)[1][0].double().cpu()
-    return _exact_rows(ev, name, p, idx)[0].cpu()
+    row = _closed_form(ev, closed, idx)[1][0].double() if closed is not None else _exact_rows(ev, name, p, idx)[0]
+    return (row if ev.counted is None else row * ev.counted).cpu()

@@ -204,6 +204,54 @@ def phases(curves: list[dict], keys, window: int, jump: float) -> list[dict]:
     return sorted(out, key=lambda p: (p["start_step"], p["metric"]))
 
 
+def weight_scan(model, tokens: np.ndarray, attention_sample: int = 512, seed: int = 0, top: int = 10) -> dict:
+    """Per-weight scan at "=": for every nonzero weight, the total KL(clean || zeroed) over the "="
+    positions of `tokens` (wtc.ablate.scan with positions=). Every weight of the embeddings, the
+    layer-2 MLP and the unembedding (fast paths); `attention_sample` weights drawn per attention
+    matrix (a full forward of the rest of the network each), whose matrix totals are estimates
+    (mean x count) and say so."""
+    import time
+
+    from wtc.ablate import scan
+
+    t0 = time.perf_counter()
+    tokens = torch.as_tensor(tokens)
+    counted = torch.zeros(tokens.shape, dtype=torch.bool)
+    counted[:, ANSWER_POS] = True
+    params = {n: p for n, p in model.named_parameters() if p.ndim >= 2 and not n.split(".")[-1].startswith("b_")}
+    rng = np.random.default_rng([seed, 5])
+    masks = {}
+    for n, p in params.items():
+        if ".attn.W_" in n:
+            nz = torch.nonzero(p.detach().flatten() != 0).flatten().numpy()
+            pick = rng.choice(nz, size=min(attention_sample, len(nz)), replace=False)
+            m = torch.zeros(p.numel(), dtype=torch.bool)
+            m[torch.from_numpy(pick)] = True
+            masks[n] = m.reshape(p.shape)
+    res = scan(model, tokens, params=sorted(params), weights=masks, positions=counted, progress=False,
+               keep_positions=False)
+    per, full_totals = {}, []
+    for n, p in params.items():
+        nonzero = int((p != 0).sum())
+        kl = res.total_kl[n].flatten().double()
+        scanned = int(masks[n].sum()) if n in masks else nonzero
+        mean = float(kl.sum()) / max(scanned, 1)
+        per[n] = {"weights": nonzero, "scanned": scanned, "kl_sum_scanned": float(kl.sum()),
+                  "mean_kl": mean, "total_kl": mean * nonzero, "estimated": n in masks}
+        if n not in masks:
+            full_totals.append(kl[p.detach().flatten() != 0])
+    grand = sum(v["total_kl"] for v in per.values())
+    for v in per.values():
+        v["share"] = v["total_kl"] / grand if grand > 0 else None
+    allfull = torch.cat(full_totals).sort(descending=True).values
+    cum = allfull.cumsum(0) / allfull.sum().clamp_min(1e-300)
+    holding = int((cum < 0.9).sum()) + 1
+    return {"sequences": int(tokens.shape[0]), "positions": "=", "per_matrix": per,
+            "top": res.top(top), "fully_scanned_weights": int(len(allfull)),
+            "fraction_holding_90pct": holding / max(len(allfull), 1),
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def transition(curve: list[dict], key: str) -> dict | None:
     """When a metric made its rise: the first steps at which it covered 10%, 50% and 90% of the
     way from its first value to its final value (None when it did not rise by at least 0.1)."""
@@ -216,5 +264,5 @@ def transition(curve: list[dict], key: str) -> dict | None:
     return {"metric": key, "from": float(lo), "to": float(hi), **at}
 
 
-__all__ = ["transition", "routing", "virtual_addition", "value_vectors", "fourier", "frequency_analysis", "twin_cosine", "phases", "zero_var_grid",
+__all__ = ["weight_scan", "transition", "routing", "virtual_addition", "value_vectors", "fourier", "frequency_analysis", "twin_cosine", "phases", "zero_var_grid",
            "value_positions", "referenced_positions", "constant_twin", "EQUALS"]

@@ -106,6 +106,15 @@ def markdown(out: Path, s: dict) -> None:
               "| metric | start | steepest | end | before | after |", "|---|---|---|---|---|---|"]
     lines += [f"| {p['metric']} | {p['start_step']} | {p['steepest_step']} | {p['end_step']} | {_fmt(p['before'])} | "
               f"{_fmt(p['after'])} |" for p in s["phases"]]
+    ws = s.get("weight_scan")
+    if ws:
+        lines += ["", f"## Per-weight scan at '=' ({ws['sequences']} sequences of the 2-var union, {ws['seconds']} s)", "",
+                  f"{_fmt(ws['fraction_holding_90pct'])} of the {ws['fully_scanned_weights']} fully scanned weights "
+                  "hold 90% of their KL.", "",
+                  "| matrix | nonzero | scanned | mean KL per weight | total KL | share |", "|---|---|---|---|---|---|"]
+        lines += [f"| {n} | {v['weights']} | {v['scanned']} | {v['mean_kl']:.3g} | {v['total_kl']:.3g}"
+                  f"{' (est.)' if v['estimated'] else ''} | {_fmt(v['share'])} |" for n, v in ws["per_matrix"].items()]
+        lines += ["", "Top weights: " + ", ".join(f"{t['param']}{t['index']} ({t['total_kl']:.3g})" for t in ws["top"])]
     if s["sweeps"]:
         lines += ["", "## Sweeps (training fraction f, 2-var share r)", "",
                   "| f | r | steps | 0-var held-out | 2-var union | 1-var restricted |", "|---|---|---|---|---|---|"]
