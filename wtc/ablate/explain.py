@@ -148,10 +148,9 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
     search_scorer = Scorer(model, search)
     slice_scorers = [Scorer(model, s) for s in slices]
     search_np = search.numpy()
-    chosen = {}
+    params, chosen = dict(model.named_parameters()), {}
     for name, index in weights:
-        p = dict(model.named_parameters())[name]
-        chosen.setdefault(name, torch.zeros(p.shape, dtype=torch.bool))[index] = True
+        chosen.setdefault(name, torch.zeros(params[name].shape, dtype=torch.bool))[index] = True
     scanned = scan(model, search, params=sorted(chosen), weights=chosen, keep_positions=True, progress=False)
     out: list[Explanation] = []
     for name, index in tqdm(weights, disable=not progress, desc="explain", unit="w"):

@@ -31,7 +31,7 @@ from wtc.models import Transformer, TransformerConfig
 from wtc.models import io as model_io
 from wtc.studies import assign_add_analysis as an
 from wtc.studies import assign_add_report as report
-from wtc.studies.clock import Clock
+from wtc.studies.clock import Clock, study_dir
 from wtc.tasks.assign_add import ANSWER_POS, SEQ_LEN, TWO_VAR_POOLS, VOCAB, AssignAdd
 
 ANSWER = slice(ANSWER_POS, ANSWER_POS + 1)
@@ -332,9 +332,7 @@ def run(out_dir, cfg: AssignAddStudy | None = None, progress: bool = True) -> di
     cfg = cfg or AssignAddStudy()
     if not isinstance(cfg, AssignAddStudy):
         raise StudyError(f"cfg must be an AssignAddStudy, got {type(cfg).__name__}")
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise StudyError(f"--out {out} exists and is not a directory")
+    out = study_dir(out_dir, StudyError)
     old_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:

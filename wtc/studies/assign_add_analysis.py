@@ -264,5 +264,6 @@ def transition(curve: list[dict], key: str) -> dict | None:
     return {"metric": key, "from": float(lo), "to": float(hi), **at}
 
 
-__all__ = ["weight_scan", "transition", "routing", "virtual_addition", "value_vectors", "fourier", "frequency_analysis", "twin_cosine", "phases", "zero_var_grid",
-           "value_positions", "referenced_positions", "constant_twin", "EQUALS"]
+__all__ = ["weight_scan", "transition", "routing", "virtual_addition", "value_vectors", "fourier",
+           "frequency_analysis", "twin_cosine", "phases", "zero_var_grid", "value_positions",
+           "referenced_positions", "constant_twin"]

@@ -90,7 +90,7 @@ def markdown(out: Path, s: dict) -> None:
              f"{_fmt(s['addition_before_routing_jump'])}",
              f"- layer-2 MLP: {_fmt(s['fourier']['single_frequency_fraction'], 2)} of live neurons on one frequency, "
              f"{_fmt(s['fourier']['on_key_fraction'], 2)} on the key frequencies {s['key_frequencies']}",
-             f"- residual before the layer-2 MLP, variable vs constant twin: cosine "
+             "- residual before the layer-2 MLP, variable vs constant twin: cosine "
              + ", ".join(f"{k} {_fmt(v)}" for k, v in s["twin_cosine"].items()),
              f"- ACE core at '=' ({s['ace_core']['layer']}): rank {s['ace_core']['rank']} at energy "
              f"{s['ace_core']['energy']}, sufficient rank {_fmt(s['ace_core']['sufficient_rank'])}", "",

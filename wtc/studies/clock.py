@@ -1,4 +1,4 @@
-"""Wall time a study has spent on its output directory, over all (resumed) invocations."""
+"""Study bookkeeping: the output directory, and the wall time spent on it over all (resumed) invocations."""
 from __future__ import annotations
 
 import json
@@ -27,3 +27,11 @@ class Clock:
 
     def save(self) -> None:
         self.file.write_text(json.dumps({"seconds": round(self.total(), 1)}))
+
+
+def study_dir(out_dir, error: type[Exception]) -> Path:
+    """The study's output directory as a Path; `error` (the study's own) when it is an existing file."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise error(f"--out {out} exists and is not a directory")
+    return out

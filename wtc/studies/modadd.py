@@ -45,7 +45,7 @@ from wtc.ace import extract_core, patched_accuracy, shift_operator
 from wtc.models import Transformer, TransformerConfig
 from wtc.models import io as model_io
 from wtc.studies import modadd_report
-from wtc.studies.clock import Clock
+from wtc.studies.clock import Clock, study_dir
 
 
 class StudyError(ValueError):
@@ -398,9 +398,7 @@ def run(out_dir, cfg: ModAddStudy | None = None, progress: bool = True) -> dict:
     cfg = cfg or ModAddStudy()
     if not isinstance(cfg, ModAddStudy):
         raise StudyError(f"cfg must be a ModAddStudy, got {type(cfg).__name__}")
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise StudyError(f"--out {out} exists and is not a directory")
+    out = study_dir(out_dir, StudyError)
     old_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:

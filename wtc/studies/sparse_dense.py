@@ -21,6 +21,7 @@ from wtc.ablate import explain_report
 from wtc.ablate.sparse import SparseTrainConfig, lm_config, nonzero_fraction, train_lm
 from wtc.models import Transformer
 from wtc.models import io as model_io
+from wtc.studies.clock import study_dir
 from wtc.tasks.corpus import build_corpus
 
 
@@ -72,9 +73,7 @@ def run(out_dir, cfg: SparseDenseStudy | None = None, progress: bool = True) -> 
     cfg = cfg or SparseDenseStudy()
     if not isinstance(cfg, SparseDenseStudy):
         raise StudyError(f"cfg must be a SparseDenseStudy, got {type(cfg).__name__}")
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise StudyError(f"--out {out} exists and is not a directory")
+    out = study_dir(out_dir, StudyError)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     corpus = build_corpus(max_bytes=cfg.max_bytes, seed=cfg.seed)
