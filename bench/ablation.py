@@ -107,6 +107,26 @@ def main() -> None:
                      "speedup": round(t_naive_all / t_fast_all, 2)})
         print(rows[-1], flush=True)
 
+    # The floor of any exact method for a weight whose change reaches the last residual stream as a
+    # dense (N, D) matrix (every weight before the last block's MLP): the ablated logits need one
+    # (N, D) x (D, V) GEMM and the KL reads all N x V of them. Timed here in batches of 2 with
+    # reused buffers, against the naive loop's mean rate: the largest speed-up those weights allow.
+    if not args.params and args.device == "cpu":
+        N, D = tokens.numel(), cfg.d_model
+        logp = torch.log_softmax(model(tokens).detach().double(), -1).float().reshape(N, cfg.d_vocab)
+        hidden = torch.randn(2 * N, D)
+        out = torch.empty(2 * N, cfg.d_vocab)
+        W_U, b_U = model.unembed.W_U.detach(), model.unembed.b_U.detach()
+
+        def floor():
+            K.kl_rows(logp, torch.addmm(b_U, hidden, W_U, out=out).view(2, N, cfg.d_vocab))
+        t_floor, _ = timed(floor, repeat=5)
+        naive_mean = sum(sizes[n] for n in sizes) / sum(sizes[n] / naive_rates[n] for n in sizes)
+        rows.append({"what": "floor: unembedding GEMM + KL of a dense change (upper bound for weights before the last MLP)",
+                     "naive_w_per_s": round(naive_mean, 2), "fast_w_per_s": round(2 / t_floor, 2),
+                     "speedup": round(2 / t_floor / naive_mean, 2)})
+        print(rows[-1], flush=True)
+
     # KL kernel: torch eager vs native on A=16 ablations of N = 8192 positions, V = 512
     if _native.cpu_module() is not None and args.device == "cpu":
         _native.cpu_module().set_num_threads(args.threads)

@@ -141,6 +141,24 @@ def test_scan_equals_naive_loop_on_every_weight(normalization, abstopk):
     assert top[0]["total_kl"] >= top[1]["total_kl"] >= top[2]["total_kl"]
 
 
+@pytest.mark.parametrize("kw", [dict(n_layers=3, act_fn="gelu", normalization="LN", mlp_layers=(0, 2)),
+                                dict(n_layers=3, normalization="RMS", mlp_layers=(1,), bias=False),
+                                dict(n_layers=2, act_fn="gelu", mlp_layers=(0,)),
+                                dict(n_layers=2, normalization="LN", mlp_abstopk=0.5)])
+def test_structured_suffix_equals_naive_loop_on_every_matrix(kw):
+    """Every entry of wtc.ablate.suffix (rank-1 MLP / W_O / W_V, one-head W_Q / W_K, embedding rows
+    from their first reach) through every kind of block after it (no MLP, norms, AbsTopK, GELU)."""
+    cfg = TransformerConfig(d_model=8, n_heads=2, d_head=4, d_mlp=12, d_vocab=7, n_ctx=6, **kw)
+    model = Transformer(cfg, seed=4).double()
+    with torch.no_grad():                                    # non-trivial norm parameters
+        for name, p in model.named_parameters():
+            if ".w" in name or name.endswith(".b"):
+                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name)), dtype=p.dtype))
+    tokens = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(5))
+    names = [n for n, p in model.named_parameters() if p.ndim >= 2 and n != "unembed.W_U"]
+    _scan_vs_naive(model, tokens, names)
+
+
 def test_embedding_rows_of_absent_tokens_are_exactly_zero():
     model = tiny_model()
     tokens = torch.tensor([[0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0]])      # token 6 never occurs

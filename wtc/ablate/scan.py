@@ -3,9 +3,11 @@
 How each parameter is evaluated (all exact, never estimated):
 - closed form for the unembedding (the last linear map to the logits: zeroing W[v, j] moves one
   logit by W[v, j] h_j; wtc._C computes every (v, j) at every position without ablated logits);
-- prefix caching for wtc Transformers: the clean residual stream entering block l is computed once,
-  and batches of perturbed copies run only blocks l.. and the unembedding;
-- embedding rows only on the sequences that contain the token (elsewhere the KL is exactly 0);
+- wtc Transformers' weight matrices (wtc.ablate.suffix): the change a zeroed weight makes to the
+  residual stream is computed from cached clean activations (rank-1 for MLP weights, W_O and W_V;
+  one head recomputed for W_Q / W_K; embedding rows only where the token / position reaches), and
+  only what follows it is run, as one batch of copies; their biases and norm weights run the
+  blocks from the cached residual stream entering their block;
 - any other nn.Module (TransformerLens models included): batches of A copies of the parameter,
   each with one weight zeroed, through torch.func.vmap(functional_call(model, ...)), then the readout.
 Results stream to a SQLite store chunk by chunk (wtc.ablate.store), so a killed scan resumes.
@@ -25,9 +27,10 @@ from torch import nn
 from torch.func import functional_call, vmap
 from tqdm.auto import tqdm
 
-from wtc.ablate.kl import importance_positions, kl_rank1, kl_rows, kl_unembed
+from wtc.ablate.kl import importance_positions, kl_rows, kl_unembed
 from wtc.ablate.result import ScanResult
 from wtc.ablate.store import ScanStore
+from wtc.ablate.suffix import Suffix
 
 CHUNK = 4096                 # weights per committed chunk: the unit of resume and of sharding
 KEEP_POSITIONS_BYTES = 2**30  # keep full per-position KL in the store while it stays under 1 GiB
@@ -69,19 +72,17 @@ class _Evaluator:
         self.model, self.tokens, self.readout = model, tokens, readout or _default_readout
         self.counted = None          # (N,) bool: positions whose KL counts (scan(positions=...)); None: all
         # prefix caching needs wtc's split forward and logits as the model's own output
-        self.is_wtc = readout is None and hasattr(model, "logits_from") and hasattr(model, "embed_tokens")
-        self.last_mlp = None
+        # (and no user hooks: the structured path computes blocks from cached activations, not through them)
+        self.is_wtc = (readout is None and hasattr(model, "logits_from") and hasattr(model, "embed_tokens")
+                       and not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()))
+        self.suffix = None
         self.unembed_input = None
         with torch.no_grad():
             if self.is_wtc:
-                resid = model.embed_tokens(tokens)
-                self.resid_pre = []
-                for block in model.blocks:
-                    self.resid_pre.append(resid)
-                    resid = block(resid)
-                self.unembed_input = model.final_hidden(resid)
-                logits = model.unembed(self.unembed_input)
-                self._cache_last_mlp()
+                self.suffix = Suffix(model, tokens)
+                self.resid_pre = self.suffix.pre
+                self.unembed_input = model.final_hidden(self.suffix.final)
+                logits = self.suffix.logits
             else:
                 logits = self._generic_clean()
         if logits.ndim != 3 or logits.shape[:2] != tokens.shape[:2]:
@@ -93,40 +94,9 @@ class _Evaluator:
         # (N, V) in the model's precision: float32 models use the native kernels, float64 stays exact
         self.logp = torch.log_softmax(logits.double(), -1).to(logits.dtype).reshape(-1, self.V)
 
-    def _cache_last_mlp(self) -> None:
-        """Clean values of the last block's MLP: zeroing one of its weights moves the logits by a
-        rank-1 term (positions x one vocabulary direction), no forward pass needed."""
-        self.last_mlp = None
-        cfg, last = self.model.cfg, self.model.blocks[-1]
-        if cfg.normalization is not None or not last.has_mlp or getattr(cfg, "mlp_abstopk", None):
-            return
-        x = self.resid_pre[-1]
-        mid = x + last.attn(last.ln1(x))                                      # (B, T, D)
-        D = cfg.d_model
-        mid = mid.reshape(-1, D)
-        pre = mid @ last.mlp.W_in + last.mlp.b_in                            # (N, d_mlp)
-        self.last_mlp = {"layer": cfg.n_layers - 1, "mid": mid, "pre": pre, "post": last.mlp.act(pre),
-                         "act": last.mlp.act, "W_in": last.mlp.W_in.detach(), "W_out": last.mlp.W_out.detach(),
-                         "W_U": self.model.unembed.W_U.detach()}
-
-    def rank1_kl(self, name: str, flat_idx: torch.Tensor):
-        """(A, N) per-position KL for weights of the last MLP, or None when no shortcut applies."""
-        c = self.last_mlp
-        if c is None or not name.startswith(f"blocks.{c['layer']}.mlp.W_"):
-            return None
-        flat_idx = flat_idx.to(c["post"].device)
-        if name.endswith(".W_out"):                   # (d_mlp, D): channel ch loses W[i, ch] post_i
-            i, ch = flat_idx // c["W_out"].shape[1], flat_idx % c["W_out"].shape[1]
-            delta = -c["W_out"][i, ch][:, None] * c["post"][:, i].T            # (A, N)
-            direction = c["W_U"][ch]                                          # (A, V)
-        elif name.endswith(".W_in"):                  # (D, d_mlp): neuron i loses W[ch, i] mid_ch
-            ch, i = flat_idx // c["W_in"].shape[1], flat_idx % c["W_in"].shape[1]
-            pre = c["pre"][:, i].T                                            # (A, N)
-            delta = c["act"](pre - c["W_in"][ch, i][:, None] * c["mid"][:, ch].T) - c["post"][:, i].T
-            direction = c["W_out"][i] @ c["W_U"]                              # (A, V)
-        else:
-            return None
-        return kl_rank1(self.logp, self.logits.reshape(-1, self.V), delta.contiguous(), direction.contiguous())
+    def structured(self, name: str) -> bool:
+        """Whether wtc.ablate.suffix computes this parameter's ablations from cached activations."""
+        return self.suffix is not None and Suffix.handles(name)
 
     def _generic_clean(self):
         """Clean logits; also captures the input of a final linear map whose output is the logits."""
@@ -165,12 +135,11 @@ class _Evaluator:
 
     # ----------------------------------------------------------------- batched exact ablation
     def ablated_logits(self, name: str, param: torch.Tensor, flat_idx: torch.Tensor):
-        """(A, N', V) logits with each weight zeroed in its own copy, and the rows N' they cover."""
+        """(A, N, V) logits with each weight zeroed in its own copy (biases, norm weights, other models)."""
         A = len(flat_idx)
         copies = param.detach().reshape(1, -1).repeat(A, 1)
         copies[torch.arange(A, device=param.device), flat_idx.to(param.device)] = 0
         copies = copies.reshape(A, *param.shape)
-        rows = None
         if self.is_wtc:
             m = re.match(r"blocks\.(\d+)\.(.*)", name)
             if m:
@@ -181,19 +150,6 @@ class _Evaluator:
                 def run(p):
                     out = functional_call(block, {local: p}, (resid,))
                     return self.model.logits_from(out, layer + 1)
-            elif name == "embed.W_E" and flat_idx.numel():
-                # Only sequences that contain the token see the change.
-                v = int(flat_idx[0]) // param.shape[1]
-                assert all(int(i) // param.shape[1] == v for i in flat_idx), "embedding batches are per row"
-                seqs = (self.tokens == v).any(-1).nonzero().flatten()
-                toks = self.tokens[seqs]
-                rows = (seqs[:, None] * self.tokens.shape[1]
-                        + torch.arange(self.tokens.shape[1], device=seqs.device)).flatten()
-                if len(seqs) == 0:                    # a token that never occurs: KL exactly 0
-                    return self.logits.new_zeros(A, 0, self.V), rows
-
-                def run(p):
-                    return functional_call(self.model, {name: p}, (toks,))
             else:
                 def run(p):
                     return functional_call(self.model, {name: p}, (self.tokens,))
@@ -202,7 +158,7 @@ class _Evaluator:
                 return self.readout(functional_call(self.model, {name: p}, (self.tokens,)))
         with torch.no_grad():
             logits = vmap(run)(copies)
-        return logits.reshape(A, -1, self.V), rows
+        return logits.reshape(A, -1, self.V)
 
 
 def _batch_size(ev: _Evaluator, batch: int | None) -> int:
@@ -361,30 +317,22 @@ def _chunk(ev, name, p, idx, A, mass, keep_positions):
 
 
 def _batches(ev, name, p, idx, A):
-    if ev.is_wtc and name == "embed.W_E":       # one embedding row per batch (its own sequences)
-        rows = idx // p.shape[1]
-        for r in torch.unique(rows):
-            sel = idx[rows == r]
-            yield from sel.split(A)
-    elif ev.is_wtc and ev.last_mlp is not None and name.startswith(f"blocks.{ev.last_mlp['layer']}.mlp.W_"):
-        yield from idx.split(256)               # rank-1 KL: no (A, N, V) tensor, so large batches
-    else:
-        yield from idx.split(A)
+    if ev.structured(name):
+        key = ev.suffix.batch_key(name, p, idx)
+        if key is not None:                      # embedding rows: one row per batch
+            for r in torch.unique(key):
+                yield from idx[key == r].split(A)
+            return
+        if ev.suffix.cheap(name):                # rank-1 KL: no (A, N, V) tensor, so large batches
+            yield from idx.split(256)
+            return
+    yield from idx.split(A)
 
 
 def _exact_rows(ev, name, p, idx) -> torch.Tensor:
-    if ev.is_wtc:
-        with torch.no_grad():
-            kl = ev.rank1_kl(name, idx)
-        if kl is not None:
-            return kl
-    logits, rows = ev.ablated_logits(name, p, idx)
-    if rows is None:
-        return kl_rows(ev.logp, logits)
-    full = torch.zeros(len(idx), ev.logp.shape[0], dtype=torch.float64, device=ev.logp.device)
-    if len(rows):
-        full[:, rows] = kl_rows(ev.logp[rows], logits)
-    return full
+    if ev.structured(name):
+        return ev.suffix.kl(name, p, idx)
+    return kl_rows(ev.logp, ev.ablated_logits(name, p, idx))
 
 
 def _closed_form(ev, closed, idx):
