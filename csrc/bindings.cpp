@@ -16,6 +16,7 @@
 
 namespace py = pybind11;
 using farr = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using darr = py::array_t<double, py::array::c_style | py::array::forcecast>;
 
 namespace {
 
@@ -92,7 +93,8 @@ py::tuple route_hard(farr q, farr k, farr v, farr q_bins, farr k_bins, farr W, f
   return py::make_tuple(idx, value, margin);
 }
 
-void expect_finite(const float* data, int64_t n, const char* name) {
+template <class T>
+void expect_finite(const T* data, int64_t n, const char* name) {
   for (int64_t i = 0; i < n; ++i)
     if (!std::isfinite(data[i])) {
       std::ostringstream msg;
@@ -114,7 +116,7 @@ py::array_t<float> gumbel_hash(int64_t seed, int64_t streams, int64_t T, int64_t
   return out;
 }
 
-py::array_t<double> kl_rows(farr logp, farr logits) {
+py::array_t<double> kl_rows(darr logp, farr logits) {
   expect_dims(logp, 2, "logp", "(N, V)");
   expect_dims(logits, 3, "logits", "(A, N, V)");
   const int64_t N = logp.shape(0), V = logp.shape(1), A = logits.shape(0);
@@ -130,7 +132,7 @@ py::array_t<double> kl_rows(farr logp, farr logits) {
   return out;
 }
 
-py::array_t<double> kl_rank1(farr logp, farr logits, farr delta, farr direction) {
+py::array_t<double> kl_rank1(darr logp, farr logits, farr delta, farr direction) {
   expect_dims(logp, 2, "logp", "(N, V)");
   expect_dims(logits, 2, "logits", "(N, V)");
   expect_dims(delta, 2, "delta", "(A, N)");
@@ -316,7 +318,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("gumbel_hash", &gumbel_hash, py::arg("seed"), py::arg("streams"), py::arg("T"), py::arg("L"),
         "Counter-based Gumbel noise (streams, T, L), float32: the bits of wtc.dt.noise.gumbel_hash");
   m.def("kl_rows", &kl_rows, py::arg("logp"), py::arg("logits"),
-        "Per-position KL(p || softmax(logits)): logp (N, V), logits (A, N, V) -> (A, N) float64.");
+        "Per-position KL(p || softmax(logits)): logp (N, V) float64, logits (A, N, V) -> (A, N) float64.");
   m.def("kl_rank1", &kl_rank1, py::arg("logp"), py::arg("logits"), py::arg("delta"), py::arg("direction"),
         "KL(p || softmax(logits + delta[a, n] * direction[a])) -> (A, N) float64, nothing materialised.");
   m.def("kl_unembed", &kl_unembed, py::arg("logp"), py::arg("h"), py::arg("W"), py::arg("v"),

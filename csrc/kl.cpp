@@ -81,16 +81,17 @@ namespace {
 // Shared driver of the two row-wise KLs: one clean row n serves all A ablations, so p = exp(logp),
 // sum p log p and sum p are computed once per row; row_kl(p, neg_entropy, p_mass, a, n) does the rest.
 template <class RowKL>
-void kl_per_clean_row(const float* logp, int64_t A, int64_t N, int64_t V, double* out, RowKL row_kl) {
+void kl_per_clean_row(const double* logp, int64_t A, int64_t N, int64_t V, double* out, RowKL row_kl) {
 #pragma omp parallel
   {
     std::vector<double> p(V);
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const float* lp = logp + n * V;
+      const double* lp = logp + n * V;
       double neg_entropy = 0.0, p_mass = 0.0;
+#pragma omp simd reduction(+ : neg_entropy, p_mass)
       for (int64_t v = 0; v < V; ++v) {
-        p[v] = std::exp(static_cast<double>(lp[v]));
+        p[v] = std::exp(lp[v]);
         neg_entropy += p[v] * lp[v];
         p_mass += p[v];
       }
@@ -101,13 +102,13 @@ void kl_per_clean_row(const float* logp, int64_t A, int64_t N, int64_t V, double
 
 }  // namespace
 
-void kl_rows_cpu(const float* logp, const float* logits, int64_t A, int64_t N, int64_t V, double* out) {
+void kl_rows_cpu(const double* logp, const float* logits, int64_t A, int64_t N, int64_t V, double* out) {
   kl_per_clean_row(logp, A, N, V, out, [=](const double* p, double ne, double pm, int64_t a, int64_t n) {
     return kl_one_row(p, ne, pm, logits + (a * N + n) * V, V);
   });
 }
 
-void kl_rank1_cpu(const float* logp, const float* logits, const float* delta, const float* direction,
+void kl_rank1_cpu(const double* logp, const float* logits, const float* delta, const float* direction,
                   int64_t A, int64_t N, int64_t V, double* out) {
   kl_per_clean_row(logp, A, N, V, out, [=](const double* p, double ne, double pm, int64_t a, int64_t n) {
     return kl_rank1_row(p, ne, pm, logits + n * V, delta[a * N + n], direction + a * V, V);

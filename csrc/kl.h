@@ -1,6 +1,6 @@
 // Per-weight ablation statistics: KL(clean || ablated) per position, the closed form for zeroing
-// one unembedding weight, and importance-position selection. CPU, OpenMP; float32 in, float64
-// accumulation. kl.cpp is compiled with -ffast-math so exp/log vectorise (glibc libmvec); the
+// one unembedding weight, and importance-position selection. CPU, OpenMP; float32 logits in
+// (clean log-probs in float64 where a KL near 0 would cancel), float64 accumulation. kl.cpp is compiled with -ffast-math so exp/log vectorise (glibc libmvec); the
 // bindings reject non-finite inputs before they get here.
 #pragma once
 #include <cstdint>
@@ -8,12 +8,14 @@
 
 namespace wtc {
 
-// logp (N, V) clean log-probabilities; logits (A, N, V) ablated logits -> out (A, N) KL(p || q).
-void kl_rows_cpu(const float* logp, const float* logits, int64_t A, int64_t N, int64_t V, double* out);
+// logp (N, V) clean log-probabilities in float64: a KL near 0 is the difference of two O(1) sums,
+// so clean log-probs rounded to float32 (~2e-7 each) would leave a ~1e-7 floor of noise per
+// position. logits (A, N, V) ablated logits -> out (A, N) KL(p || q).
+void kl_rows_cpu(const double* logp, const float* logits, int64_t A, int64_t N, int64_t V, double* out);
 
 // Rank-1 ablations: logits'[a, n, :] = logits[n, :] + delta[a, n] * direction[a, :], without
 // materialising (A, N, V). logp, logits (N, V); delta (A, N); direction (A, V) -> out (A, N).
-void kl_rank1_cpu(const float* logp, const float* logits, const float* delta, const float* direction,
+void kl_rank1_cpu(const double* logp, const float* logits, const float* delta, const float* direction,
                   int64_t A, int64_t N, int64_t V, double* out);
 
 // Zeroing W[v, j] (logit_v = sum_j W[v, j] h_j + b_v) lowers logit v by d = W[v, j] h[n, j], so

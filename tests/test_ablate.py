@@ -59,6 +59,35 @@ def test_kl_rank1_native_matches_materialised_logits(rng, A, N, V):
         C.kl_rank1(logp.numpy(), logits.numpy(), delta.numpy(), direction[:, :-1].numpy())
 
 
+@needs_native
+def test_native_kl_has_no_float32_noise_floor(rng):
+    """Unchanged logits give KL 0 to ~1e-15, not the ~1e-7 that clean log-probs rounded to float32
+    would leave (the KL is a difference of O(1) sums); and a tiny change gives its tiny KL."""
+    logits = torch.randn(64, 300, generator=rng) * 5
+    logp = torch.log_softmax(logits.double(), -1)
+    same = K.kl_rows(logp, logits[None].clone())
+    assert same.abs().max() < 1e-13
+    assert K.kl_rank1(logp, logits, torch.zeros(2, 64), torch.randn(2, 300, generator=rng)).abs().max() < 1e-13
+    ablated = logits[None] + 1e-3 * torch.randn(1, 64, 300, generator=rng)
+    torch.testing.assert_close(K.kl_rows(logp, ablated), K.kl_rows_reference(logp, ablated), rtol=1e-6, atol=1e-14)
+
+
+@pytest.mark.parametrize("normalization", [None, "LN"])
+def test_float32_scan_matches_the_naive_loop(normalization):
+    """The float32 paths (native KL kernels, reused buffers) against the naive loop of the same
+    float32 model, to float32 forward noise."""
+    cfg = TransformerConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=11, n_ctx=8,
+                            normalization=normalization, act_fn="gelu")
+    model = Transformer(cfg, seed=2)
+    tokens = torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(3))
+    names = [n for n, p in model.named_parameters() if p.ndim >= 2 and bool((p != 0).any())]
+    res = scan(model, tokens, params=names, progress=False, batch=3)
+    for name in names:
+        want = naive_position_kl(model, tokens, name)
+        got = torch.stack([res.position_kl(name, i) for i in range(len(want))])
+        torch.testing.assert_close(got, want, rtol=5e-3, atol=2e-6)
+
+
 def test_closed_form_equals_brute_force_float64(rng):
     N, V, D = 13, 6, 5
     h = torch.randn(N, D, generator=rng, dtype=torch.float64)

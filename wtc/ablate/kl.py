@@ -38,13 +38,16 @@ def kl_rows_reference(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 
 
 def kl_rows(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """Per-position KL of each ablation against the clean distribution, float64 (A, N)."""
+    """Per-position KL of each ablation against the clean distribution, float64 (A, N).
+
+    Pass logp in float64 (log_softmax of the clean logits in double): a small KL is the difference
+    of O(1) sums, so clean log-probs rounded to float32 leave ~1e-7 of noise at every position."""
     if logp.ndim != 2 or logits.ndim != 3 or logits.shape[1:] != logp.shape:
         raise ValueError(f"kl_rows: logp must be (N, V) and logits (A, N, V); got {tuple(logp.shape)} "
                          f"and {tuple(logits.shape)}")
     if _use_native(logits):
-        out = _native.cpu_module().kl_rows(logp.detach().float().contiguous().numpy(),
-                                           logits.detach().float().contiguous().numpy())
+        out = _native.cpu_module().kl_rows(logp.detach().double().contiguous().numpy(),
+                                           logits.detach().contiguous().numpy())
         return torch.from_numpy(out)
     _check_finite(logp, "logp")
     _check_finite(logits, "logits")
@@ -53,9 +56,11 @@ def kl_rows(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 
 def kl_rank1(logp: torch.Tensor, logits: torch.Tensor, delta: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
     """KL against logits + delta[a, n] * direction[a, :] (a rank-1 ablation) -> (A, N) float64.
-    logp, logits (N, V); delta (A, N); direction (A, V). Native: never forms the (A, N, V) logits."""
-    if _use_native(logits) and all(t.dtype == torch.float32 for t in (logp, delta, direction)):
-        out = _native.cpu_module().kl_rank1(*(t.detach().contiguous().numpy() for t in (logp, logits, delta, direction)))
+    logp (N, V) (float64, as for kl_rows), logits (N, V); delta (A, N); direction (A, V).
+    Native: never forms the (A, N, V) logits."""
+    if _use_native(logits) and all(t.dtype == torch.float32 for t in (delta, direction)):
+        out = _native.cpu_module().kl_rank1(logp.detach().double().contiguous().numpy(),
+                                            *(t.detach().contiguous().numpy() for t in (logits, delta, direction)))
         return torch.from_numpy(out)
     return kl_rows(logp, logits[None] + delta[:, :, None] * direction[:, None, :])
 

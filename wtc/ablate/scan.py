@@ -91,8 +91,8 @@ class _Evaluator:
             raise ValueError("the clean logits hold NaN or inf; the model or readout is broken for these tokens")
         self.V = logits.shape[-1]
         self.logits = logits.detach()
-        # (N, V) in the model's precision: float32 models use the native kernels, float64 stays exact
-        self.logp = torch.log_softmax(logits.double(), -1).to(logits.dtype).reshape(-1, self.V)
+        # (N, V) float64 whatever the model's precision (see wtc.ablate.kl.kl_rows)
+        self.logp = torch.log_softmax(logits.double(), -1).reshape(-1, self.V)
 
     def structured(self, name: str) -> bool:
         """Whether wtc.ablate.suffix computes this parameter's ablations from cached activations."""
@@ -343,7 +343,8 @@ def _closed_form(ev, closed, idx):
         j, v = idx // W.shape[0], idx % W.shape[0]
     else:                                        # param (V, D): flat = v * D + j
         v, j = idx // W.shape[1], idx % W.shape[1]
-    return kl_unembed(ev.logp, h.to(ev.logp.dtype), W.to(ev.logp.dtype), v, j, per_position=True)
+    # the closed form has no cancellation: log-probs in the model's precision serve (and keep it native)
+    return kl_unembed(ev.logp.to(h.dtype), h, W.to(h.dtype), v, j, per_position=True)
 
 
 def _position_kl_one(ev, name, p, index) -> torch.Tensor:

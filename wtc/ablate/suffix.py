@@ -128,7 +128,8 @@ class Suffix:
             self.logits = model.unembed(hidden)                     # (B, T, V)
             self.V = self.logits.shape[-1]
             self.logits_flat = self.logits.reshape(-1, self.V)
-            self.logp = torch.log_softmax(self.logits.double(), -1).to(self.logits.dtype).reshape(-1, self.V)
+            # float64 whatever the model's precision: see wtc.ablate.kl.kl_rows
+            self.logp = torch.log_softmax(self.logits.double(), -1).reshape(-1, self.V)
             self.unembed_lin = NormedLinear(model.ln_final, resid.reshape(-1, cfg.d_model), model.unembed.W_U.detach())
 
     def _block_cache(self, block, resid):
