@@ -5,7 +5,8 @@ Model: 2-layer transformer, d_model 128, 4 heads, d_mlp 512, vocab 512, over 64 
 - exact batched: wtc.ablate.scan on a random sample of each matrix (the other weights zeroed for
   the timing, so the scan skips them);
 - closed form: the unembedding (all d_model x vocab weights);
-- KL: torch eager (float64 log_softmax) vs wtc._C.kl_rows on (A, N, V) ablated logits.
+- KL: torch eager (float64 log_softmax) vs wtc._C.kl_rows on (A, N, V) ablated logits; on a GPU
+  (--device cuda) the Triton kl_rows vs torch eager and against a device copy's bandwidth.
 Writes bench/results/ablation.csv and prints a markdown table.
 
     python -m bench.ablation [--threads 2] [--naive 4] [--sample 192] [--params a,b]
@@ -44,7 +45,7 @@ def sync():
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--naive", type=int, default=4, help="weights timed with the naive loop per parameter")
+    ap.add_argument("--naive", type=int, default=16, help="weights timed with the naive loop per parameter")
     ap.add_argument("--sample", type=int, default=192, help="weights timed with the batched scan per parameter")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (on a GPU the scan runs its torch path; "
                     "the native KL rows are CPU-only and skipped)")
@@ -131,10 +132,11 @@ def main() -> None:
     if _native.cpu_module() is not None and args.device == "cpu":
         _native.cpu_module().set_num_threads(args.threads)
         logits = model(tokens).detach().reshape(-1, cfg.d_vocab)
-        logp = torch.log_softmax(logits.double(), -1).float()
+        logp = torch.log_softmax(logits.double(), -1)        # float64, as the scan passes it
+        logp32 = logp.float()
         ablated = logits[None] + 0.1 * torch.randn(16, *logits.shape)
         t_eager, _ = timed(lambda: K.kl_rows_reference(logp, ablated), repeat=3)
-        t_eager32, _ = timed(lambda: (logp.exp() * (logp - torch.log_softmax(ablated, -1))).sum(-1), repeat=3)
+        t_eager32, _ = timed(lambda: (logp32.exp() * (logp32 - torch.log_softmax(ablated, -1))).sum(-1), repeat=3)
         t_native, _ = timed(lambda: K.kl_rows(logp, ablated), repeat=3)
         gb = ablated.numel() * 4 / 1e9
         rows.append({"what": "kl_rows A=16 N=8192 V=512 (GB/s torch f64 | f32 -> native)",
@@ -143,6 +145,30 @@ def main() -> None:
         rows.append({"what": "kl_rows vs torch float32 eager", "naive_w_per_s": round(gb / t_eager32, 2),
                      "fast_w_per_s": round(gb / t_native, 2), "speedup": round(t_eager32 / t_native, 2)})
         print(rows[-2:], flush=True)
+
+    # GPU: the Triton KL (wtc.kernels.kl) vs torch eager, and its bandwidth against a device copy
+    if args.device == "cuda":
+        from wtc.kernels.kl import kl_rows as triton_kl_rows
+        A = 64
+        logits = model(tokens).detach().reshape(-1, cfg.d_vocab)
+        logp = torch.log_softmax(logits.double(), -1)
+        ablated = logits[None] + 0.1 * torch.randn(A, *logits.shape, device=logits.device)
+        t_eager, _ = timed(lambda: K.kl_rows_reference(logp, ablated), repeat=5)
+        logp32 = logp.float()
+        t_eager32, _ = timed(lambda: (logp32.exp() * (logp32 - torch.log_softmax(ablated, -1))).sum(-1), repeat=5)
+        t_triton, _ = timed(lambda: triton_kl_rows(logp, ablated), repeat=5)
+        t_copy, _ = timed(lambda: ablated.clone(), repeat=5)
+        bytes_kl = ablated.numel() * 4 + logp.numel() * 8 + A * logits.shape[0] * 8
+        copy_gbs = 2 * ablated.numel() * 4 / t_copy / 1e9
+        rows.append({"what": f"GPU kl_rows A={A} N={logits.shape[0]} V={cfg.d_vocab}: GB/s torch f64 eager -> Triton",
+                     "naive_w_per_s": round(bytes_kl / t_eager / 1e9, 1), "fast_w_per_s": round(bytes_kl / t_triton / 1e9, 1),
+                     "speedup": round(t_eager / t_triton, 2)})
+        rows.append({"what": "GPU kl_rows: torch f32 eager -> Triton", "naive_w_per_s": round(bytes_kl / t_eager32 / 1e9, 1),
+                     "fast_w_per_s": round(bytes_kl / t_triton / 1e9, 1), "speedup": round(t_eager32 / t_triton, 2)})
+        rows.append({"what": "GPU kl_rows: device copy (read + write) GB/s -> Triton GB/s (fraction)",
+                     "naive_w_per_s": round(copy_gbs, 1), "fast_w_per_s": round(bytes_kl / t_triton / 1e9, 1),
+                     "speedup": round(bytes_kl / t_triton / 1e9 / copy_gbs, 3)})
+        print(rows[-3:], flush=True)
 
     for r in rows:
         r.update({"date": stamp(), "machine": machine(), "threads": args.threads, "device": args.device})

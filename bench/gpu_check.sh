@@ -40,7 +40,7 @@ step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
   cp bench/results/train_step_gpu.csv "$OUT/" 2>/dev/null || true
 
   step "bench: per-weight scan on the GPU (torch path) vs the naive loop"
-  timeout 60 $PY -m bench.ablation --device cuda --naive 16 --sample 2048
+  timeout 90 $PY -m bench.ablation --device cuda --naive 16 --sample 2048
   cp bench/results/ablation_cuda.csv "$OUT/" 2>/dev/null || true
 
   step "done"

@@ -288,3 +288,23 @@ def test_device_is_validated():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="no CUDA device"):
             Attempt(wtc.tasks.get("parity_last2"), DTConfig(device="cuda"), seed=0, attempt=0)
+
+
+@pytest.mark.parametrize("A,N,V", [(1, 1, 2), (3, 5, 37), (2, 3, 1500)])
+def test_kl_kernels_match_the_float64_oracle(monkeypatch, rng, A, N, V):
+    """wtc.kernels.kl (the scan's GPU KL) against kl_rows_reference: every row, both kinds, several
+    vocabulary chunks (V = 1500 > 1024) and masked tails; unchanged logits give KL 0, not 1e-7."""
+    from wtc.ablate import kl as K
+    monkeypatch.setenv("WTC_KERNELS", "triton")
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    logits = (torch.randn(N, V, generator=g) * 4).to(DEV)
+    logp = torch.log_softmax(logits.double(), -1)
+    ablated = logits[None] + torch.randn(A, N, V, generator=g).to(DEV)
+    torch.testing.assert_close(K.kl_rows(logp, ablated), K.kl_rows_reference(logp, ablated), rtol=1e-10, atol=1e-13)
+    delta, direction = torch.randn(A, N, generator=g).to(DEV), torch.randn(A, V, generator=g).to(DEV)
+    want = K.kl_rows_reference(logp, logits.double()[None] + delta.double()[..., None] * direction.double()[:, None])
+    torch.testing.assert_close(K.kl_rank1(logp, logits, delta, direction), want, rtol=1e-10, atol=1e-13)
+    assert K.kl_rows(logp, logits[None].clone()).abs().max() < 1e-12
+    ablated[-1, N - 1, V // 2] = float("nan")
+    with pytest.raises(ValueError, match=f"ablation {A - 1} at position {N - 1}"):
+        K.kl_rows(logp, ablated)

@@ -1,7 +1,7 @@
 """KL(clean || ablated) per position: torch reference and wtc._C dispatch.
 
-Three primitives of the per-weight scan, each with a readable torch path (the oracle, and the
-path on GPU tensors) next to the native CPU kernel:
+Three primitives of the per-weight scan, each with a readable torch path (the oracle) next to the
+native CPU kernel; on CUDA tensors the two row-wise KLs run as Triton kernels (wtc.kernels.kl):
   kl_rows            clean log-probs (N, V) + ablated logits (A, N, V) -> (A, N) float64
   kl_unembed         closed form for zeroing W_U weights, all (v, j) at once, no ablated logits
   importance_positions  smallest position set holding `mass` of a weight's total KL
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from wtc import _native
+from wtc.kernels import use_triton
 
 
 def _check_finite(t: torch.Tensor, name: str) -> None:
@@ -45,6 +46,9 @@ def kl_rows(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     if logp.ndim != 2 or logits.ndim != 3 or logits.shape[1:] != logp.shape:
         raise ValueError(f"kl_rows: logp must be (N, V) and logits (A, N, V); got {tuple(logp.shape)} "
                          f"and {tuple(logits.shape)}")
+    if use_triton(logits):
+        from wtc.kernels.kl import kl_rows as triton_kl_rows
+        return triton_kl_rows(logp, logits)
     if _use_native(logits):
         out = _native.cpu_module().kl_rows(logp.detach().double().contiguous().numpy(),
                                            logits.detach().contiguous().numpy())
@@ -58,6 +62,9 @@ def kl_rank1(logp: torch.Tensor, logits: torch.Tensor, delta: torch.Tensor, dire
     """KL against logits + delta[a, n] * direction[a, :] (a rank-1 ablation) -> (A, N) float64.
     logp (N, V) (float64, as for kl_rows), logits (N, V); delta (A, N); direction (A, V).
     Native: never forms the (A, N, V) logits."""
+    if use_triton(logits):
+        from wtc.kernels.kl import kl_rank1 as triton_kl_rank1
+        return triton_kl_rank1(logp, logits, delta, direction)
     if _use_native(logits) and all(t.dtype == torch.float32 for t in (delta, direction)):
         out = _native.cpu_module().kl_rank1(logp.detach().double().contiguous().numpy(),
                                             *(t.detach().contiguous().numpy() for t in (logits, delta, direction)))

@@ -269,10 +269,9 @@ def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, pr
     for name, start, stop in todo:
         p = chosen[name]
         idx = masks[name][start:stop].nonzero().flatten() + start
-        totals, positions, full = _chunk(ev, name, p, idx, A, mass, keep_positions)
+        totals, positions, full = _chunk(ev, name, p, idx, A, mass, keep_positions, bar.update)
         store.write_chunk(name, start, stop, idx.numpy(), totals, positions, full)
         scanned += len(idx)
-        bar.update(len(idx))
     bar.close()
     if world > 1:
         torch.distributed.barrier()
@@ -296,24 +295,31 @@ def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, pr
                       recompute=lambda name, index: _position_kl_one(ev, name, chosen[name], index))
 
 
-def _chunk(ev, name, p, idx, A, mass, keep_positions):
-    """Totals (float64), importance positions and (optionally) full per-position KL for weights idx."""
+def _chunk(ev, name, p, idx, A, mass, keep_positions, progress=lambda n: None):
+    """Totals (float64), importance positions and (optionally) full per-position KL for weights idx;
+    progress(n) after every n weights done (a chunk of slow weights can take minutes)."""
     if len(idx) == 0:
         return np.zeros(0), [], (np.zeros((0, ev.logp.shape[0]), np.float32) if keep_positions else None)
     closed = ev.unembed_weight(name, p)
     if closed is not None:
         totals, per = _closed_form(ev, closed, idx)
+        progress(len(idx))
         if ev.counted is not None:
             per = per * ev.counted
             totals = per.double().sum(-1)
     else:
-        per64 = torch.cat([_exact_rows(ev, name, p, part) for part in _batches(ev, name, p, idx, A)])
+        per64 = torch.cat([_progress(_exact_rows(ev, name, p, part), progress) for part in _batches(ev, name, p, idx, A)])
         if ev.counted is not None:
             per64 = per64 * ev.counted
         totals, per = per64.sum(-1), per64.float()
     totals, per = totals.cpu(), per.float().cpu()
     positions = importance_positions(per, mass)
     return totals.numpy(), positions, (per.numpy() if keep_positions else None)
+
+
+def _progress(rows: torch.Tensor, progress) -> torch.Tensor:
+    progress(len(rows))
+    return rows
 
 
 def _batches(ev, name, p, idx, A):

@@ -114,6 +114,7 @@ class Suffix:
         self.B, self.T, self.N = B, T, B * T
         self.pre, self.blocks = [], []
         self.ws = _Workspace()
+        self._attention_of = (None, None, None)
         with torch.no_grad():
             resid = model.embed_tokens(tokens)
             for block in model.blocks:
@@ -138,11 +139,11 @@ class Suffix:
         q = torch.einsum("btd,hde->bthe", x, attn.W_Q) + attn.b_Q   # (B, T, H, dh)
         k = torch.einsum("btd,hde->bthe", x, attn.W_K) + attn.b_K
         v = torch.einsum("btd,hde->bthe", x, attn.W_V) + attn.b_V
-        scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(q.shape[-1])   # (B, H, T, T)
-        pattern = _softmax_causal(scores)
+        pattern = _softmax_causal(_scores(q, k))                                         # (B, H, T, T)
         z = torch.einsum("bhqk,bkhe->bqhe", pattern, v)
         mid = resid + torch.einsum("bqhe,hed->bqd", z, attn.W_O) + attn.b_O
-        c = {"x1": x, "q": q, "k": k, "v": v, "scores": scores, "pattern": pattern, "z": z, "mid": mid}
+        # the (B, H, T, T) scores and pattern are not kept: W_Q / W_K / W_V recompute them per block
+        c = {"x1": x, "q": q, "k": k, "v": v, "z": z, "mid": mid}
         # the three projections side by side, for a rank-1 change arriving from the block before
         W_qkv = torch.stack([attn.W_Q, attn.W_K, attn.W_V], 1).detach().transpose(0, 2)   # (D, 3, H, dh)
         c["qkv_in"] = NormedLinear(block.ln1, resid.reshape(-1, D), W_qkv.reshape(D, -1))
@@ -158,6 +159,15 @@ class Suffix:
         else:
             c["post_resid"] = mid
         return c
+
+    def _attention(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clean attention scores and pattern (B, H, T, T) of one block; the last block asked for is
+        kept (a scan goes parameter by parameter: one block's worth of memory, not n_layers')."""
+        if self._attention_of[0] != layer:
+            c = self.blocks[layer]
+            scores = _scores(c["q"], c["k"])
+            self._attention_of = (layer, scores, _softmax_causal(scores))
+        return self._attention_of[1:]
 
     # ------------------------------------------------------------------ which weights
     @staticmethod
@@ -202,10 +212,10 @@ class Suffix:
         d, e = rest // dh, rest % dh
         dx = -value[:, None, None] * c["x1"][:, :, d].permute(2, 0, 1)                     # (A, B, T)
         if kind == "attn.W_V":
-            pat = c["pattern"][:, h].transpose(0, 1)                                      # (A, B, T, T)
+            pat = self._attention(layer)[1][:, h].transpose(0, 1)                         # (A, B, T, T)
             delta = (pat @ dx[..., None])[..., 0]
             return self._from_mid(layer, _Rank1(delta, block.attn.W_O.detach()[h, e]))
-        scores = c["scores"][:, h].transpose(0, 1)                                        # (A, B, T, T)
+        scores = self._attention(layer)[0][:, h].transpose(0, 1)                          # (A, B, T, T)
         if kind == "attn.W_Q":                                      # query row n moves by dq_n k_m
             other = c["k"][:, :, h, e].permute(2, 0, 1)                                   # (A, B, T)
             scores = scores + dx[..., :, None] * other[..., None, :] / math.sqrt(dh)
@@ -243,7 +253,7 @@ class Suffix:
             holds = self.tokens == r                                                       # (B, T)
             seqs = holds.any(-1).nonzero().flatten()
             if len(seqs) == 0:                                      # a token that never occurs: KL exactly 0
-                return torch.zeros(A, self.N, dtype=torch.float64)
+                return torch.zeros(A, self.N, dtype=torch.float64, device=self.logp.device)
             where = holds[seqs].to(self.pre[0].dtype)                                      # (B', T)
             start = int(holds[seqs].float().argmax(-1).min())       # earlier positions keep their clean values
         else:
@@ -341,6 +351,11 @@ class Suffix:
         hidden = self.model.final_hidden(resid).reshape(A * self.N, -1)
         logits = torch.addmm(unembed.b_U, hidden, unembed.W_U, out=ws("logits", (A * self.N, self.V), hidden))
         return kl_rows(self.logp, logits.view(A, self.N, self.V))
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """(B, T, H, dh) queries and keys -> (B, H, T, T) scores, as the model computes them."""
+    return torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(q.shape[-1])
 
 
 def _softmax_causal(scores: torch.Tensor) -> torch.Tensor:
