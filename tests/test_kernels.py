@@ -308,3 +308,20 @@ def test_kl_kernels_match_the_float64_oracle(monkeypatch, rng, A, N, V):
     ablated[-1, N - 1, V // 2] = float("nan")
     with pytest.raises(ValueError, match=f"ablation {A - 1} at position {N - 1}"):
         K.kl_rows(logp, ablated)
+
+
+def test_scan_through_the_triton_kl_matches_the_naive_loop(monkeypatch):
+    """The whole per-weight scan with its KLs in Triton (the GPU path; here under the interpreter)."""
+    from wtc.ablate import scan
+    from wtc.ablate.reference import naive_position_kl
+    from wtc.models import Transformer, TransformerConfig
+    monkeypatch.setenv("WTC_KERNELS", "triton")
+    cfg = TransformerConfig(n_layers=2, d_model=8, n_heads=2, d_head=4, d_mlp=12, d_vocab=9, n_ctx=6)
+    model = Transformer(cfg, seed=1).to(DEV)
+    tokens = torch.randint(0, 9, (2, 6), generator=torch.Generator().manual_seed(2)).to(DEV)
+    names = ["embed.W_E", "blocks.0.attn.W_Q", "blocks.1.attn.W_V", "blocks.0.mlp.W_out", "blocks.1.mlp.W_in"]
+    res = scan(model, tokens, params=names, progress=False, batch=3)
+    for name in names:
+        want = naive_position_kl(model, tokens, name).cpu()
+        got = torch.stack([res.position_kl(name, i) for i in range(len(want))])
+        torch.testing.assert_close(got, want, rtol=5e-3, atol=2e-6)
