@@ -34,7 +34,9 @@ from wtc.ablate.suffix import Suffix
 
 CHUNK = 4096                 # weights per committed chunk: the unit of resume and of sharding
 KEEP_POSITIONS_BYTES = 2**30  # keep full per-position KL in the store while it stays under 1 GiB
-ACTIVATION_BUDGET = 2**25    # floats per batch of ablated copies (~128 MiB of float32)
+ACTIVATION_BUDGET = 2**25    # floats per batch of ablated copies (~128 MiB of float32): on 2 CPU
+                             # cores batches of 1-4 copies ran fastest (bench/RESULTS.md)
+GPU_ACTIVATION_BUDGET = 2**28  # ~1 GiB: a GPU needs many copies per launch to fill its SMs
 
 
 def _default_readout(out):
@@ -172,7 +174,8 @@ def _batch_size(ev: _Evaluator, batch: int | None) -> int:
     if cfg is not None and hasattr(cfg, "d_mlp"):
         T = ev.tokens.shape[1]
         widest = max(widest, (cfg.d_mlp or 0) * 2, cfg.n_heads * T * 2)
-    return int(max(1, min(512, ACTIVATION_BUDGET // (N * widest))))
+    budget = GPU_ACTIVATION_BUDGET if ev.logp.is_cuda else ACTIVATION_BUDGET
+    return int(max(1, min(512, budget // (N * widest))))
 
 
 def _dist():
