@@ -195,6 +195,13 @@ def test_embedding_rows_of_absent_tokens_are_exactly_zero():
     assert (res.total_kl["embed.W_E"][6] == 0).all() and (res.total_kl["embed.W_E"][:6] > 0).all()
 
 
+def test_positional_rows_beyond_the_tokens_are_exactly_zero():
+    model = tiny_model()                                     # n_ctx 6
+    tokens = torch.randint(0, 7, (2, 4), generator=torch.Generator().manual_seed(3))
+    res = _scan_vs_naive(model, tokens, ["pos_embed.W_pos"])
+    assert (res.total_kl["pos_embed.W_pos"][4:] == 0).all() and (res.total_kl["pos_embed.W_pos"][:4] > 0).all()
+
+
 class PlainLM(nn.Module):
     """Any nn.Module: embedding, a GELU MLP, a linear head (nn.Linear weight (V, D))."""
 

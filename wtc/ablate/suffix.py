@@ -257,6 +257,8 @@ class Suffix:
             where = holds[seqs].to(self.pre[0].dtype)                                      # (B', T)
             start = int(holds[seqs].float().argmax(-1).min())       # earlier positions keep their clean values
         else:
+            if r >= self.T:                                         # a position the tokens do not reach
+                return torch.zeros(A, self.N, dtype=torch.float64, device=self.logp.device)
             seqs = torch.arange(self.B, device=self.tokens.device)
             where = torch.zeros(self.B, self.T, dtype=self.pre[0].dtype, device=self.tokens.device)
             where[:, r] = 1
