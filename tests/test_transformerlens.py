@@ -35,3 +35,25 @@ def test_scan_of_a_hooked_transformer_equals_the_wtc_scan():
     b = scan(hooked, tokens, params=names, progress=False)
     for n in names:
         torch.testing.assert_close(b.total_kl[n], a.total_kl[n], rtol=1e-7, atol=1e-12)
+
+
+@pytest.mark.parametrize("normalization,act_fn", [("LN", "gelu"), (None, "relu"), ("LN", "gelu_new")])
+def test_hooked_transformer_scan_equals_its_naive_loop(monkeypatch, normalization, act_fn):
+    """A HookedTransformer wtc can express is scanned through its wtc twin (the structured path);
+    one it cannot (gelu_new) through the generic path; both equal the naive loop on the TL model."""
+    from wtc.ablate import suffix
+    from wtc.ablate.reference import naive_position_kl
+    calls = []
+    original = suffix.Suffix.kl
+    monkeypatch.setattr(suffix.Suffix, "kl", lambda self, *a: calls.append(1) or original(self, *a))
+    tl_cfg = tl.HookedTransformerConfig(n_layers=2, d_model=8, n_ctx=6, d_head=4, n_heads=2, d_mlp=12, d_vocab=7,
+                                        act_fn=act_fn, normalization_type=normalization, dtype=torch.float64, seed=3)
+    hooked = tl.HookedTransformer(tl_cfg).eval()
+    tokens = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(4))
+    names = ["embed.W_E", "blocks.0.attn.W_V", "blocks.0.mlp.W_out", "blocks.1.attn.W_Q"]
+    res = scan(hooked, tokens, params=names, progress=False, batch=4)
+    for name in names:
+        want = naive_position_kl(hooked, tokens, name)
+        got = torch.stack([res.position_kl(name, i) for i in range(len(want))])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-9)
+    assert bool(calls) == (act_fn != "gelu_new")

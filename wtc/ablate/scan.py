@@ -8,7 +8,9 @@ How each parameter is evaluated (all exact, never estimated):
   one head recomputed for W_Q / W_K; embedding rows only where the token / position reaches), and
   only what follows it is run, as one batch of copies; their biases and norm weights run the
   blocks from the cached residual stream entering their block;
-- any other nn.Module (TransformerLens models included): batches of A copies of the parameter,
+- TransformerLens HookedTransformers that a wtc Transformer can express are scanned through
+  their wtc twin (same parameter names; used only when its logits match on the tokens);
+- any other nn.Module (other TransformerLens models included): batches of A copies of the parameter,
   each with one weight zeroed, through torch.func.vmap(functional_call(model, ...)), then the readout.
 Results stream to a SQLite store chunk by chunk (wtc.ablate.store), so a killed scan resumes.
 With torch.distributed initialised, chunks are shared round-robin across ranks and merged.
@@ -218,11 +220,40 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
     was_training = model.training
     model.eval()
     try:
-        ev = _Evaluator(model, tokens, readout)
+        twin = _wtc_twin(model, tokens, chosen) if readout is None else None
+        if twin is not None:                     # same names, same function: scan the twin's parameters
+            named = dict(twin.named_parameters())
+            chosen = {n: named[n] for n in chosen}
+        ev = _Evaluator(twin if twin is not None else model, tokens, readout)
         ev.counted = None if positions is None else positions.flatten().to(ev.logp.device)
         return _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, progress, chunk)
     finally:
         model.train(was_training)
+
+
+def _wtc_twin(model: nn.Module, tokens: torch.Tensor, chosen: dict) -> nn.Module | None:
+    """For a TransformerLens HookedTransformer that wtc.models.Transformer can express (standard
+    positions, LN / RMS / no norm, ReLU / GELU): the wtc Transformer with its weights, so the scan
+    takes the structured path (the parameter names are the same). Used only when its logits match
+    the HookedTransformer's on these tokens and no hooks are registered; otherwise None (the
+    generic path)."""
+    if type(model).__name__ != "HookedTransformer" or any(m._forward_hooks or m._forward_pre_hooks
+                                                          for m in model.modules()):
+        return None
+    try:
+        from wtc.models.tl import from_hooked_transformer
+        twin = from_hooked_transformer(model).to(next(model.parameters()).device)
+    except (ValueError, KeyError, AttributeError, TypeError, RuntimeError):
+        return None
+    named = dict(twin.named_parameters())
+    if any(n not in named or named[n].shape != p.shape for n, p in chosen.items()):
+        return None
+    with torch.no_grad():
+        ours, theirs = twin(tokens), model(tokens)
+    tol = 1e-10 if theirs.dtype == torch.float64 else 1e-4      # rounding of the two op orders, no more
+    if ours.shape != theirs.shape or not bool(((ours - theirs).abs() <= tol * theirs.abs().amax().clamp_min(1)).all()):
+        return None
+    return twin
 
 
 def _check_masks(weights, chosen) -> dict[str, torch.Tensor]:
