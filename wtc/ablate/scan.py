@@ -85,7 +85,7 @@ class _Evaluator:
             if self.is_wtc:
                 self.suffix = Suffix(model, tokens)
                 self.resid_pre = self.suffix.pre
-                self.unembed_input = model.final_hidden(self.suffix.final)
+                self.unembed_input = self.suffix.hidden
                 logits = self.suffix.logits
             else:
                 logits = self._generic_clean()
@@ -96,7 +96,8 @@ class _Evaluator:
         self.V = logits.shape[-1]
         self.logits = logits.detach()
         # (N, V) float64 whatever the model's precision (see wtc.ablate.kl.kl_rows)
-        self.logp = torch.log_softmax(logits.double(), -1).reshape(-1, self.V)
+        self.logp = (self.suffix.logp if self.suffix is not None
+                     else torch.log_softmax(logits.double(), -1).reshape(-1, self.V))
 
     def structured(self, name: str) -> bool:
         """Whether wtc.ablate.suffix computes this parameter's ablations from cached activations."""

@@ -117,36 +117,45 @@ class Suffix:
         self._attention_of = (None, None, None)
         with torch.no_grad():
             resid = model.embed_tokens(tokens)
-            for block in model.blocks:
+            # additive causal mask (0 / -inf), the input of the scores GEMM in _from_pre
+            self.mask = torch.zeros(T, T, dtype=resid.dtype, device=resid.device).masked_fill_(
+                ~torch.ones(T, T, dtype=torch.bool, device=resid.device).tril(), float("-inf"))
+            for layer, block in enumerate(model.blocks):
                 self.pre.append(resid)
-                c = self._block_cache(block, resid)
+                c = self._block_cache(block, resid, rank1_entry=layer > 0)
                 self.blocks.append(c)
                 resid = c["post_resid"]
             self.final = resid
-            self.mask = torch.zeros(T, T, dtype=resid.dtype, device=resid.device).masked_fill_(
-                ~torch.ones(T, T, dtype=torch.bool, device=resid.device).tril(), float("-inf"))
-            hidden = model.final_hidden(resid)
-            self.logits = model.unembed(hidden)                     # (B, T, V)
+            self.hidden = model.final_hidden(resid)                 # what the unembedding reads
+            self.logits = model.unembed(self.hidden)                # (B, T, V)
             self.V = self.logits.shape[-1]
             self.logits_flat = self.logits.reshape(-1, self.V)
             # float64 whatever the model's precision: see wtc.ablate.kl.kl_rows
             self.logp = torch.log_softmax(self.logits.double(), -1).reshape(-1, self.V)
-            self.unembed_lin = NormedLinear(model.ln_final, resid.reshape(-1, cfg.d_model), model.unembed.W_U.detach())
+            # a rank-1 change through the final norm (without one, kl_rank1 takes it as it is)
+            self.unembed_lin = (NormedLinear(model.ln_final, resid.reshape(-1, cfg.d_model), model.unembed.W_U.detach())
+                                if cfg.normalization is not None else None)
 
-    def _block_cache(self, block, resid):
+    def _pattern(self, scores: torch.Tensor) -> torch.Tensor:
+        return (scores + self.mask).softmax(-1)
+
+    def _block_cache(self, block, resid, rank1_entry: bool):
         attn, D = block.attn, self.cfg.d_model
         x = block.ln1(resid)                                        # (B, T, D)
         q = torch.einsum("btd,hde->bthe", x, attn.W_Q) + attn.b_Q   # (B, T, H, dh)
         k = torch.einsum("btd,hde->bthe", x, attn.W_K) + attn.b_K
         v = torch.einsum("btd,hde->bthe", x, attn.W_V) + attn.b_V
-        pattern = _softmax_causal(_scores(q, k))                                         # (B, H, T, T)
+        pattern = self._pattern(_scores(q, k))                                         # (B, H, T, T)
         z = torch.einsum("bhqk,bkhe->bqhe", pattern, v)
         mid = resid + torch.einsum("bqhe,hed->bqd", z, attn.W_O) + attn.b_O
         # the (B, H, T, T) scores and pattern are not kept: W_Q / W_K / W_V recompute them per block
         c = {"x1": x, "q": q, "k": k, "v": v, "z": z, "mid": mid}
-        # the three projections side by side, for a rank-1 change arriving from the block before
-        W_qkv = torch.stack([attn.W_Q, attn.W_K, attn.W_V], 1).detach().transpose(0, 2)   # (D, 3, H, dh)
-        c["qkv_in"] = NormedLinear(block.ln1, resid.reshape(-1, D), W_qkv.reshape(D, -1))
+        # the three projections side by side, for a change arriving from the block before (rank-1:
+        # in closed form; the first block has no block before)
+        W_qkv = torch.stack([attn.W_Q, attn.W_K, attn.W_V], 1).detach().transpose(0, 2).reshape(D, -1)   # (D, 3 H dh)
+        c["W_qkv"] = W_qkv
+        if rank1_entry:
+            c["qkv_in"] = NormedLinear(block.ln1, resid.reshape(-1, D), W_qkv)
         c["attn_out"] = mid - resid
         c["b_qkv"] = torch.stack([attn.b_Q, attn.b_K, attn.b_V]).detach().flatten()        # (3 H dh,)
         if block.has_mlp:
@@ -166,7 +175,7 @@ class Suffix:
         if self._attention_of[0] != layer:
             c = self.blocks[layer]
             scores = _scores(c["q"], c["k"])
-            self._attention_of = (layer, scores, _softmax_causal(scores))
+            self._attention_of = (layer, scores, self._pattern(scores))
         return self._attention_of[1:]
 
     # ------------------------------------------------------------------ which weights
@@ -223,7 +232,7 @@ class Suffix:
             other = c["q"][:, :, h, e].permute(2, 0, 1)
             scores = scores + other[..., :, None] * dx[..., None, :] / math.sqrt(dh)
         v = c["v"][:, :, h].permute(2, 0, 1, 3)                                           # (A, B, T, dh)
-        dz = _softmax_causal(scores) @ v - c["z"][:, :, h].permute(2, 0, 1, 3)
+        dz = self._pattern(scores) @ v - c["z"][:, :, h].permute(2, 0, 1, 3)
         dresid = torch.einsum("abte,aed->abtd", dz, block.attn.W_O.detach()[h])
         return self._from_mid(layer, dresid)
 
@@ -292,7 +301,7 @@ class Suffix:
         else:
             A = len(change)
             x = self.model.blocks[layer].ln1(pre[None] + change).reshape(A * N, -1)
-            qkv = torch.addmm(c["b_qkv"], x, c["qkv_in"].W, out=ws("qkv", (A * N, 3 * H * dh), pre))
+            qkv = torch.addmm(c["b_qkv"], x, c["W_qkv"], out=ws("qkv", (A * N, 3 * H * dh), pre))
         qkv = qkv.view(A * B, T, 3, H, dh)
         q, k, v = (qkv[:, :, i].transpose(1, 2).reshape(A * B * H, T, dh) for i in range(3))
         # scale and causal mask fused into the batched GEMM (the mask as its additive input)
@@ -358,12 +367,6 @@ class Suffix:
 def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """(B, T, H, dh) queries and keys -> (B, H, T, T) scores, as the model computes them."""
     return torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(q.shape[-1])
-
-
-def _softmax_causal(scores: torch.Tensor) -> torch.Tensor:
-    T = scores.shape[-1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril()
-    return scores.masked_fill(~causal, float("-inf")).softmax(-1)
 
 
 def _mlp_post(mlp, pre: torch.Tensor) -> torch.Tensor:
