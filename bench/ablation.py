@@ -1,8 +1,8 @@
 """Per-weight ablation throughput, side by side in one run (ratios; this machine is noisy).
 
 Model: 2-layer transformer, d_model 128, 4 heads, d_mlp 512, vocab 512, over 64 x 128 tokens.
-- naive loop: zero one weight, full forward, restore (wtc.ablate.reference), on a sample of weights;
-- exact batched: wtc.ablate.scan on a sample of each matrix (the other weights zeroed for the
+- naive loop: zero one weight, full forward, restore (wtc.scan.reference), on a sample of weights;
+- exact batched: wtc.scan.engine on a sample of each matrix (the other weights zeroed for the
   timing, so the scan skips them); rates exclude the one-time clean pass of each method (its own
   row), as in a scan of whole parameters;
 - closed form: the unembedding (all d_model x vocab weights);
@@ -21,9 +21,9 @@ import torch
 
 from bench.common import append_rows, machine, stamp
 from wtc import _native
-from wtc.ablate import kl as K
-from wtc.ablate import scan
-from wtc.ablate.reference import naive_position_kl
+from wtc.scan import kl as K
+from wtc.scan import scan
+from wtc.scan.reference import naive_position_kl
 from wtc.models import Transformer, TransformerConfig
 
 

@@ -18,7 +18,7 @@ import warnings
 import torch
 
 from bench.common import append_rows, machine, stamp
-from wtc.ablate import scan
+from wtc.scan import scan
 
 
 def main() -> None:

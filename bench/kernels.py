@@ -24,7 +24,7 @@ import torch
 from bench.common import append_rows, machine, stamp
 from wtc import kernels
 from wtc.dt.attention import Attention, route_reference
-from wtc.dt.select import Choice
+from wtc.dt.selection import Choice
 from wtc.dt.submlp import activate
 
 HEADS, BINS = 3, 16

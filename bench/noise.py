@@ -8,8 +8,8 @@ import time
 
 import torch
 
-from wtc.dt.noise import gumbel_hash
-from wtc.dt.select import gumbel_like
+from wtc.dt.gumbel import gumbel_hash
+from wtc.dt.selection import gumbel_like
 
 
 def median_ms(fn, reps: int = 20, rounds: int = 7) -> float:

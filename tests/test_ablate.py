@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from wtc import _native
-from wtc.ablate import kl as K
-from wtc.ablate import scan
-from wtc.ablate.reference import naive_position_kl
+from wtc.scan import kl as K
+from wtc.scan import scan
+from wtc.scan.reference import naive_position_kl
 from wtc.models import Transformer, TransformerConfig
 
 C = _native.cpu_module()
@@ -175,7 +175,7 @@ def test_scan_equals_naive_loop_on_every_weight(normalization, abstopk):
                                 dict(n_layers=2, act_fn="gelu", mlp_layers=(0,)),
                                 dict(n_layers=2, normalization="LN", mlp_abstopk=0.5)])
 def test_structured_suffix_equals_naive_loop_on_every_matrix(kw):
-    """Every entry of wtc.ablate.suffix (rank-1 MLP / W_O / W_V, one-head W_Q / W_K, embedding rows
+    """Every entry of wtc.scan.suffix (rank-1 MLP / W_O / W_V, one-head W_Q / W_K, embedding rows
     from their first reach) through every kind of block after it (no MLP, norms, AbsTopK, GELU)."""
     cfg = TransformerConfig(d_model=8, n_heads=2, d_head=4, d_mlp=12, d_vocab=7, n_ctx=6, **kw)
     model = Transformer(cfg, seed=4).double()
@@ -257,7 +257,7 @@ def test_bad_inputs_are_named():
 
 SCAN_SCRIPT = r"""
 import sys, torch
-from wtc.ablate import scan
+from wtc.scan import scan
 from wtc.models import Transformer, TransformerConfig
 cfg = TransformerConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=11, n_ctx=8)
 model = Transformer(cfg, seed=0)
@@ -315,7 +315,7 @@ def test_store_refuses_another_model(tmp_path):
 
 DIST_SCRIPT = r"""
 import os, sys, torch, torch.distributed as dist
-from wtc.ablate import scan
+from wtc.scan import scan
 from wtc.models import Transformer, TransformerConfig
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=int(sys.argv[3]), world_size=2)
 cfg = TransformerConfig(n_layers=2, d_model=8, n_heads=2, d_head=4, d_mlp=16, d_vocab=9, n_ctx=6)
@@ -375,7 +375,7 @@ def test_cli_trains_and_scans_with_resume(tmp_path):
 def test_fisher_estimate_tracks_small_exact_kl_and_prefilters():
     """For small weights the second-order estimate approaches the exact total KL; a mask limits the
     exact scan to the chosen weights and leaves the rest at 0 (never filled with estimates)."""
-    from wtc.ablate import fisher_estimate
+    from wtc.scan import fisher_estimate
     model = tiny_model()
     with torch.no_grad():
         model.blocks[1].mlp.W_out.mul_(0.05)                  # small weights: second order dominates

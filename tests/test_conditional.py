@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from wtc.ablate.conditional import conditional_kl, is_local, zeroed_at
+from wtc.explain.conditional import conditional_kl, is_local, zeroed_at
 from wtc.models import Transformer, TransformerConfig
 from wtc.models.transformer import abstopk
 

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from wtc.tasks import corpus as cp
-from wtc.tasks.corpus import (
+from wtc.explain import corpus as cp
+from wtc.explain.corpus import (
     ByteTokenizer,
     Corpus,
     CorpusError,

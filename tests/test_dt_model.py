@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from wtc.dt import ConfigError, DTConfig, DiscreteTransformer
-from wtc.dt.select import EVAL, Sampling
+from wtc.dt.selection import EVAL, Sampling
 
 
 def make(rng, replicas=2, **kw):

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from wtc.ablate.explain import explain, reliability
-from wtc.ablate.sandbox import compile_predicate
+from wtc.explain.explainer import explain, reliability
+from wtc.explain.sandbox import compile_predicate
 from wtc.models import Transformer, TransformerConfig
 
 DOT = ord(".")
@@ -86,7 +86,7 @@ def test_reliability_is_one_for_consistent_weights_and_low_for_noise():
 
 
 def test_weights_are_sampled_from_matrices_only_and_nonzero():
-    from wtc.ablate.explain import sample_weights
+    from wtc.explain.explainer import sample_weights
     model = planted_model()
     picks = sample_weights(model, 300, seed=1)
     params = dict(model.named_parameters())

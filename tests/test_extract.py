@@ -8,8 +8,8 @@ import torch
 import wtc
 from wtc.dt import DTConfig, DiscreteTransformer
 from wtc.dt.train import Attempt, polish, refit_head
-from wtc.extract import extract, verify
-from wtc.extract.program import Line, build_source, expression_ast
+from wtc.extraction import extract, verify
+from wtc.extraction.program import Line, build_source, expression_ast
 
 
 def planted(task_name, offsets: list[int], mlp_reads: list[tuple[str, str]], seed: int = 0, aggregates: int = 0):
@@ -162,7 +162,7 @@ def test_program_rejects_bad_shapes():
 
 
 def test_lines_compile_for_every_rule():
-    from wtc.extract.routing import Rule
+    from wtc.extraction.routing_rules import Rule
     lines = [Line("prev3_x", "route", "x", Rule("offset", {"d": 3})),
              Line("prev2s_x", "route", "x", Rule("offset", {"d": 2, "before": "self"})),
              Line("first_x", "route", "x", Rule("absolute", {"p": 0, "before": "pad"})),

@@ -19,8 +19,8 @@ import wtc  # noqa: E402
 from wtc import kernels  # noqa: E402
 from wtc.dt import DTConfig  # noqa: E402
 from wtc.dt.attention import route_reference, running_mean  # noqa: E402
-from wtc.dt.noise import gumbel_from_bits, gumbel_hash  # noqa: E402
-from wtc.dt.select import Choice  # noqa: E402
+from wtc.dt.gumbel import gumbel_from_bits, gumbel_hash  # noqa: E402
+from wtc.dt.selection import Choice  # noqa: E402
 from wtc.dt.submlp import activate  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -294,7 +294,7 @@ def test_device_is_validated():
 def test_kl_kernels_match_the_float64_oracle(monkeypatch, rng, A, N, V):
     """wtc.kernels.kl (the scan's GPU KL) against kl_rows_reference: every row, both kinds, several
     vocabulary chunks (V = 1500 > 1024), blocks of 8 ablations with a partial one (A = 11), masked tails; unchanged logits give KL 0, not 1e-7."""
-    from wtc.ablate import kl as K
+    from wtc.scan import kl as K
     monkeypatch.setenv("WTC_KERNELS", "triton")
     g = torch.Generator().manual_seed(int(rng.integers(2**31)))
     logits = (torch.randn(N, V, generator=g) * 4).to(DEV)
@@ -312,8 +312,8 @@ def test_kl_kernels_match_the_float64_oracle(monkeypatch, rng, A, N, V):
 
 def test_scan_through_the_triton_kl_matches_the_naive_loop(monkeypatch):
     """The whole per-weight scan with its KLs in Triton (the GPU path; here under the interpreter)."""
-    from wtc.ablate import scan
-    from wtc.ablate.reference import naive_position_kl
+    from wtc.scan import scan
+    from wtc.scan.reference import naive_position_kl
     from wtc.models import Transformer, TransformerConfig
     monkeypatch.setenv("WTC_KERNELS", "triton")
     cfg = TransformerConfig(n_layers=2, d_model=8, n_heads=2, d_head=4, d_mlp=12, d_vocab=9, n_ctx=6)

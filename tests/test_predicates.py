@@ -1,4 +1,4 @@
-"""The predicate grammar (wtc.ablate.predicates): every atom's and composition's source, run with
+"""The predicate grammar (wtc.explain.predicates): every atom's and composition's source, run with
 plain exec position by position, equals its vectorised truth array (random bytes and real Python
 source); the lexer on a hand-checked line; the beam search finds a planted predicate, finds nothing
 in diffuse KL, respects the coverage gate and is deterministic."""
@@ -9,10 +9,10 @@ import json.encoder
 import numpy as np
 import pytest
 
-from wtc.ablate import predicates as P
+from wtc.explain import predicates as P
 
 try:        # the whitelist the sources must pass (checked when the sandbox module is there)
-    from wtc.ablate.sandbox import check_source
+    from wtc.explain.sandbox import check_source
 except ImportError:
     check_source = None
 

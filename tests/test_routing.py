@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from wtc.extract.routing import binomial_lower_bound, fit_head, routed, rule_keys, Rule
+from wtc.extraction.routing_rules import binomial_lower_bound, fit_head, routed, rule_keys, Rule
 
 P, T = 9, 10
 

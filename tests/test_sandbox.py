@@ -1,9 +1,9 @@
-"""wtc.ablate.sandbox: malicious predicate sources are rejected with a reason; benign ones run,
+"""wtc.explain.sandbox: malicious predicate sources are rejected with a reason; benign ones run,
 in process and in the sandbox process, and agree with direct Python references."""
 import numpy as np
 import pytest
 
-from wtc.ablate.sandbox import (
+from wtc.explain.sandbox import (
     MAX_SOURCE_CHARS,
     SAFE_BUILTINS,
     PredicateRejected,

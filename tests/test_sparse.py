@@ -1,4 +1,4 @@
-"""RMSNorm and AbsTopK in wtc.models.Transformer; weight-sparse LM training (wtc.ablate.sparse):
+"""RMSNorm and AbsTopK in wtc.models.Transformer; weight-sparse LM training (wtc.models.sparse):
 the top-k projection against a sort-based reference, the density schedule, dense AdamW moments,
 resume equal to an uninterrupted run, and bad configs."""
 import json
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from wtc.ablate import sparse as S
+from wtc.models import sparse as S
 from wtc.models import Transformer
 from wtc.models import io as model_io
 from wtc.models.tl import from_tl_state_dict, to_tl_state_dict

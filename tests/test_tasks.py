@@ -99,10 +99,10 @@ def test_unknown_task_suggests():
 
 
 def test_public_functions_survive_submodule_imports():
-    """`import wtc.discover` / `import wtc.extract` must not shadow the functions of the same name."""
+    """`import wtc.discovery` / `import wtc.extraction` must not shadow wtc.discover / wtc.extract."""
     import subprocess
     import sys
-    code = ("import wtc.discover, wtc.extract, wtc; "
+    code = ("import wtc.discovery, wtc.extraction, wtc; "
             "assert callable(wtc.discover) and callable(wtc.extract), (wtc.discover, wtc.extract); "
-            "from wtc.extract import verify; assert callable(verify)")
+            "from wtc.extraction import verify; assert callable(verify)")
     subprocess.run([sys.executable, "-c", code], check=True)

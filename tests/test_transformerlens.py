@@ -4,7 +4,7 @@ import torch
 
 tl = pytest.importorskip("transformer_lens")
 
-from wtc.ablate import scan  # noqa: E402
+from wtc.scan import scan  # noqa: E402
 from wtc.models import Transformer, TransformerConfig  # noqa: E402
 from wtc.models.tl import from_hooked_transformer, to_hooked_transformer  # noqa: E402
 
@@ -41,8 +41,8 @@ def test_scan_of_a_hooked_transformer_equals_the_wtc_scan():
 def test_hooked_transformer_scan_equals_its_naive_loop(monkeypatch, normalization, act_fn):
     """A HookedTransformer wtc can express is scanned through its wtc twin (the structured path);
     one it cannot (gelu_new) through the generic path; both equal the naive loop on the TL model."""
-    from wtc.ablate import suffix
-    from wtc.ablate.reference import naive_position_kl
+    from wtc.scan import suffix
+    from wtc.scan.reference import naive_position_kl
     calls = []
     original = suffix.Suffix.kl
     monkeypatch.setattr(suffix.Suffix, "kl", lambda self, *a: calls.append(1) or original(self, *a))

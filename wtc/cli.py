@@ -62,7 +62,7 @@ def _cmd_train(args) -> int:
 
 def _cmd_discover(args) -> int:
     from wtc import tasks
-    from wtc.discover import discover
+    from wtc.discovery import discover
 
     if args.all:
         return _discover_all(args)
@@ -83,7 +83,7 @@ def _cmd_discover(args) -> int:
 
 def _discover_all(args) -> int:
     from wtc import tasks
-    from wtc.discover import discover
+    from wtc.discovery import discover
 
     out = Path(args.out or "discover-all")
     rows = []
@@ -128,7 +128,7 @@ def _cmd_lm_train(args) -> int:
 
 
 def _cmd_scan(args) -> int:
-    from wtc.ablate import scan
+    from wtc.scan import scan
     from wtc.models.io import load, load_tokens
 
     model = load(args.checkpoint)
@@ -226,9 +226,9 @@ STUDIES = {"markov": _study_markov, "modadd": _study_modadd, "assign-add": _stud
 
 
 def _cmd_explain(args) -> int:
-    from wtc.ablate import explain_report
+    from wtc.explain import report as explain_report
     from wtc.models import io as model_io
-    from wtc.tasks.corpus import build_corpus
+    from wtc.explain.corpus import build_corpus
 
     model = model_io.load(args.checkpoint)
     corpus = build_corpus(root=args.text, seed=args.seed)

@@ -24,9 +24,9 @@ from torch import nn
 
 from wtc import _native, kernels
 from wtc.dt.hooks import HookPoint
-from wtc.dt.noise import draw_seed, gumbel_hash
+from wtc.dt.gumbel import draw_seed, gumbel_hash
 from wtc.dt.ple import ple_uniform
-from wtc.dt.select import Choice, Sampling, Selector, entropy, relaxed_one_hot
+from wtc.dt.selection import Choice, Sampling, Selector, entropy, relaxed_one_hot
 
 
 # ---------------------------------------------------------------- the reference ops (CPU path and oracle)

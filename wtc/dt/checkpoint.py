@@ -14,12 +14,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from wtc.dt.config import DTConfig
+from wtc.errors import CheckpointError
 
 FORMAT = "wtc.dt/1"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, corrupt or from an incompatible format; the message says which file."""
 
 
 def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:

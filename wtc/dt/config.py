@@ -1,6 +1,8 @@
 """DTConfig: architecture, schedule and steering of a Discrete Transformer, validated on creation."""
 from __future__ import annotations
 
+from wtc.errors import WtcError
+
 import dataclasses
 import re
 import json
@@ -9,7 +11,7 @@ from dataclasses import dataclass, field
 ACTIVATIONS = ("relu", "silu", "gelu", "tanh", "relu+silu")
 
 
-class ConfigError(ValueError):
+class ConfigError(WtcError, ValueError):
     """A DTConfig field is out of range or inconsistent; the message names the field."""
 
 

@@ -22,7 +22,7 @@ from torch import nn
 from wtc.dt.attention import Attention
 from wtc.dt.config import DTConfig
 from wtc.dt.hooks import HookPoint
-from wtc.dt.select import EVAL, Sampling
+from wtc.dt.selection import EVAL, Sampling
 from wtc.dt.submlp import SubMLPs
 
 RANGE_MOMENTUM = 0.05

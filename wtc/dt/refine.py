@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from wtc.dt.select import EVAL
+from wtc.dt.selection import EVAL
 
 
 def _per_query_loss(model, x, y, valid) -> torch.Tensor:

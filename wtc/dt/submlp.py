@@ -15,7 +15,7 @@ from torch import nn
 
 from wtc import kernels
 from wtc.dt.hooks import HookPoint
-from wtc.dt.select import Sampling, Selector
+from wtc.dt.selection import Sampling, Selector
 
 _ACT = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu, "tanh": torch.tanh}
 

@@ -23,7 +23,7 @@ from wtc.dt.config import DTConfig
 from wtc.dt.history import History
 from wtc.dt.model import DiscreteTransformer
 from wtc.dt.refine import refine_pointers
-from wtc.dt.select import EVAL, Sampling, entropy
+from wtc.dt.selection import EVAL, Sampling, entropy
 from wtc.dt.workers import default_workers, run_wave, task_reference
 
 CHECKPOINT_EVERY = 250   # steps between training-state checkpoints (when a directory is given)

@@ -43,7 +43,7 @@ def _fmix32(h):
 @triton.jit
 def _gumbel(seed, stream, i, j, L):
     """Gumbel noise for query rows i (BT,) and keys j (BL,) of head instance `stream`; the same
-    bits as wtc.dt.noise.gumbel_hash."""
+    bits as wtc.dt.gumbel.gumbel_hash."""
     key = _fmix32(stream.to(tl.uint32) * 0x9E3779B9 + seed.to(tl.uint32))
     counter = (i[:, None] * L + j[None, :]).to(tl.uint32)
     bits = _fmix32(key ^ counter)

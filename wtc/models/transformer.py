@@ -12,7 +12,7 @@ hook_post is what W_out reads. With bias=False the biases are zero buffers, not
 parameters: they are neither trained nor scanned, and the state dict still has TL's layout.
 
 The forward is split (embed -> block(l) -> unembed) so scans can cache the clean prefix and run
-only the rest of the network (wtc.ablate).
+only the rest of the network (wtc.scan).
 """
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ from wtc.sr.api import Fit, fit
 from wtc.sr.estimator import NotFittedError, SymbolicRegressor
 from wtc.sr.pysr_backend import BackendUnavailable
 from wtc.sr.pysr_backend import availability as _pysr_availability
-from wtc.sr.select import Row
+from wtc.sr.pareto import Row
 
 
 def pysr_available() -> tuple[bool, str]:

@@ -9,7 +9,7 @@ import sympy as sp
 from wtc.sr import search
 from wtc.sr.data import TOL_FACTOR, check_inputs, prepare
 from wtc.sr.expr import evaluate, to_str
-from wtc.sr.select import Row, boolean_canonical, choose, equation_str, sympy_form, sympy_size, table
+from wtc.sr.pareto import Row, boolean_canonical, choose, equation_str, sympy_form, sympy_size, table
 
 DEFAULT_MAX_COMPLEXITY = 20
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wtc.sr.enumeration import off_distribution_points
-from wtc.sr.noise import estimate_sigma, group_rows
+from wtc.sr.noise_level import estimate_sigma, group_rows
 
 MAX_INPUTS = 3  # the builtin enumeration is sized for the sub-MLPs of a Discrete Transformer
 MIN_POINTS = 8

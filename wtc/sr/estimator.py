@@ -1,13 +1,15 @@
 """A scikit-learn / PySR style estimator around :func:`wtc.sr.fit` (and the optional PySR backend)."""
 from __future__ import annotations
 
+from wtc.errors import WtcError
+
 import numpy as np
 import sympy as sp
 
 from wtc.sr.api import DEFAULT_MAX_COMPLEXITY, Fit, fit
 
 
-class NotFittedError(RuntimeError):
+class NotFittedError(WtcError, RuntimeError):
     """predict/sympy/equations_ used before fit."""
 
 

@@ -9,6 +9,8 @@ thing for both backends.
 """
 from __future__ import annotations
 
+from wtc.errors import WtcError
+
 import importlib.util
 import os
 import shutil
@@ -20,7 +22,7 @@ import sympy as sp
 
 from wtc.sr.api import Fit
 from wtc.sr.data import TOL_FACTOR, check_inputs, prepare
-from wtc.sr.select import Row, equation_str
+from wtc.sr.pareto import Row, equation_str
 
 MAX_INPUTS = 50  # PySR itself has no small limit; keep inputs sane
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "max": "max", "min": "min"}
@@ -28,7 +30,7 @@ _UNARY = {"sq": "square", "abs": "abs", "relu": "relu", "neg": "neg", "sqrt": "s
           "log": "log", "sin": "sin", "cos": "cos", "tanh": "tanh"}
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(WtcError, RuntimeError):
     """backend='pysr' was requested but PySR or Julia is missing; the message says which."""
 
 

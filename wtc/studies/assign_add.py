@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from wtc.errors import StudyError
 from wtc.models import Transformer, TransformerConfig
 from wtc.models import io as model_io
 from wtc.studies import assign_add_analysis as an
@@ -37,10 +38,6 @@ from wtc.tasks.assign_add import ANSWER_POS, SEQ_LEN, TWO_VAR_POOLS, VOCAB, Assi
 ANSWER = slice(ANSWER_POS, ANSWER_POS + 1)
 PHASE_METRICS = ("0var_heldout", "1var_heldout", "2var_valid", "2var_union", "1var_restricted",
                  "l2_value_routing_rate", "l1_prev_token_rate", "virtual_addition")
-
-
-class StudyError(ValueError):
-    """A bad study argument, or an output directory that holds a different study."""
 
 
 @dataclass

@@ -206,13 +206,13 @@ def phases(curves: list[dict], keys, window: int, jump: float) -> list[dict]:
 
 def weight_scan(model, tokens: np.ndarray, attention_sample: int = 512, seed: int = 0, top: int = 10) -> dict:
     """Per-weight scan at "=": for every nonzero weight, the total KL(clean || zeroed) over the "="
-    positions of `tokens` (wtc.ablate.scan with positions=). Every weight of the embeddings, the
+    positions of `tokens` (wtc.scan.engine with positions=). Every weight of the embeddings, the
     layer-2 MLP and the unembedding (fast paths); `attention_sample` weights drawn per attention
     matrix (a full forward of the rest of the network each), whose matrix totals are estimates
     (mean x count) and say so."""
     import time
 
-    from wtc.ablate import scan
+    from wtc.scan import scan
 
     t0 = time.perf_counter()
     tokens = torch.as_tensor(tokens)

@@ -41,15 +41,12 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from wtc.errors import StudyError
 from wtc.ace import extract_core, patched_accuracy, shift_operator
 from wtc.models import Transformer, TransformerConfig
 from wtc.models import io as model_io
 from wtc.studies import modadd_report
 from wtc.studies.clock import Clock, study_dir
-
-
-class StudyError(ValueError):
-    """A bad study argument, or an output directory that holds a different study."""
 
 
 @dataclass

@@ -2,11 +2,11 @@
 short predicate than those of dense ones? (issue 7; Marin-Llobet & Heimersheim report 17-35% of
 nonzero weights interpretable in sparse models vs 5-9% in dense ones).
 
-One corpus (the Python standard library sources, wtc.tasks.corpus, split by file), one model shape
-(wtc.ablate.sparse.lm_config: 2 layers, d_model 128, RMSNorm, byte vocabulary), two trainings with
+One corpus (the Python standard library sources, wtc.explain.corpus, split by file), one model shape
+(wtc.models.sparse.lm_config: 2 layers, d_model 128, RMSNorm, byte vocabulary), two trainings with
 the same data, steps and seed: dense, and weight-sparse (top-k per matrix annealed to `density`
 over the first half, AbsTopK 1/4 on the MLP). Then the same explanation procedure on both
-(wtc.ablate.explain: `sample` weights drawn uniformly from the nonzero matrix weights, grammar
+(wtc.explain.explainer: `sample` weights drawn uniformly from the nonzero matrix weights, grammar
 predicates, exact conditional-ablation scores on held-out text, K = 10 slices). Everything is
 resumable: training from its checkpoints, explanations from their summary.json.
 """
@@ -17,16 +17,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from wtc.ablate import explain_report
-from wtc.ablate.sparse import SparseTrainConfig, lm_config, nonzero_fraction, train_lm
+from wtc.errors import StudyError
+from wtc.explain import report as explain_report
+from wtc.models.sparse import SparseTrainConfig, lm_config, nonzero_fraction, train_lm
 from wtc.models import Transformer
 from wtc.models import io as model_io
 from wtc.studies.clock import study_dir
-from wtc.tasks.corpus import build_corpus
-
-
-class StudyError(ValueError):
-    """A bad study argument."""
+from wtc.explain.corpus import build_corpus
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """The Task type: a sampler of input sequences and a target function, validated on every call."""
 from __future__ import annotations
 
+from wtc.errors import WtcError
+
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -10,7 +12,7 @@ OUTPUT_KINDS = ("integer", "real")
 REAL_TOLERANCE = 1e-3  # max |pred - y| / (1 + |y|) for real tasks (TASKS.md)
 
 
-class TaskError(ValueError):
+class TaskError(WtcError, ValueError):
     """A task definition or one of its callables is wrong; the message names the task."""
 
 

@@ -1,13 +1,13 @@
 """Per-weight predicate explanations, scored by conditional zero-ablation on held-out text.
 
 For a sampled nonzero weight:
-1. its exact per-position KL(clean || zeroed) on a search set of held-out windows (wtc.ablate.scan);
+1. its exact per-position KL(clean || zeroed) on a search set of held-out windows (wtc.scan.engine);
 2. candidate predicates f(tokens, pos) -> bool: the built-in grammar's beam search
-   (wtc.ablate.predicates) and, optionally, an external proposer (a callable or a shell command
+   (wtc.explain.predicates) and, optionally, an external proposer (a callable or a shell command
    given the weight's importance contexts, returning predicate sources, which run only through
-   the sandbox, wtc.ablate.sandbox);
+   the sandbox, wtc.explain.sandbox);
 3. each candidate scored exactly on the search set: A(S) = total KL when the weight is zeroed only
-   at positions S (wtc.ablate.conditional); recovery R = 1 - A(not f) / A(all) (the weight kept only
+   at positions S (wtc.explain.conditional); recovery R = 1 - A(not f) / A(all) (the weight kept only
    where f holds), inverse I = 1 - A(f) / A(all); score = min(R, 1 - I); only predicates with
    coverage 0 < p(f) <= max_coverage compete;
 4. the best one judged on K disjoint held-out slices it was not chosen on: interpretable when its
@@ -27,10 +27,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from wtc.ablate import predicates as grammar
-from wtc.ablate import sandbox
-from wtc.ablate.conditional import conditional_kl, is_local, is_matrix
-from wtc.ablate.scan import scan
+from wtc.explain import predicates as grammar
+from wtc.explain import sandbox
+from wtc.explain.conditional import conditional_kl, is_local, is_matrix
+from wtc.scan.engine import scan
 
 
 @dataclass

@@ -7,7 +7,7 @@ construction and by test (tests/test_predicates.py):
   - vectorised: `Predicate.evaluate(tokens)` -> bool (n, T) from a byte array (n, T) with numpy;
   - as source: `Predicate.source`, a standalone `def predicate(tokens, pos)` over a list of one-char
     strings (latin-1 decoded bytes), with no imports, no attribute access, no helper functions and
-    only `for ... in range(...)` loops, so it passes the sandbox whitelist (wtc.ablate.sandbox).
+    only `for ... in range(...)` loops, so it passes the sandbox whitelist (wtc.explain.sandbox).
 
 Atoms (`atoms(tokens)` builds the library for a data set; `Atom.evaluate` computes one):
   - token class at offset o in {0, -1, ..., -max_offset}: digit, letter, identifier char
@@ -39,7 +39,7 @@ Search objective (cheap: additive in the KL, no model). With K = kl.sum() and F 
     covered(f)    = kl[F].sum() / K                share of the KL mass on f-true positions
     coverage p(f) = F.mean()                       share of positions where f holds
     objective     = covered + lam * ln(max_coverage / p) - atom_cost * (number of atoms - 1)
-feasible only when 0 < p(f) <= max_coverage (the gate). The exact score (wtc.ablate.explain,
+feasible only when 0 < p(f) <= max_coverage (the gate). The exact score (wtc.explain.explainer,
 conditional zero-ablation) is min(R, 1 - I), which under an additive approximation of the KL is
 `covered`; covered alone is maximised by the loosest predicate the gate allows, hence two small
 terms. The specificity term lam * ln(max_coverage / p) (>= 0 under the gate; lam default 0.02)
@@ -409,7 +409,7 @@ def atoms(tokens, max_offset: int = 4, ngram_top: int = 200, byte_top: int = 48,
 def importance_mask(kl: np.ndarray, mass: float = 0.9) -> np.ndarray:
     """The smallest set of positions of the whole (n, T) array holding `mass` of its total KL
     (positions taken by decreasing KL, ties toward the lower flat index, the rule of
-    wtc.ablate.kl.importance_positions for one row), as a bool array."""
+    wtc.scan.kl.importance_positions for one row), as a bool array."""
     flat = np.clip(np.asarray(kl, np.float64).ravel(), 0, None)
     out = np.zeros(flat.shape, bool)
     total = flat.sum()

@@ -12,6 +12,8 @@
 """
 from __future__ import annotations
 
+from wtc.errors import WtcError
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,11 +21,11 @@ import sympy as sp
 
 from wtc import sr
 from wtc import tasks as task_registry
-from wtc.extract.compose import snap_output
-from wtc.extract.program import POSITION, Line, Program, build_source
-from wtc.extract.readout import head_weights, pad, read
-from wtc.extract.routing import fit_head, routed, rule_keys
-from wtc.extract.verify import agreement
+from wtc.extraction.compose import snap_output
+from wtc.extraction.program import POSITION, Line, Program, build_source
+from wtc.extraction.readout import head_weights, pad, read
+from wtc.extraction.routing_rules import fit_head, routed, rule_keys
+from wtc.extraction.verification import agreement
 
 LIVE_SHARE = 0.1            # live: moves an output by more than this share of the output tolerance
 MAX_DEVIATION = 0.05        # program vs model output on the extraction data, relative rms
@@ -34,7 +36,7 @@ MAX_SR_POINTS = 3000
 ALONE_TIME_LIMIT = 3.0      # seconds per sub-MLP read alone for the report (its formula is in the output)
 
 
-class ExtractionError(RuntimeError):
+class ExtractionError(WtcError, RuntimeError):
     """A step of the extraction could not run (not: could not find a rule or formula)."""
 
 

@@ -16,7 +16,7 @@ from torch import nn
 def fisher_estimate(model: nn.Module, tokens, params, readout=None, samples: int = 4,
                     seed: int = 0) -> dict[str, torch.Tensor]:
     """{name: 1/2 w^2 F_ii} shaped like each parameter (an estimate, float64)."""
-    from wtc.ablate.scan import _select_params
+    from wtc.scan.engine import _select_params
 
     readout = readout or (lambda out: out)
     tokens = torch.as_tensor(tokens).long()

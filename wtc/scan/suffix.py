@@ -15,7 +15,7 @@ A rank-1 change delta (x) w (delta per position, w a direction) reaches the next
 a norm in closed form (`NormedLinear`): per position, the perturbed projection is a mix of the
 clean projection and one vector, O(N (D + K)) instead of O(N D K). From the first dense change on,
 the remaining blocks run as one batch of A copies. A rank-1 change after the last block with no
-final norm reaches the KL without forming logits (wtc.ablate.kl.kl_rank1).
+final norm reaches the KL without forming logits (wtc.scan.kl.kl_rank1).
 
 AbsTopK MLPs: the selection is recomputed on the perturbed pre-activations (exact, no rank-1 MLP
 entry). Anything not listed (biases, norm weights) goes through the generic batched path in scan.
@@ -28,7 +28,7 @@ import re
 import torch
 import torch.nn.functional as F
 
-from wtc.ablate.kl import kl_rank1, kl_rows
+from wtc.scan.kl import kl_rank1, kl_rows
 from wtc.models.transformer import LayerNorm, RMSNorm, abstopk
 
 _NAME = re.compile(r"^blocks\.(\d+)\.(attn\.W_[QKVO]|mlp\.W_in|mlp\.W_out)$")
@@ -130,7 +130,7 @@ class Suffix:
             self.logits = model.unembed(self.hidden)                # (B, T, V)
             self.V = self.logits.shape[-1]
             self.logits_flat = self.logits.reshape(-1, self.V)
-            # float64 whatever the model's precision: see wtc.ablate.kl.kl_rows
+            # float64 whatever the model's precision: see wtc.scan.kl.kl_rows
             self.logp = torch.log_softmax(self.logits.double(), -1).reshape(-1, self.V)
             # a rank-1 change through the final norm (without one, kl_rank1 takes it as it is)
             self.unembed_lin = (NormedLinear(model.ln_final, resid.reshape(-1, cfg.d_model), model.unembed.W_U.detach())

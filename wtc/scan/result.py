@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from wtc.ablate.kl import importance_positions as _importance
+from wtc.scan.kl import importance_positions as _importance
 
 
 class ScanResult:

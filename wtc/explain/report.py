@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from wtc.ablate.explain import explain, to_json
-from wtc.tasks.corpus import Corpus, slices
+from wtc.explain.explainer import explain, to_json
+from wtc.explain.corpus import Corpus, slices
 
 
 @dataclass

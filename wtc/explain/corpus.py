@@ -45,6 +45,8 @@ re-hash the files and raise ``CorpusError`` naming the first file that changed.
 """
 from __future__ import annotations
 
+from wtc.errors import WtcError
+
 import fnmatch
 import hashlib
 import json
@@ -85,7 +87,7 @@ SPLITS = ("train", "heldout", "all")
 _UNHASHED = ("root", "python", "skipped", "sha256")   # manifest keys left out of its sha256
 
 
-class CorpusError(ValueError):
+class CorpusError(WtcError, ValueError):
     """A corpus cannot be built, read or checked; the message names the root, file or argument."""
 
 

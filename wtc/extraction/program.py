@@ -19,7 +19,7 @@ import numpy as np
 import sympy as sp
 from sympy.printing.pycode import pycode
 
-from wtc.extract.routing import Rule
+from wtc.extraction.routing_rules import Rule
 
 POSITION = "t"
 _ALLOWED_CALLS = {"max", "min", "abs"}
@@ -191,7 +191,7 @@ class Program:
     outputs: list[sp.Expr] = field(default_factory=list)
     ok: bool = True
     failures: list[str] = field(default_factory=list)   # which module broke, and why
-    readings: list = field(default_factory=list)        # per-module evidence (wtc.extract.extract)
+    readings: list = field(default_factory=list)        # per-module evidence (wtc.extraction.reader)
     model: object = field(default=None, repr=False)     # the model it was read from, if any
 
     def __post_init__(self) -> None:

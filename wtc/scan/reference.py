@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from wtc.ablate.kl import kl_rows_reference
+from wtc.scan.kl import kl_rows_reference
 
 
 @torch.no_grad()

@@ -23,6 +23,8 @@ constant assignments are rejected too: the module holds the function and an opti
 """
 from __future__ import annotations
 
+from wtc.errors import WtcError
+
 import ast
 import builtins
 import math
@@ -70,7 +72,7 @@ _NODE_WORDS = {  # node type -> its words in "... is/are not allowed"
 _SIGNATURE = "must define exactly one function `predicate(tokens, pos)`"
 
 
-class PredicateRejected(ValueError):
+class PredicateRejected(WtcError, ValueError):
     """Predicate source that may not run, or that failed when run; the message says why."""
 
 

@@ -3,7 +3,7 @@
 How each parameter is evaluated (all exact, never estimated):
 - closed form for the unembedding (the last linear map to the logits: zeroing W[v, j] moves one
   logit by W[v, j] h_j; wtc._C computes every (v, j) at every position without ablated logits);
-- wtc Transformers' weight matrices (wtc.ablate.suffix): the change a zeroed weight makes to the
+- wtc Transformers' weight matrices (wtc.scan.suffix): the change a zeroed weight makes to the
   residual stream is computed from cached clean activations (rank-1 for MLP weights, W_O and W_V;
   one head recomputed for W_Q / W_K; embedding rows only where the token / position reaches), and
   only what follows it is run, as one batch of copies; their biases and norm weights run the
@@ -12,7 +12,7 @@ How each parameter is evaluated (all exact, never estimated):
   their wtc twin (same parameter names; used only when its logits match on the tokens);
 - any other nn.Module (other TransformerLens models included): batches of A copies of the parameter,
   each with one weight zeroed, through torch.func.vmap(functional_call(model, ...)), then the readout.
-Results stream to a SQLite store chunk by chunk (wtc.ablate.store), so a killed scan resumes.
+Results stream to a SQLite store chunk by chunk (wtc.scan.store), so a killed scan resumes.
 With torch.distributed initialised, chunks are shared round-robin across ranks and merged.
 """
 from __future__ import annotations
@@ -29,10 +29,10 @@ from torch import nn
 from torch.func import functional_call, vmap
 from tqdm.auto import tqdm
 
-from wtc.ablate.kl import importance_positions, kl_rows, kl_unembed
-from wtc.ablate.result import ScanResult
-from wtc.ablate.store import ScanStore
-from wtc.ablate.suffix import Suffix
+from wtc.scan.kl import importance_positions, kl_rows, kl_unembed
+from wtc.scan.result import ScanResult
+from wtc.scan.store import ScanStore
+from wtc.scan.suffix import Suffix
 
 CHUNK = 4096                 # weights per committed chunk: the unit of resume and of sharding
 KEEP_POSITIONS_BYTES = 2**30  # keep full per-position KL in the store while it stays under 1 GiB
@@ -95,12 +95,12 @@ class _Evaluator:
             raise ValueError("the clean logits hold NaN or inf; the model or readout is broken for these tokens")
         self.V = logits.shape[-1]
         self.logits = logits.detach()
-        # (N, V) float64 whatever the model's precision (see wtc.ablate.kl.kl_rows)
+        # (N, V) float64 whatever the model's precision (see wtc.scan.kl.kl_rows)
         self.logp = (self.suffix.logp if self.suffix is not None
                      else torch.log_softmax(logits.double(), -1).reshape(-1, self.V))
 
     def structured(self, name: str) -> bool:
-        """Whether wtc.ablate.suffix computes this parameter's ablations from cached activations."""
+        """Whether wtc.scan.suffix computes this parameter's ablations from cached activations."""
         return self.suffix is not None and Suffix.handles(name)
 
     def _generic_clean(self):
@@ -200,7 +200,7 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
     store (None: in memory); mass: share of KL the importance positions hold; keep_positions:
     store full per-position KL (default: when it fits in 1 GiB; otherwise recomputed on demand);
     weights: {name: bool mask shaped like the parameter} to scan only some weights exactly (e.g. the
-    top of wtc.ablate.fisher_estimate); unscanned weights report total KL 0 and no row in the store;
+    top of wtc.scan.fisher_estimate); unscanned weights report total KL 0 and no row in the store;
     positions: a bool mask (B, T): KL counted only there (e.g. the one position a task is read at),
     0 elsewhere; the ablations themselves still act everywhere, so effects that travel to the
     counted positions through attention are in.

@@ -1,7 +1,7 @@
 """discover: train -> extract -> verify, retried within a time budget.
 
 Each attempt trains a population of Discrete Transformers (wtc.dt), reads the best replicas out as
-programs (wtc.extract) and verifies them on fresh data. Attempts climb a ladder of configurations (DTConfig.rung)
+programs (wtc.extraction) and verifies them on fresh data. Attempts climb a ladder of configurations (DTConfig.rung)
 (3-input sub-MLPs for three-way operators such as a windowed maximum; aggregate heads for prefix
 sums, counts and means; a second layer of sub-MLPs for chained operators; pointer heads in both
 layers; then the same again with new seeds) until a program verifies or the budget is spent. The result
@@ -19,8 +19,8 @@ import numpy as np
 from wtc import tasks as task_registry
 from wtc.dt.config import DTConfig
 from wtc.dt.train import Attempt, rank_key, run_attempt, take_replica, torch_threads
-from wtc.extract import extract, verify
-from wtc.extract.extract import ExtractionError
+from wtc.extraction import extract, verify
+from wtc.extraction.reader import ExtractionError
 
 DEFAULT_BUDGET_S = 600.0
 REPLICAS_TO_READ = 3

@@ -1,0 +1,14 @@
+"""Weights -> code: routing rules, formulas, program assembly and verification.
+
+    reader         extract(): every live module of a trained DT read as a rule or a formula
+    routing_rules  hypothesis tests on pointer heads (offsets, positions, windowed / prefix extrema)
+    compose        sub-MLP and head composed into one formula per output
+    readout        the model's modules and their values on fresh data
+    program        the Program (an AST, its source, a vectorised call)
+    verification   verify(): the program scored on fresh data, and against the model
+"""
+from wtc.extraction.program import Line, Program
+from wtc.extraction.reader import Reading, extract
+from wtc.extraction.verification import Verification, verify
+
+__all__ = ["extract", "verify", "Program", "Line", "Verification", "Reading"]
