@@ -18,7 +18,8 @@ import numpy as np
 
 from wtc import tasks as task_registry
 from wtc.dt.config import DTConfig
-from wtc.dt.train import Attempt, rank_key, run_attempt, take_replica, torch_threads
+from wtc.dt.train import Attempt, rank_key, run_attempt, take_replica
+from wtc.threads import torch_threads
 from wtc.extraction import extract, verify
 from wtc.extraction.reader import ExtractionError
 

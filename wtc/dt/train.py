@@ -7,7 +7,6 @@ solves the task, the attempts run out, or the time budget would be exceeded.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import time
@@ -25,6 +24,7 @@ from wtc.dt.model import DiscreteTransformer
 from wtc.dt.refine import refine_pointers
 from wtc.dt.selection import EVAL, Sampling, entropy
 from wtc.dt.workers import default_workers, run_wave, task_reference
+from wtc.threads import torch_threads
 
 CHECKPOINT_EVERY = 250   # steps between training-state checkpoints (when a directory is given)
 LOG_EVERY = 10           # steps between history records (entropies cost a softmax over every head)
@@ -33,20 +33,6 @@ POLISH_SEQUENCES = 1024  # full batch of the L-BFGS polish (10k positions)
 REFINE_SEQUENCES = 512   # batch of the pointer refinement (counterfactual forwards per key)
 PRECISION_REPLICAS = 2   # nearly-solved replicas that get the float64 polish
 PRECISION_CHUNK = 250    # L-BFGS iterations between checks whether they are solved
-
-
-@contextlib.contextmanager
-def torch_threads(n: int | None):
-    """Run with n intra-op threads (tiny models on few cores are overhead-bound; see bench/)."""
-    if n is None:
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def tau_at(config: DTConfig, step: int) -> float:

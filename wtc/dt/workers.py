@@ -40,7 +40,8 @@ def task_reference(task) -> str | None:
 def _attempt_in_worker(spec: dict) -> None:
     from wtc import tasks as task_registry
     from wtc.dt.config import DTConfig
-    from wtc.dt.train import Attempt, _run_attempt, _save_result, torch_threads
+    from wtc.dt.train import Attempt, _run_attempt, _save_result
+    from wtc.threads import torch_threads
 
     task = task_registry.get(spec["task"])
     config = DTConfig.from_dict(spec["config"])
