@@ -9,6 +9,7 @@ import json.encoder
 import numpy as np
 import pytest
 
+from wtc.explain import predicate_search as S
 from wtc.explain import predicates as P
 
 try:        # the whitelist the sources must pass (checked when the sandbox module is there)
@@ -125,7 +126,7 @@ def test_planted_predicate_is_found_first(rng):
     planted[:, 0] = False
     assert planted.sum() >= 50
     kl = np.where(planted, 1.0 + 0.1 * rng.random(tokens.shape), 1e-4 * rng.random(tokens.shape))
-    found = P.search(tokens, kl)
+    found = S.search(tokens, kl)
     assert 1 <= len(found) <= 5
     best, fig = found[0]
     np.testing.assert_array_equal(best.evaluate(tokens), planted, err_msg=best.name)
@@ -137,7 +138,7 @@ def test_planted_predicate_is_found_first(rng):
 def test_diffuse_kl_has_no_good_candidate(rng, real_tokens):
     tokens = rows(stdlib_text("json.encoder"), 128)
     kl = rng.random(tokens.shape)
-    found = P.search(tokens, kl)
+    found = S.search(tokens, kl)
     for pred, fig in found:
         assert fig["lift"] > 0
         assert fig["covered"] <= 0.6 and fig["lift"] <= 0.1, pred.name
@@ -148,7 +149,7 @@ def test_gate_and_figures(rng):
     letters = P.Atom("class", "letter").evaluate(tokens)
     kl = np.where(letters, 1.0, 0.01) * rng.random(tokens.shape)   # mass on a class too common to pass
     for gate in (0.5, 0.2):
-        found = P.search(tokens, kl, max_coverage=gate, top=8)
+        found = S.search(tokens, kl, max_coverage=gate, top=8)
         assert found
         for pred, fig in found:
             F = pred.evaluate(tokens)
@@ -169,19 +170,19 @@ def test_search_is_deterministic(rng):
     tokens = rows(stdlib_text("json.encoder"), 64)
     kl = rng.random(tokens.shape) ** 8 * (tokens == ord("("))
     kl[0, 0] += 1e-6
-    a = P.search(tokens, kl)
-    b = P.search(tokens.astype(np.int64), kl.copy(), library=P.atoms(tokens))    # int64 as from torch
+    a = S.search(tokens, kl)
+    b = S.search(tokens.astype(np.int64), kl.copy(), library=P.atoms(tokens))    # int64 as from torch
     assert [(p.name, p.source, f) for p, f in a] == [(p.name, p.source, f) for p, f in b]
 
 
 def test_bad_inputs_are_named():
     tokens = rows(stdlib_text("json.encoder"), 64, 4)
     with pytest.raises(ValueError, match="shape"):
-        P.search(tokens, np.ones((4, 63)))
+        S.search(tokens, np.ones((4, 63)))
     with pytest.raises(ValueError, match="non-finite"):
-        P.search(tokens, np.full(tokens.shape, np.nan))
+        S.search(tokens, np.full(tokens.shape, np.nan))
     with pytest.raises(ValueError, match="no effect"):
-        P.search(tokens, np.zeros(tokens.shape))
+        S.search(tokens, np.zeros(tokens.shape))
     with pytest.raises(ValueError, match="0..255"):
         P.atoms(tokens.astype(np.int64) + 300)
     with pytest.raises(ValueError, match="ops"):

@@ -258,6 +258,7 @@ def _cmd_study(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wtc", description="weights to code: Discrete Transformers read out as programs")
+    p.add_argument("--debug", action="store_true", help="show Python tracebacks for errors (also WTC_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("tasks", help="list the built-in tasks").set_defaults(func=_cmd_tasks)
     sub.add_parser("backends", help="report native/CUDA/Triton backends").set_defaults(func=_cmd_backends)
@@ -330,17 +331,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command. A user error (any wtc.WtcError, a missing or unreadable file) prints one line,
+    `wtc: error: ...`, and exits with status 2; `--debug` (or WTC_DEBUG=1) shows the traceback."""
+    import os
+
+    from wtc.errors import WtcError
+
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("WTC_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
-    except (ValueError, TypeError, KeyError) as exc:
-        from wtc.tasks import TaskError
-        from wtc.dt.config import ConfigError
-        from wtc.dt.checkpoint import CheckpointError
-        if isinstance(exc, (TaskError, ConfigError, CheckpointError)):
-            print(f"wtc: error: {exc}", file=sys.stderr)
-            return 2
-        raise
+    except (WtcError, OSError) as exc:
+        if debug:
+            raise
+        what = exc if isinstance(exc, WtcError) or not getattr(exc, "filename", None) else \
+            f"{exc.strerror or exc}: {exc.filename}"
+        print(f"wtc: error: {what}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("wtc: interrupted (work checkpointed so far is kept; rerun to resume where supported)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from wtc.explain import predicates as grammar
+from wtc.explain import predicate_search
 from wtc.explain import sandbox
 from wtc.explain.conditional import conditional_kl, is_local, is_matrix
 from wtc.scan.engine import scan
@@ -162,7 +162,7 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
             ex.note = "no effect on the search set"
             continue
         kl_np = kl.numpy()
-        found = grammar.search(search_np, kl_np, beam=beam, max_atoms=max_atoms, max_coverage=max_coverage,
+        found = predicate_search.search(search_np, kl_np, beam=beam, max_atoms=max_atoms, max_coverage=max_coverage,
                                top=candidates) if builtin else []
         cands = [(p.name, p.source, p.evaluate, "grammar") for p, _ in found]
         flat = np.argsort(-kl_np, axis=None)[:20]
