@@ -36,21 +36,6 @@ void expect_dim(int64_t got, int64_t want, const char* name, int axis) {
   }
 }
 
-py::array_t<float> ple_encode(farr x, farr bins) {
-  expect_dims(bins, 1, "bins", "(n_bins + 1,)");
-  const int n_bins = static_cast<int>(bins.shape(0)) - 1;
-  if (n_bins < 1) throw py::value_error("bins needs at least 2 edges");
-  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
-  shape.push_back(n_bins);
-  py::array_t<float> out(shape);
-  const int64_t n = x.size();
-  {
-    py::gil_scoped_release nogil;
-    wtc::ple_encode_cpu(x.data(), n, bins.data(), n_bins, out.mutable_data());
-  }
-  return out;
-}
-
 py::tuple route_hard(farr q, farr k, farr v, farr q_bins, farr k_bins, farr W, farr u, farr rel,
                      farr abs_, int q_offset) {
   expect_dims(q, 3, "q", "(G, N, Lq)");
@@ -309,8 +294,6 @@ int64_t gramian_update(py::array h, py::array J, py::array mean, py::array m2, p
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "wtc CPU kernels (C++17, OpenMP)";
-  m.def("ple_encode", &ple_encode, py::arg("x"), py::arg("bins"),
-        "Piecewise linear encoding: x (...) -> (..., n_bins), float32.");
   m.def("route_hard", &route_hard, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("q_bins"),
         py::arg("k_bins"), py::arg("W"), py::arg("u"), py::arg("rel"), py::arg("abs"),
         py::arg("q_offset"),

@@ -3,15 +3,22 @@
 #include <limits>
 #include <vector>
 
-#include "ple.h"
-
 namespace wtc {
+namespace {
 
-void ple_encode_cpu(const float* x, int64_t n, const float* bins, int n_bins, float* out) {
-#pragma omp parallel for schedule(static) if (n > 4096)
-  for (int64_t i = 0; i < n; ++i)
-    for (int t = 0; t < n_bins; ++t) out[i * n_bins + t] = ple_component(x[i], bins, t, n_bins);
+// Piecewise Linear Encoding (Gorishniy et al. 2022): bins b_0 < ... < b_n define n components;
+// component t is (x - b_t) / (b_{t+1} - b_t) clipped to [0, 1], except that component 0 is not
+// floored and component n-1 is not capped, so the encoding extrapolates linearly outside
+// [b_0, b_n]. The torch twin, the reference the tests compare against, is wtc.dt.ple.ple.
+inline float ple_component(float x, const float* bins, int t, int n) {
+  float lo = bins[t], hi = bins[t + 1];
+  float c = (x - lo) / (hi - lo);
+  if (t > 0 && c < 0.f) c = 0.f;
+  if (t < n - 1 && c > 1.f) c = 1.f;
+  return c;
 }
+
+}  // namespace
 
 void route_hard_cpu(const RouteShapes& s, const float* q, const float* k, const float* v,
                     const float* q_bins, const float* k_bins, const float* W, const float* u,

@@ -4,9 +4,6 @@
 
 namespace wtc {
 
-// out[i, t] = PLE component t of x[i] with the given bins (n_bins + 1 edges).
-void ple_encode_cpu(const float* x, int64_t n, const float* bins, int n_bins, float* out);
-
 // Hard (argmax) routing for G independent heads over N sequences.
 // Query i of a sequence sits at key position i + q_offset and sees keys j <= i + q_offset.
 //   score(i, j) = PLE_q(q_i)^T W PLE_k(k_j) + u . PLE_k(k_j) + rel[i + q_offset - j] + abs_[j]

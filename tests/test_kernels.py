@@ -204,29 +204,7 @@ def test_mlp_bank_rejects_bad_input():
                          W_mid=torch.zeros(1, 2, 4, 3, device=DEV), b_mid=b1)
 
 
-# ---------------------------------------------------------------- dispatch and the DT
-def test_dispatch(monkeypatch):
-    cpu = torch.zeros(1)
-    monkeypatch.delenv("WTC_KERNELS", raising=False)
-    assert kernels.use_triton(cpu) is False                      # CPU tensors: the reference by default
-    monkeypatch.setenv("WTC_KERNELS", "reference")
-    assert kernels.use_triton(cpu) is False
-    if torch.cuda.is_available():
-        assert kernels.use_triton(torch.zeros(1, device="cuda")) is False
-    monkeypatch.setenv("WTC_KERNELS", "triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert kernels.use_triton(cpu) is True
-    monkeypatch.delenv("TRITON_INTERPRET")
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
-        kernels.use_triton(cpu)
-    monkeypatch.setenv("WTC_KERNELS", "fastest")
-    with pytest.raises(ValueError, match="WTC_KERNELS"):
-        kernels.use_triton(cpu)
-    if torch.cuda.is_available():
-        monkeypatch.delenv("WTC_KERNELS")
-        assert kernels.use_triton(torch.zeros(1, device="cuda")) is True
-
-
+# ---------------------------------------------------------------- the DT with the kernels (dispatch: tests/test_backend.py)
 def _trajectory(monkeypatch, mode, steps=4):
     """Parameters after `steps` training steps (2 annealing with Gumbel noise and the redundancy
     penalty, 2 hard straight-through) of a small DT with pointer, aggregate and sub-MLP heads."""

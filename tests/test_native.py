@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 import torch
 
-import wtc
 from wtc import _native
 from wtc.dt import DTConfig, DiscreteTransformer
 from wtc.dt.ple import ple
@@ -58,34 +57,6 @@ def test_route_hard_matches_reference(rng, G, N, Lq, Lk, nq, nk, n_rel, offset):
     assert np.all(idx <= np.arange(Lq)[None, None] + offset)
 
 
-CU = _native.cuda_module()
-needs_cuda = pytest.mark.skipif(CU is None or not torch.cuda.is_available(), reason="no CUDA device or wtc._C_cuda")
-
-
-@needs_cuda
-@pytest.mark.parametrize("G,N,Lq,Lk,nq,nk,n_rel,offset", [
-    (1, 1, 1, 1, 1, 1, 1, 0), (3, 17, 10, 19, 16, 16, 19, 9), (4, 1000, 6, 9, 8, 2, 9, 3),
-])
-def test_route_hard_cuda_matches_reference(rng, G, N, Lq, Lk, nq, nk, n_rel, offset):
-    q, k, v, qb, kb, W, u, rel, abs_ = random_route_inputs(rng, G, N, Lq, Lk, nq, nk, n_rel)
-    dev = [torch.from_numpy(a).cuda().contiguous() for a in (q, k, v, qb, kb, W, u, rel, abs_)]
-    idx = torch.full((G, N, Lq), -7, dtype=torch.int64, device="cuda")        # poisoned: unwritten shows
-    val = torch.full((G, N, Lq), float("nan"), device="cuda")
-    margin = torch.full((G, N, Lq), float("nan"), device="cuda")
-    CU.route_hard(G, N, Lq, Lk, nq, nk, n_rel, offset, *(t.data_ptr() for t in dev), idx.data_ptr(),
-                  val.data_ptr(), margin.data_ptr(), torch.cuda.current_stream().cuda_stream)
-    torch.cuda.synchronize()
-    idx, val, margin = idx.cpu().numpy(), val.cpu().numpy(), margin.cpu().numpy()
-    ref_idx, ref_val, s, top2 = reference_route(q, k, v, qb, kb, W, u, rel, abs_, offset)
-    ref_margin = (top2[..., 0] - top2[..., 1]).numpy() if Lk > 1 else np.full(idx.shape, np.inf)
-    assert (idx >= 0).all() and not np.isnan(val).any() and not np.isnan(margin).any()
-    clear = ref_margin > 1e-4
-    np.testing.assert_array_equal(idx[clear], ref_idx[clear])
-    np.testing.assert_array_equal(val[clear], ref_val[clear].astype(np.float32))
-    finite = np.isfinite(ref_margin)
-    np.testing.assert_allclose(margin[finite], ref_margin[finite], rtol=1e-3, atol=1e-3)
-
-
 @needs_native
 def test_route_hard_rejects_bad_shapes():
     z = np.zeros
@@ -120,29 +91,6 @@ def test_frozen_model_native_routing_equals_reference(rng, monkeypatch):
     nat = model.predict(x, replica=-1)
     close = np.isclose(nat, ref, rtol=1e-4, atol=1e-4)
     assert close.mean() > 0.99   # rare near-ties may route differently in float32
-
-
-def test_backends_report():
-    names = [b.name for b in wtc.backends()]
-    assert names == ["cpu-native", "cuda-native", "triton"]
-    for b in wtc.backends():
-        assert b.why and (b.built or not b.usable)
-
-
-def test_kernels_override_is_validated(monkeypatch):
-    monkeypatch.setenv("WTC_KERNELS", "fast")
-    with pytest.raises(ValueError, match="WTC_KERNELS='fast'"):
-        _native.kernels_override()
-
-
-@needs_native
-def test_native_routing_is_chosen_by_size_and_override(monkeypatch):
-    monkeypatch.delenv("WTC_KERNELS", raising=False)
-    assert not _native.use_native_cpu(100) and _native.use_native_cpu(10 * _native.NATIVE_MIN_POSITIONS)
-    monkeypatch.setenv("WTC_KERNELS", "native")
-    assert _native.use_native_cpu(1)
-    monkeypatch.setenv("WTC_KERNELS", "reference")
-    assert not _native.use_native_cpu(10**9)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 2, 5, 9), (1, 1, 1, 1, 1), (1, 2, 3, 17, 33)])

@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 import torch
 
-from wtc import _native
 from wtc.dt.ple import ple, ple_uniform
 
 
@@ -52,22 +51,3 @@ def test_ple_gradient_is_piecewise_constant():
     x = torch.tensor([0.5, 2.0, -1.0, 5.0], requires_grad=True)
     ple(x, bins).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), [1.0, 0.5, 1.0, 0.5])
-
-
-@pytest.mark.skipif(_native.cpu_module() is None, reason="wtc._C not built")
-@pytest.mark.parametrize("n", [1, 4, 16])
-def test_native_ple_matches_reference(rng, n):
-    bins = random_bins(rng, n).astype(np.float32)
-    x = rng.uniform(-5, 5, (13, 9)).astype(np.float32)
-    got = _native.cpu_module().ple_encode(x, bins)
-    want = ple(torch.tensor(x), torch.tensor(bins)).numpy()
-    assert got.shape == (13, 9, n)
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.skipif(_native.cpu_module() is None, reason="wtc._C not built")
-def test_native_ple_rejects_bad_bins():
-    with pytest.raises(ValueError, match="bins"):
-        _native.cpu_module().ple_encode(np.zeros(3, np.float32), np.zeros(1, np.float32))
-    with pytest.raises(ValueError, match="bins must have shape"):
-        _native.cpu_module().ple_encode(np.zeros(3, np.float32), np.zeros((2, 2), np.float32))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from wtc._native import backends
+from wtc.backend import backends
 from wtc.errors import WtcError
 from wtc.tasks import Task
 

@@ -14,3 +14,35 @@ class CheckpointError(WtcError, ValueError):
 
 class StudyError(WtcError, ValueError):
     """A study's configuration or output directory cannot be used."""
+
+
+class SRError(WtcError, ValueError):
+    """Symbolic regression was given data or options it cannot use; the message names which."""
+
+
+class HookError(WtcError, ValueError):
+    """A hook request wtc cannot carry out (wtc.hooks)."""
+
+
+class HookNameError(HookError, KeyError):
+    """No hook point or module of the given name."""
+
+
+class HookTypeError(HookError, TypeError):
+    """A hooked module's value is not a tensor (nor a tuple starting with one)."""
+
+
+class BackendError(WtcError, RuntimeError):
+    """A kernel backend was asked for (WTC_KERNELS, backend=) but cannot run here (wtc.backend)."""
+
+
+class BackendNameError(WtcError, ValueError):
+    """WTC_KERNELS, a backend= argument or an op name is not one wtc.backend knows."""
+
+
+class TrainingError(WtcError, FloatingPointError):
+    """Training diverged (a non-finite loss); the last training-state checkpoint is intact."""
+
+
+class TrainConfigError(WtcError, ValueError):
+    """A training configuration (wtc.models.training, wtc.models.sparse) has a bad value; the message names the field."""

@@ -10,9 +10,10 @@ rather than accumulating sum h h^T and subtracting N mean mean^T at the end, whi
 catastrophically when the mean is large next to the spread (|mean| / std = 1e3 loses ~6 digits).
 
 Two backends, the same math: wtc._C.gramian_update (native: blocked symmetric rank-k update in
-float64, float32 chunks widened per block of rows, OpenMP) when built, and torch float64 (the
-reference; WTC_KERNELS=reference, backend="reference", or inputs on a GPU). The native one writes
-the upper triangles only; the matrices are mirrored when read.
+float64, float32 chunks widened per block of rows, OpenMP) and torch float64 (the reference;
+backend="reference", or chunks on a GPU); backend=None leaves it to wtc.backend.choose
+("ace.gramian": native when built, WTC_KERNELS overrides). The native one writes the upper
+triangles only; the matrices are mirrored when read.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import numpy as np
 import torch
 
 from wtc import _native
+from wtc.backend import choose, require_native
+from wtc.errors import BackendNameError
 
 BACKENDS = ("native", "reference")
 
@@ -47,20 +50,20 @@ def _on_cpu(x) -> bool:
 class GramianAccumulator:
     """Running float64 mean, centred scatter and sum J^T J of chunks (h (n, D), J (n, K, D)).
 
-    backend: None (native when wtc._C is built and WTC_KERNELS is not 'reference'), 'native'
-    (error when not built) or 'reference' (torch float64). Chunks on a GPU always go through torch
-    on their device; the state stays on the CPU.
+    backend: None (wtc.backend.choose: native when wtc._C is built and WTC_KERNELS is not
+    'reference'), 'native' (BackendError when not built) or 'reference' (torch float64). Chunks on
+    a GPU always go through torch on their device; the state stays on the CPU.
     """
 
     def __init__(self, dim: int, backend: str | None = None):
         if not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if backend is not None and backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)} or None, got {backend!r}")
-        if backend == "native" and _native.cpu_module() is None:
-            raise RuntimeError("backend='native' but wtc._C is not importable (package not built?)")
+            raise BackendNameError(f"backend must be one of {', '.join(BACKENDS)} or None, got {backend!r}")
+        if backend == "native":
+            require_native("backend='native'")
         self.dim = dim
-        self.backend = backend or ("native" if _native.use_native_cpu() else "reference")
+        self.backend = backend or choose("ace.gramian", "cpu")     # the state lives on the CPU
         self.n = 0
         self._mean = torch.zeros(dim, dtype=torch.float64)
         self._m2 = torch.zeros(dim, dim, dtype=torch.float64)      # upper triangle authoritative

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from wtc import _native
+from wtc.backend import choose
 
 MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9
@@ -46,8 +47,7 @@ def gumbel_hash(seed: int, shape: tuple[int, int, int, int, int], device=None,
     costs several full-size int64 passes); native=False forces the torch expression, the reference.
     """
     R, B, H, T, L = shape
-    on_cpu = device is None or torch.device(device).type == "cpu"
-    if native is not False and on_cpu and _native.use_native_cpu():
+    if native is not False and choose("dt.gumbel", device) == "native":
         noise = _native.cpu_module().gumbel_hash(seed, R * B * H, T, L)
         return torch.from_numpy(noise).view(R, B, H, T, L).to(dtype)
     stream = torch.arange(R * B * H, device=device, dtype=torch.int64).view(R, B, H, 1, 1)

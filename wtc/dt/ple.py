@@ -2,7 +2,7 @@
 
 Bins b_0 < ... < b_n give n components; component t is (x - b_t) / (b_{t+1} - b_t) clipped to
 [0, 1], except that the first is not floored and the last is not capped (linear extrapolation).
-Inside bin t the code is [1, .., 1, frac, 0, .., 0]. wtc._C.ple_encode is the native twin.
+Inside bin t the code is [1, .., 1, frac, 0, .., 0]. The native twin lives inside wtc._C.route_hard.
 """
 from __future__ import annotations
 

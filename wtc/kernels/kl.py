@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wtc.kernels import output
+from wtc.kernels.buffers import output
 
 
 @triton.jit

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wtc.kernels import output as _poisoned
+from wtc.kernels.buffers import output as _poisoned
 
 
 # ---------------------------------------------------------------- device helpers

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wtc.kernels import output
+from wtc.kernels.buffers import output
 
 ACTIVATIONS = {"relu": 0, "silu": 1, "gelu": 2, "tanh": 3, "relu+silu": 4}
 

@@ -1,7 +1,8 @@
-"""KL(clean || ablated) per position: torch reference and wtc._C dispatch.
+"""KL(clean || ablated) per position: torch reference, wtc._C and Triton, as wtc.backend chooses.
 
 Three primitives of the per-weight scan, each with a readable torch path (the oracle) next to the
-native CPU kernel; on CUDA tensors the two row-wise KLs run as Triton kernels (wtc.kernels.kl):
+native CPU kernel (float32 inputs; float64 ones keep their precision in the torch path); on CUDA
+tensors the two row-wise KLs run as Triton kernels (wtc.kernels.kl):
   kl_rows            clean log-probs (N, V) + ablated logits (A, N, V) -> (A, N) float64
   kl_unembed         closed form for zeroing W_U weights, all (v, j) at once, no ablated logits
   importance_positions  smallest position set holding `mass` of a weight's total KL
@@ -12,23 +13,13 @@ import numpy as np
 import torch
 
 from wtc import _native
-from wtc.kernels import use_triton
+from wtc.backend import choose
 
 
 def _check_finite(t: torch.Tensor, name: str) -> None:
     if not torch.isfinite(t).all():
         bad = (~torch.isfinite(t)).nonzero()[0].tolist()
         raise ValueError(f"{name} holds a non-finite value at index {tuple(bad)}")
-
-
-def _use_native(t: torch.Tensor) -> bool:
-    """wtc._C for float32 CPU tensors; float64 inputs keep their precision in the torch path."""
-    choice = _native.kernels_override()
-    if choice == "reference" or t.device.type != "cpu" or t.dtype != torch.float32:
-        return False
-    if choice == "native" and _native.cpu_module() is None:
-        raise RuntimeError("WTC_KERNELS=native but wtc._C is not importable")
-    return _native.cpu_module() is not None
 
 
 def kl_rows_reference(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -46,10 +37,11 @@ def kl_rows(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     if logp.ndim != 2 or logits.ndim != 3 or logits.shape[1:] != logp.shape:
         raise ValueError(f"kl_rows: logp must be (N, V) and logits (A, N, V); got {tuple(logp.shape)} "
                          f"and {tuple(logits.shape)}")
-    if use_triton(logits):
+    backend = choose("scan.kl_rows", logits)
+    if backend == "triton":
         from wtc.kernels.kl import kl_rows as triton_kl_rows
         return triton_kl_rows(logp, logits)
-    if _use_native(logits):
+    if backend == "native":
         out = _native.cpu_module().kl_rows(logp.detach().double().contiguous().numpy(),
                                            logits.detach().contiguous().numpy())
         return torch.from_numpy(out)
@@ -62,10 +54,11 @@ def kl_rank1(logp: torch.Tensor, logits: torch.Tensor, delta: torch.Tensor, dire
     """KL against logits + delta[a, n] * direction[a, :] (a rank-1 ablation) -> (A, N) float64.
     logp (N, V) (float64, as for kl_rows), logits (N, V); delta (A, N); direction (A, V).
     Native: never forms the (A, N, V) logits."""
-    if use_triton(logits):
+    backend = choose("scan.kl_rank1", logits, dtype=(logits.dtype, delta.dtype, direction.dtype))
+    if backend == "triton":
         from wtc.kernels.kl import kl_rank1 as triton_kl_rank1
         return triton_kl_rank1(logp, logits, delta, direction)
-    if _use_native(logits) and all(t.dtype == torch.float32 for t in (delta, direction)):
+    if backend == "native":
         out = _native.cpu_module().kl_rank1(logp.detach().double().contiguous().numpy(),
                                             *(t.detach().contiguous().numpy() for t in (logits, delta, direction)))
         return torch.from_numpy(out)
@@ -92,10 +85,10 @@ def kl_unembed(logp: torch.Tensor, h: torch.Tensor, W: torch.Tensor, v=None, j=N
         v, j = (t.flatten() for t in torch.meshgrid(torch.arange(V), torch.arange(W.shape[1]), indexing="ij"))
     v, j = torch.as_tensor(v, dtype=torch.int64), torch.as_tensor(j, dtype=torch.int64)
     v, j = v.to(h.device), j.to(h.device)
-    if _use_native(h) and logp.dtype == torch.float32 and W.dtype == torch.float32:
+    if choose("scan.kl_unembed", h, dtype=(h.dtype, logp.dtype, W.dtype)) == "native":
         total, per = _native.cpu_module().kl_unembed(
             logp.detach().contiguous().numpy(), h.detach().contiguous().numpy(), W.detach().contiguous().numpy(),
-            v.numpy(), j.numpy(), per_position)     # CPU tensors only (_use_native)
+            v.numpy(), j.numpy(), per_position)     # native: CPU tensors only
         return torch.from_numpy(total), (torch.from_numpy(per) if per_position else None)
     kl = kl_unembed_reference(logp, h, W, v, j)
     return kl.sum(-1), (kl.to(h.dtype) if per_position else None)
@@ -123,7 +116,7 @@ def importance_positions(kl: torch.Tensor, mass: float = 0.9) -> list[np.ndarray
         raise ValueError(f"importance_positions: kl must be (M, N), got {tuple(kl.shape)}")
     if not 0 < mass <= 1:
         raise ValueError(f"mass must be in (0, 1], got {mass}")
-    if _use_native(kl):
+    if choose("scan.importance_positions", kl) == "native":
         offsets, pos = _native.cpu_module().importance_positions(kl.detach().float().contiguous().numpy(), mass)
         return np.split(pos, offsets[1:-1])
     return importance_positions_reference(kl.float(), mass)
