@@ -1,12 +1,13 @@
 """DTConfig: architecture, schedule and steering of a Discrete Transformer, validated on creation."""
 from __future__ import annotations
 
-from wtc.errors import WtcError
-
 import dataclasses
-import re
 import json
+import math
+import re
 from dataclasses import dataclass, field
+
+from wtc.errors import WtcError
 
 ACTIVATIONS = ("relu", "silu", "gelu", "tanh", "relu+silu")
 
@@ -113,46 +114,53 @@ class DTConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        def positive(name, value, kind=int):
-            if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name} must be a positive {kind.__name__}, got {value!r}")
+        def integer(name, lo):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+                kind = "positive" if lo == 1 else "non-negative"
+                raise ConfigError(f"{name} must be a {kind} integer, got {value!r}")
 
-        positive("n_layers", self.n_layers)
+        def real(name, lo=None, hi=None, strict=False):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number, got {value!r}")
+            if lo is not None and (value <= lo if strict else value < lo) or hi is not None and value > hi:
+                rng = f"> {lo}" if strict else (f"in [{lo}, {hi}]" if hi is not None else f">= {lo}")
+                raise ConfigError(f"{name} must be {rng}, got {value!r}")
+            setattr(self, name, float(value))
+
+        integer("n_layers", 1)
         self.n_heads = _per_layer(self.n_heads, self.n_layers, "n_heads")
         self.n_agg_heads = _per_layer(self.n_agg_heads, self.n_layers, "n_agg_heads")
         self.n_mlps = _per_layer(self.n_mlps, self.n_layers, "n_mlps")
         for name in ("mlp_inputs", "mlp_hidden", "ple_bins", "batch_size", "replicas", "max_attempts",
-                     "eval_sequences"):
-            positive(name, getattr(self, name))
-        for name in ("steps", "hard_steps", "polish_iters", "refine_steps", "precision_iters"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-        if self.steps < 1:
-            raise ConfigError("steps must be at least 1 (the annealing phase cannot be empty)")
+                     "eval_sequences", "steps"):
+            integer(name, 1)
+        for name in ("hard_steps", "polish_iters", "refine_steps", "precision_iters"):
+            integer(name, 0)
         for name in ("lr", "tau_start", "tau_end", "hard_lr_scale"):
-            positive(name, float(getattr(self, name)), float)
+            real(name, 0.0, strict=True)
+        real("content_fraction", 0.0, 1.0)
+        real("redundancy_penalty", 0.0)
+        real("weight_decay", 0.0)
+        real("offset_prior")
+        for name in ("qk_position", "gumbel", "straight_through", "grow"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.tau_end > self.tau_start:
             raise ConfigError(f"tau_end ({self.tau_end}) must not exceed tau_start ({self.tau_start})")
-        if not 0.0 <= float(self.content_fraction) <= 1.0:
-            raise ConfigError(f"content_fraction must be in [0, 1], got {self.content_fraction}")
-        if self.redundancy_penalty < 0:
-            raise ConfigError(f"redundancy_penalty must be >= 0, got {self.redundancy_penalty}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.mlp_activation not in ACTIVATIONS:
             raise ConfigError(f"mlp_activation must be one of {ACTIVATIONS}, got {self.mlp_activation!r}")
-        if self.mlp_depth not in (1, 2):
+        if self.mlp_depth not in (1, 2) or isinstance(self.mlp_depth, bool):
             raise ConfigError(f"mlp_depth must be 1 or 2 hidden layers, got {self.mlp_depth!r}")
         if self.mlp_activation == "relu+silu" and self.mlp_hidden < 2:
             raise ConfigError("mlp_activation='relu+silu' needs mlp_hidden >= 2")
-        if self.pad is not None and (not isinstance(self.pad, int) or self.pad < 0):
-            raise ConfigError(f"pad must be None or a non-negative integer, got {self.pad!r}")
-        if self.workers is not None and (not isinstance(self.workers, int) or isinstance(self.workers, bool)
-                                         or self.workers < 1):
-            raise ConfigError(f"workers must be None or a positive integer, got {self.workers!r}")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise ConfigError(f"threads must be None or a positive integer, got {self.threads!r}")
+        for name in ("pad", "workers", "threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < (0 if name == "pad" else 1)):
+                kind = "non-negative" if name == "pad" else "positive"
+                raise ConfigError(f"{name} must be None or a {kind} integer, got {value!r}")
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if not isinstance(self.read, dict) or not all(

@@ -10,6 +10,7 @@ from wtc.sr import search
 from wtc.sr.data import TOL_FACTOR, check_inputs, prepare
 from wtc.sr.expr import evaluate, to_str
 from wtc.sr.pareto import Row, boolean_canonical, choose, equation_str, sympy_form, sympy_size, table
+from wtc.errors import SRError
 
 DEFAULT_MAX_COMPLEXITY = 20
 
@@ -57,7 +58,7 @@ class Fit:
         if X.ndim == 1:
             X = X[:, None]
         if X.ndim != 2 or X.shape[1] != len(self.names):
-            raise ValueError(f"X must have shape (n, {len(self.names)}), got {X.shape}")
+            raise SRError(f"X must have shape (n, {len(self.names)}), got {X.shape}")
         syms = tuple(sp.Symbol(s) for s in self.names)
         f = sp.lambdify(syms, self.expr, modules="numpy")
         with np.errstate(all="ignore"):
@@ -75,10 +76,15 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
     """Find the simplest formula y = f(X) within the tolerance. See ``wtc.sr`` for details."""
     X, y, names = check_inputs(X, y, names)
     if not isinstance(max_complexity, (int, np.integer)) or max_complexity < 1:
-        raise ValueError(f"max_complexity must be a positive integer, got {max_complexity!r}")
+        raise SRError(f"max_complexity must be a positive integer, got {max_complexity!r}")
     if time_limit is not None and not time_limit > 0:
-        raise ValueError(f"time_limit must be positive seconds or None, got {time_limit!r}")
+        raise SRError(f"time_limit must be positive seconds or None, got {time_limit!r}")
     rng = np.random.default_rng(random_state)
+    X_user, y_user = X, y
+    scales = _decade_scales(X, y)
+    sy = float(scales[1]) if scales else 1.0
+    if scales:           # fit in units of powers of ten, map the formula back exactly (below)
+        X, y = X / np.array([float(v) for v in scales[0]]), y / sy
     data = prepare(X, y, names, tol, rng)
     levels = search.op_levels(operators)  # validates the operator names before any work
     cands, log = search.run(data, max_complexity=int(max_complexity), operators=operators,
@@ -91,10 +97,19 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
     if len(binary) == len(syms):  # on bits: the multilinear canonical form, counted as written
         expr = boolean_canonical(expr, syms)
         complexity = sympy_size(expr)
-    pred = np.broadcast_to(evaluate(best.tree, [X[:, i] for i in range(X.shape[1])]), y.shape)
+    rows = table(cands, syms, binary, int(max_complexity))
+    tree = best.tree
+    if scales:
+        expr, rows, tree = _unscale(expr, syms, scales), [_unscale_row(r, syms, scales) for r in rows], None
+        X, y = X_user, y_user
+        with np.errstate(all="ignore"):
+            pred = np.broadcast_to(np.asarray(sp.lambdify(syms, expr, modules="numpy")(*X.T), np.float64), y.shape)
+    else:
+        pred = np.broadcast_to(evaluate(best.tree, [X[:, i] for i in range(X.shape[1])]), y.shape)
     resid = y - pred
-    sst = float(np.sum((y - y.mean()) ** 2))
-    sse = float(np.sum(resid**2))
+    with np.errstate(over="ignore"):   # at |y| ~ 1e300 the squares are inf: r2 is then nan, not an error
+        sst = float(np.sum((y - y.mean()) ** 2))
+        sse = float(np.sum(resid**2))
     exact = bool(best.passes) and not data.warning
     note = data.warning or ("" if exact else
                             f"no formula up to complexity {max_complexity} reaches the tolerance "
@@ -105,11 +120,45 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
         expr=expr, equation=equation_str(expr), exact=exact, complexity=complexity,
         loss=sse / len(y), rmse=float(np.sqrt(sse / len(y))),
         max_abs_err=float(np.max(np.abs(resid))), r2=1.0 - sse / sst if sst > 0 else float(sse == 0),
-        tolerance=data.thr, noise=data.sigma if data.sigma_method != "tol" else data.sigma * TOL_FACTOR,
-        noise_method=data.sigma_method, candidates=table(cands, syms, binary, int(max_complexity)),
+        tolerance=data.thr * sy, noise=data.sigma if data.sigma_method != "tol" else data.sigma * TOL_FACTOR,
+        noise_method=data.sigma_method, candidates=rows,
         names=names, operators=log.levels_tried[-1] if log.levels_tried else levels[0],
-        seconds=log.seconds, timed_out=log.timed_out, note=note, tree=best.tree,
+        seconds=log.seconds, timed_out=log.timed_out, note=note, tree=tree,
     )
+
+
+# Magnitudes the enumeration handles directly; beyond them the data are rescaled by powers of ten
+# (candidate values above 1e12 are dropped as near-singular, and exact-rational snapping of
+# constants like 1e-200 overflows), so y = x fits at 1e15 as well as at 1.
+SAFE_MAGNITUDE = (1e-3, 1e4)
+
+
+def _decade(v: np.ndarray) -> sp.Rational:
+    top = float(np.max(np.abs(v))) if v.size else 0.0
+    if top == 0.0 or SAFE_MAGNITUDE[0] <= top <= SAFE_MAGNITUDE[1]:
+        return sp.Integer(1)
+    return sp.Integer(10) ** int(np.floor(np.log10(top)))
+
+
+def _decade_scales(X: np.ndarray, y: np.ndarray):
+    """(column scales, y scale) as exact powers of ten, or None when every magnitude is safe."""
+    sx = [_decade(X[:, i]) for i in range(X.shape[1])]
+    sy = _decade(y)
+    return None if all(s == 1 for s in sx) and sy == 1 else (sx, sy)
+
+
+def _unscale(expr: sp.Expr, syms, scales) -> sp.Expr:
+    """y/sy = g(x/sx)  ->  y = sy * g(x / sx), the powers of ten exact, so y = x comes back as x."""
+    sx, sy = scales
+    out = sy * expr.subs({s: s / e for s, e in zip(syms, sx)}, simultaneous=True)
+    return sp.simplify(sp.expand(out)) if sp.count_ops(out) < 60 else sp.expand(out)
+
+
+def _unscale_row(row: Row, syms, scales) -> Row:
+    e = _unscale(row.expr, syms, scales)
+    with np.errstate(over="ignore"):   # a loss past 1e308 is inf, not an OverflowError
+        loss = float(np.float64(row.loss) * np.float64(float(scales[1])) ** 2) if row.loss else 0.0
+    return Row(row.complexity, loss, row.score, equation_str(e), e, row.passes)
 
 
 __all__ = ["Fit", "Row", "fit", "to_str"]

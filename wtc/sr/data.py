@@ -15,6 +15,7 @@ import numpy as np
 
 from wtc.sr.enumeration import off_distribution_points
 from wtc.sr.noise_level import estimate_sigma, group_rows
+from wtc.errors import SRError
 
 MAX_INPUTS = 3  # the builtin enumeration is sized for the sub-MLPs of a Discrete Transformer
 MIN_POINTS = 8
@@ -31,47 +32,47 @@ def check_inputs(X, y, names=None, max_inputs: int = MAX_INPUTS) -> tuple[np.nda
     try:
         X = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"X must be a numeric array of shape (n, k): {e}") from None
+        raise SRError(f"X must be a numeric array of shape (n, k): {e}") from None
     try:
         y = np.asarray(y, dtype=np.float64)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"y must be a numeric array of shape (n,): {e}") from None
+        raise SRError(f"y must be a numeric array of shape (n,): {e}") from None
     if X.ndim == 1:
         X = X[:, None]
     if X.ndim != 2:
-        raise ValueError(f"X must have shape (n, k) or (n,), got shape {X.shape}")
+        raise SRError(f"X must have shape (n, k) or (n,), got shape {X.shape}")
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim != 1:
-        raise ValueError(f"y must have shape (n,), got shape {y.shape} (one output at a time)")
+        raise SRError(f"y must have shape (n,), got shape {y.shape} (one output at a time)")
     if len(X) != len(y):
-        raise ValueError(f"X and y disagree on the number of points: X has {len(X)} rows, y has {len(y)}")
+        raise SRError(f"X and y disagree on the number of points: X has {len(X)} rows, y has {len(y)}")
     n, k = X.shape
     if k == 0:
-        raise ValueError("X has no input columns (k = 0)")
+        raise SRError("X has no input columns (k = 0)")
     if k > max_inputs:
-        raise ValueError(f"at most {max_inputs} inputs are supported here, X has k = {k}"
+        raise SRError(f"at most {max_inputs} inputs are supported here, X has k = {k}"
                          + (" (backend='pysr' takes more)" if max_inputs == MAX_INPUTS else ""))
     if n < MIN_POINTS:
-        raise ValueError(f"too few points: got n = {n}, need at least {MIN_POINTS}")
+        raise SRError(f"too few points: got n = {n}, need at least {MIN_POINTS}")
     bad_x = ~np.isfinite(X)
     if bad_x.any():
         r, c = np.argwhere(bad_x)[0]
-        raise ValueError(f"X contains {int(bad_x.sum())} non-finite values (NaN/inf), first at row {r}, column {c}")
+        raise SRError(f"X contains {int(bad_x.sum())} non-finite values (NaN/inf), first at row {r}, column {c}")
     bad_y = ~np.isfinite(y)
     if bad_y.any():
-        raise ValueError(f"y contains {int(bad_y.sum())} non-finite values (NaN/inf), first at row "
+        raise SRError(f"y contains {int(bad_y.sum())} non-finite values (NaN/inf), first at row "
                          f"{int(np.flatnonzero(bad_y)[0])}")
     if names is None:
         names = tuple(f"x{i}" for i in range(k)) if k > 1 else ("x",)
     names = tuple(str(s) for s in names)
     if len(names) != k:
-        raise ValueError(f"names has {len(names)} entries but X has k = {k} columns")
+        raise SRError(f"names has {len(names)} entries but X has k = {k} columns")
     for s in names:
         if not s.isidentifier() or keyword.iskeyword(s):
-            raise ValueError(f"variable name {s!r} is not a valid identifier")
+            raise SRError(f"variable name {s!r} is not a valid identifier")
     if len(set(names)) != k:
-        raise ValueError(f"variable names must be distinct, got {names}")
+        raise SRError(f"variable names must be distinct, got {names}")
     return X, y, names
 
 
@@ -129,7 +130,7 @@ def prepare(X: np.ndarray, y: np.ndarray, names: tuple, tol: float | None,
     y_rms = float(np.sqrt(np.mean(y**2)))
     if tol is not None:
         if not (np.isfinite(tol) and tol >= 0):
-            raise ValueError(f"tol must be a non-negative finite number (relative rms error), got {tol!r}")
+            raise SRError(f"tol must be a non-negative finite number (relative rms error), got {tol!r}")
         sigma, method = tol * y_rms / TOL_FACTOR, "tol"
     else:
         est = estimate_sigma(X, y, rng)

@@ -7,6 +7,7 @@ import numpy as np
 import sympy as sp
 
 from wtc.sr.api import DEFAULT_MAX_COMPLEXITY, Fit, fit
+from wtc.errors import SRError
 
 
 class NotFittedError(WtcError, RuntimeError):
@@ -48,7 +49,7 @@ class SymbolicRegressor:
     def set_params(self, **params) -> SymbolicRegressor:
         for k, v in params.items():
             if k not in self.get_params():
-                raise ValueError(f"unknown parameter {k!r} for SymbolicRegressor")
+                raise SRError(f"unknown parameter {k!r} for SymbolicRegressor")
             setattr(self, k, v)
         return self
 
@@ -63,7 +64,7 @@ class SymbolicRegressor:
                                  max_complexity=self.max_complexity, operators=self.operators,
                                  time_limit=self.time_limit, random_state=self.random_state)
         else:
-            raise ValueError(f"backend must be 'builtin' or 'pysr', got {self.backend!r}")
+            raise SRError(f"backend must be 'builtin' or 'pysr', got {self.backend!r}")
         f = self.fit_
         self.best_ = {"equation": f.equation, "complexity": f.complexity, "loss": f.loss, "rmse": f.rmse,
                       "max_abs_err": f.max_abs_err, "r2": f.r2, "exact": f.exact, "tolerance": f.tolerance}

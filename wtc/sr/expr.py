@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import sympy as sp
+from wtc.errors import SRError
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def resolve_ops(names: Sequence[str]) -> tuple[str, ...]:
     for n in names:
         key = ALIASES.get(str(n).lower(), str(n).lower())
         if key not in OPS:
-            raise ValueError(f"unknown operator {n!r}; known: {sorted(OPS)} (aliases {sorted(ALIASES)})")
+            raise SRError(f"unknown operator {n!r}; known: {sorted(OPS)} (aliases {sorted(ALIASES)})")
         out.append(key)
     return tuple(dict.fromkeys(out))
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import sympy as sp
+from wtc.errors import SRError
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def pi_multiple(f: Fraction) -> Num:
 def rounded(value: float, se: float) -> Num:
     """Fewest significant digits whose rounding error stays under a tenth of ``se``."""
     if not math.isfinite(value):
-        raise ValueError(f"cannot snap a non-finite constant ({value})")
+        raise SRError(f"cannot snap a non-finite constant ({value})")
     if value == 0:
         return integer(0)
     tol = max(abs(se) * 0.1, abs(value) * 1e-12)

@@ -24,6 +24,7 @@ from wtc.sr.expr import LEVELS, OPS, level_ops, resolve_ops
 from wtc.sr.fitting import Candidate, fit_terms
 from wtc.sr.inner_search import inner_pass
 from wtc.sr.screen import prepare_columns, screen, sse_threshold
+from wtc.errors import SRError
 
 TERM_BUDGETS = (250, 2500)  # library sizes tried per level, smallest first
 SIMPLE_ENOUGH = 9  # a passing formula this small ends the widening of operator sets
@@ -53,7 +54,7 @@ def op_levels(operators) -> list[tuple[str, ...]]:
     if operators is None or (isinstance(operators, str) and operators == "auto"):
         return [level_ops(lv) for lv in LEVELS]
     if isinstance(operators, str):
-        raise ValueError(f"operators must be None, 'auto' or a list of operator names, got {operators!r}")
+        raise SRError(f"operators must be None, 'auto' or a list of operator names, got {operators!r}")
     ops = tuple(o for o in resolve_ops(operators) if o != "pow")
     return [tuple(dict.fromkeys(("add", "sub", "mul", *ops)))]
 
