@@ -46,3 +46,18 @@ class TrainingError(WtcError, FloatingPointError):
 
 class TrainConfigError(WtcError, ValueError):
     """A training configuration (wtc.models.training, wtc.models.sparse) has a bad value; the message names the field."""
+
+
+class ScanError(WtcError, ValueError):
+    """A scan was given tokens, parameters or options it cannot use, or a store it cannot resume."""
+
+
+class UnknownName(WtcError, KeyError):
+    """A name (parameter, hook, scanned weight) that does not exist; the message lists what does."""
+
+    def __str__(self) -> str:       # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class CheckpointNotFound(CheckpointError, FileNotFoundError):
+    """The checkpoint's files are not there (also a FileNotFoundError)."""

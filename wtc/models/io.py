@@ -9,7 +9,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from wtc.errors import CheckpointError, CheckpointNotFound, ScanError
 from wtc.models.transformer import Transformer, TransformerConfig
+from wtc.scan.inputs import as_tokens
 
 
 def save(model: Transformer, directory, extra: dict | None = None) -> Path:
@@ -23,29 +25,48 @@ def save(model: Transformer, directory, extra: dict | None = None) -> Path:
 
 
 def load(directory) -> Transformer:
+    """The Transformer saved in `directory`; any way the files can be bad is a CheckpointError."""
     d = Path(directory)
-    if not (d / "config.json").exists() or not (d / "model.safetensors").exists():
-        raise FileNotFoundError(f"{d}: not a wtc transformer checkpoint (needs config.json and model.safetensors)")
-    meta = json.loads((d / "config.json").read_text())
-    if meta.get("kind") != "wtc.models.Transformer":
-        raise ValueError(f"{d}/config.json: kind {meta.get('kind')!r} is not a wtc.models.Transformer")
-    cfg = TransformerConfig(**meta["config"])
-    state = load_file(str(d / "model.safetensors"))
-    dtype = next(v.dtype for v in state.values() if v.is_floating_point())
-    model = Transformer(cfg).to(dtype)
-    model.load_state_dict(state)                 # strict: a mismatch names the missing/unexpected keys
+    if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
+        raise CheckpointNotFound(f"{d}: not a wtc transformer checkpoint (needs config.json and model.safetensors)")
+    try:
+        meta = json.loads((d / "config.json").read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{d}/config.json is not valid JSON: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("kind") != "wtc.models.Transformer":
+        kind = meta.get("kind") if isinstance(meta, dict) else type(meta).__name__
+        raise CheckpointError(f"{d}/config.json: kind {kind!r} is not a wtc.models.Transformer")
+    try:
+        cfg = TransformerConfig(**meta["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{d}/config.json: bad TransformerConfig: {exc}") from None
+    try:
+        state = load_file(str(d / "model.safetensors"))
+    except Exception as exc:   # safetensors raises its own SafetensorError for truncated / corrupt files
+        raise CheckpointError(f"{d}/model.safetensors cannot be read: {exc}") from None
+    floats = [v.dtype for v in state.values() if v.is_floating_point()]
+    if not floats:
+        raise CheckpointError(f"{d}/model.safetensors holds no floating-point tensors")
+    model = Transformer(cfg).to(floats[0])
+    try:
+        model.load_state_dict(state)             # strict: a mismatch names the missing/unexpected keys
+    except RuntimeError as exc:
+        raise CheckpointError(f"{d}: weights do not fit the config: {exc}") from None
+    bad = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise CheckpointError(f"{d}/model.safetensors: non-finite values in {bad[:5]}")
     return model.eval()
 
 
 def load_tokens(path) -> torch.Tensor:
-    """(B, T) int64 tokens from .npy or .pt."""
+    """(B, T) int64 tokens from .npy or .pt (any integer dtype; ids checked to be >= 0 and to fit)."""
     path = Path(path)
-    if path.suffix == ".npy":
-        tokens = torch.from_numpy(np.load(path))
-    elif path.suffix in (".pt", ".pth"):
-        tokens = torch.load(path, weights_only=True)
-    else:
-        raise ValueError(f"{path}: token files are .npy or .pt, got {path.suffix!r}")
-    if tokens.ndim != 2 or tokens.dtype.is_floating_point:
-        raise ValueError(f"{path}: tokens must be an integer array (B, T), got {tuple(tokens.shape)} {tokens.dtype}")
-    return tokens.long()
+    if path.suffix not in (".npy", ".pt", ".pth"):
+        raise ScanError(f"{path}: token files are .npy or .pt, got {path.suffix!r}")
+    if not path.is_file():
+        raise ScanError(f"{path}: no such token file")
+    try:
+        tokens = np.load(path, allow_pickle=False) if path.suffix == ".npy" else torch.load(path, weights_only=True)
+    except Exception as exc:
+        raise ScanError(f"{path}: cannot read tokens: {exc}") from None
+    return as_tokens(tokens, name=str(path))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from wtc.errors import UnknownName
 from wtc.scan.kl import importance_positions as _importance
 
 
@@ -23,7 +24,7 @@ class ScanResult:
     def _flat(self, name: str, index) -> int:
         """A weight's flat index from a flat int or a full index tuple, range-checked."""
         if name not in self.shapes:
-            raise KeyError(f"{name!r} was not scanned; scanned: {', '.join(self.shapes)}")
+            raise UnknownName(f"{name!r} was not scanned; scanned: {', '.join(self.shapes)}")
         shape = self.shapes[name]
         if isinstance(index, (int, np.integer)):
             if not 0 <= index < int(np.prod(shape)):

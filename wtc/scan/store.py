@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from wtc.errors import ScanError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS chunks (param TEXT NOT NULL, start INTEGER NOT NULL, stop INTEGER NOT NULL,
@@ -44,11 +46,11 @@ class ScanStore:
         if old:
             for key, value in new.items():
                 if key in old and old[key] != value:
-                    raise ValueError(f"{self.path}: this store was written for a different {key} "
+                    raise ScanError(f"{self.path}: this store was written for a different {key} "
                                      f"({old[key][:80]} != {value[:80]}); use a new output directory")
             missing = set(new) - set(old)
             if missing:
-                raise ValueError(f"{self.path}: store lacks {sorted(missing)}; use a new output directory")
+                raise ScanError(f"{self.path}: store lacks {sorted(missing)}; use a new output directory")
             return
         with self.db:
             self.db.executemany("INSERT INTO meta VALUES (?, ?)", new.items())

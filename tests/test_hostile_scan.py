@@ -1,0 +1,117 @@
+"""Hostile inputs to the per-weight scan and its loaders: each is refused with a ScanError or
+CheckpointError that names the problem, or (where legitimate) gives the right answer; a resumed
+store refuses another architecture or readout."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from wtc.errors import CheckpointError, ScanError, WtcError
+from wtc.models import Transformer, TransformerConfig
+from wtc.models.io import load, load_tokens, save
+from wtc.scan import scan
+from wtc.scan.reference import naive_position_kl
+
+
+def tiny(act_fn="relu", seed=0):
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(n_layers=1, d_model=8, n_heads=2, d_head=4, d_mlp=16, d_vocab=7, n_ctx=6, act_fn=act_fn)
+    return Transformer(cfg).double()
+
+
+TOKENS = torch.tensor([[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]])
+
+
+@pytest.mark.parametrize("bad, match", [
+    (torch.tensor([[1, -1, 2]]), "negative token id"),
+    (torch.tensor([[1, 7, 2]]), "vocabulary has 7"),
+    (torch.zeros(1, 7, dtype=torch.long), "context is 6"),
+    (torch.zeros(0, 3, dtype=torch.long), "empty"),
+    (torch.zeros(2, 0, dtype=torch.long), "empty"),
+    (torch.zeros(3, dtype=torch.long), r"shape \(B, T\)"),
+    (torch.zeros(2, 3, dtype=torch.bool), "dtype"),
+    (np.zeros((2, 3), np.complex64), "dtype"),
+    (np.array([[1, 2], [3]], dtype=object), "integer"),
+])
+def test_bad_tokens_are_refused(bad, match):
+    with pytest.raises(ScanError, match=match):
+        scan(tiny(), bad, params="blocks.0.mlp.W_out", progress=False)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.uint16, np.int32, np.uint64])
+def test_small_integer_dtypes_scan_like_int64(dtype):
+    model = tiny()
+    want = scan(model, TOKENS, params="unembed.W_U", progress=False).total_kl["unembed.W_U"]
+    got = scan(model, TOKENS.numpy().astype(dtype), params="unembed.W_U", progress=False).total_kl["unembed.W_U"]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("kw, match", [({"chunk": -1}, "chunk"), ({"chunk": 0}, "chunk"), ({"chunk": 2.5}, "chunk"),
+                                       ({"batch": 0}, "batch"), ({"mass": float("nan")}, "mass"),
+                                       ({"mass": "0.9"}, "mass"), ({"readout": 3}, "readout")])
+def test_bad_options_are_refused(kw, match):
+    with pytest.raises(ScanError, match=match):
+        scan(tiny(), TOKENS, params="unembed.W_U", progress=False, **kw)
+
+
+def test_scan_is_right_where_it_accepts():
+    model = tiny()
+    res = scan(model, TOKENS, params="blocks.0.mlp.W_in", progress=False, chunk=7)
+    want = naive_position_kl(model, TOKENS, "blocks.0.mlp.W_in")
+    got = torch.stack([res.position_kl("blocks.0.mlp.W_in", i) for i in range(len(want))])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)
+
+
+def test_resume_refuses_another_architecture_or_readout(tmp_path):
+    relu, gelu = tiny("relu"), tiny("gelu")
+    gelu.load_state_dict(relu.state_dict())            # same weights, another function
+    scan(relu, TOKENS, params="blocks.0.mlp.W_out", out=tmp_path, progress=False)
+    with pytest.raises(ScanError, match="architecture"):
+        scan(gelu, TOKENS, params="blocks.0.mlp.W_out", out=tmp_path, progress=False)
+    with pytest.raises(ScanError, match="readout"):
+        scan(relu, TOKENS, params="blocks.0.mlp.W_out", out=tmp_path, progress=False, readout=lambda o: 2 * o)
+    scale = 2.0
+    other = tmp_path / "closure"
+    scan(relu, TOKENS, params="unembed.W_U", out=other, progress=False, readout=lambda o: scale * o)
+    scale = 3.0            # the same lambda over another value computes another function
+    with pytest.raises(ScanError, match="readout"):
+        scan(relu, TOKENS, params="unembed.W_U", out=other, progress=False, readout=lambda o: scale * o)
+    again = scan(relu, TOKENS, params="blocks.0.mlp.W_out", out=tmp_path, progress=False)   # same: resumes
+    assert again.weights_scanned == 0
+
+
+def test_token_files(tmp_path):
+    np.save(tmp_path / "u64.npy", np.array([[1, 2], [2**63 + 5, 1]], np.uint64))
+    with pytest.raises(ScanError, match="beyond int64"):
+        load_tokens(tmp_path / "u64.npy")
+    np.save(tmp_path / "neg.npy", np.array([[1, -3]], np.int16))
+    with pytest.raises(ScanError, match="negative"):
+        load_tokens(tmp_path / "neg.npy")
+    np.save(tmp_path / "ok.npy", np.array([[1, 2]], np.uint8))
+    assert load_tokens(tmp_path / "ok.npy").dtype == torch.int64
+    (tmp_path / "t.txt").write_text("1 2")
+    with pytest.raises(ScanError, match=r"\.npy or \.pt"):
+        load_tokens(tmp_path / "t.txt")
+    with pytest.raises(ScanError, match="no such"):
+        load_tokens(tmp_path / "missing.npy")
+
+
+def test_bad_checkpoints_are_checkpoint_errors(tmp_path):
+    d = save(tiny(), tmp_path / "m")
+    assert isinstance(load(d), Transformer)
+    (d / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load(d)
+    (d / "config.json").write_text(json.dumps({"kind": "wtc.models.Transformer", "config": {"n_layers": 0}}))
+    with pytest.raises(CheckpointError, match="TransformerConfig"):
+        load(d)
+    d2 = save(tiny(), tmp_path / "m2")
+    (d2 / "model.safetensors").write_bytes((d2 / "model.safetensors").read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        load(d2)
+    with pytest.raises(CheckpointError, match="not a wtc transformer checkpoint"):
+        load(tmp_path / "nowhere")
+    assert issubclass(CheckpointError, WtcError)
