@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from wtc.dt.config import ConfigError
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -97,7 +99,7 @@ class Selector(nn.Module):
             raise ValueError(f"mask shape {tuple(mask.shape)} != (slots, variables) = {(S, V)}")
         empty = [slot_names[s] for s in range(S) if not mask[s].any()]
         if empty:
-            raise ValueError(f"selection slots with no readable variable (check DTConfig.read): {empty}")
+            raise ConfigError(f"selection slots with no readable variable (check DTConfig.read): {empty}")
         self.logits = nn.Parameter(0.1 * torch.randn(replicas, S, V))
         self.register_buffer("mask", mask.clone())
         self.register_buffer("frozen_index", torch.full((replicas, S), -1, dtype=torch.long))

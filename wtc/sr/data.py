@@ -28,7 +28,15 @@ MAX_REL_NOISE = 0.1  # estimated noise above this fraction of rms(y): nothing ca
 
 
 def check_inputs(X, y, names=None, max_inputs: int = MAX_INPUTS) -> tuple[np.ndarray, np.ndarray, tuple]:
-    """Validate and normalise (X (n, k), y (n,), names); raise ValueError naming the problem."""
+    """Validate and normalise (X (n, k), y (n,), names); raise SRError naming the problem."""
+    for what, v in (("X", X), ("y", y)):
+        try:
+            if np.iscomplexobj(v):
+                raise SRError(f"{what} is complex; symbolic regression fits real numbers")
+        except (TypeError, ValueError) as e:   # ragged nested lists
+            if isinstance(e, SRError):
+                raise
+            raise SRError(f"{what} must be a numeric array: {e}") from None
     try:
         X = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError) as e:

@@ -30,6 +30,8 @@ def get(name: str | Task) -> Task:
     """The task registered under `name` (a Task passes through)."""
     if isinstance(name, Task):
         return name
+    if not isinstance(name, str):
+        raise TaskError(f"a task is a name (str) or a wtc.Task, got {type(name).__name__} {name!r}")
     if name in _USER:
         return _USER[name]
     if name in builtin.SUITE:

@@ -1,14 +1,17 @@
 """The Task type: a sampler of input sequences and a target function, validated on every call."""
 from __future__ import annotations
 
-from wtc.errors import WtcError
-
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from wtc.errors import WtcError
+
 OUTPUT_KINDS = ("integer", "real")
+# Inputs and targets are trained on in float32 (max 3.4e38); past this magnitude normalisation
+# statistics and float32 copies overflow into a NaN model, so such values are refused up front.
+MAX_MAGNITUDE = 1e30
 REAL_TOLERANCE = 1e-3  # max |pred - y| / (1 + |y|) for real tasks (TASKS.md)
 
 
@@ -48,7 +51,8 @@ class Task:
                 raise TaskError(f"{label}: {attr} must be a positive integer, got {value!r}")
         if self.output not in OUTPUT_KINDS:
             raise TaskError(f"{label}: output must be one of {OUTPUT_KINDS}, got {self.output!r}")
-        if not isinstance(self.valid_from, (int, np.integer)) or not 0 <= self.valid_from < self.seq_len:
+        if (not isinstance(self.valid_from, (int, np.integer)) or isinstance(self.valid_from, bool)
+                or not 0 <= self.valid_from < self.seq_len):
             raise TaskError(f"{label}: valid_from must be an integer in [0, seq_len={self.seq_len}), "
                             f"got {self.valid_from!r}")
         for attr in ("sample", "target"):
@@ -58,7 +62,7 @@ class Task:
     # ------------------------------------------------------------------ validated calls
     def draw(self, rng: np.random.Generator | int, n: int) -> np.ndarray:
         """Sample n input sequences, validated and returned as float64 (n, seq_len, n_inputs)."""
-        if not isinstance(n, (int, np.integer)) or n < 1:
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
             raise TaskError(f"task {self.name!r}: n must be a positive integer, got {n!r}")
         rng = np.random.default_rng(rng) if not isinstance(rng, np.random.Generator) else rng
         try:
@@ -70,6 +74,8 @@ class Task:
     def check_inputs(self, x, n: int | None = None, source: str = "inputs") -> np.ndarray:
         """Validate an input batch and return it as float64 (n, seq_len, n_inputs)."""
         label = f"task {self.name!r}: {source}"
+        if np.iscomplexobj(x):
+            raise TaskError(f"{label} is complex; inputs must be real numbers")
         try:
             x = np.asarray(x, dtype=np.float64)
         except (TypeError, ValueError) as exc:
@@ -84,17 +90,20 @@ class Task:
         if not np.all(np.isfinite(x)):
             bad = np.argwhere(~np.isfinite(x))[0]
             raise TaskError(f"{label} contains NaN or inf (first at index {tuple(int(i) for i in bad)})")
+        _check_magnitude(x, label)
         return x
 
     def targets(self, x: np.ndarray) -> np.ndarray:
         """Targets for validated inputs as float64 (n, seq_len, n_outputs); invalid positions are NaN."""
         x = self.check_inputs(x)
-        arg = x[:, :, 0] if self.n_inputs == 1 else x
+        arg = x[:, :, 0] if self.n_inputs == 1 and self._sample_ndim() == 2 else x   # as sample gives it
         try:
             y = self.target(arg.copy())
         except Exception as exc:
             raise TaskError(f"task {self.name!r}: target(x) raised {type(exc).__name__}: {exc}") from exc
         label = f"task {self.name!r}: target"
+        if np.iscomplexobj(y):
+            raise TaskError(f"{label} is complex; targets must be real numbers")
         try:
             y = np.asarray(y, dtype=np.float64)
         except (TypeError, ValueError) as exc:
@@ -114,9 +123,26 @@ class Task:
         if self.output == "integer" and not np.all(valid == np.round(valid)):
             raise TaskError(f"{label}: output='integer' but the target has non-integer values "
                             f"(e.g. {valid[valid != np.round(valid)][0]!r}); use output='real'")
+        _check_magnitude(valid, label)
         y = y.copy()
         y[:, : self.valid_from] = np.nan
         return y
+
+    def _sample_ndim(self) -> int:
+        """2 or 3: the rank of what `sample` returns, so `target` receives batches in that form
+        (a single-input sampler may return (n, T) or (n, T, 1)); probed once with one sequence."""
+        cached = self.__dict__.get("_ndim")
+        if cached is None:
+            if self.n_inputs > 1:
+                cached = 3
+            else:
+                try:
+                    cached = np.ndim(self.sample(np.random.default_rng(0), 1))
+                except Exception as exc:
+                    raise TaskError(f"task {self.name!r}: sample(rng, 1) raised {type(exc).__name__}: {exc}") from exc
+                cached = 3 if cached == 3 else 2
+            object.__setattr__(self, "_ndim", cached)   # frozen dataclass: a private cache only
+        return cached
 
     def batch(self, rng: np.random.Generator | int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(x, y): n validated input sequences and their targets."""
@@ -163,3 +189,11 @@ class Task:
     def __repr__(self) -> str:
         return (f"Task({self.name!r}, seq_len={self.seq_len}, n_inputs={self.n_inputs}, "
                 f"n_outputs={self.n_outputs}, output={self.output!r}, valid_from={self.valid_from})")
+
+
+def _check_magnitude(a: np.ndarray, label: str) -> None:
+    big = np.abs(a) > MAX_MAGNITUDE
+    if big.any():
+        i = tuple(int(v) for v in np.argwhere(big)[0])
+        raise TaskError(f"{label} has |value| {abs(float(a[i])):.3g} > {MAX_MAGNITUDE:g} at index {i}: "
+                        f"the Discrete Transformer trains in float32; rescale the task")

@@ -1,0 +1,146 @@
+"""Hostile inputs to the public API: wtc.Task, DTConfig, wtc.sr.fit, wtc.tasks.get. Each bad input
+is a WtcError whose message names the problem; legitimate extremes give the right answer.
+Property-based cases are bounded (max_examples) so CI stays fast."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import wtc
+from wtc.dt.config import ConfigError, DTConfig
+from wtc.errors import SRError, WtcError
+from wtc.tasks import Task, TaskError
+
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _task(sample=None, target=None, **kw):
+    sample = sample or (lambda rng, n: rng.integers(0, 2, (n, 5)))
+    target = target or (lambda x: x)
+    return Task("t", sample, target, seq_len=5, **kw)
+
+
+# ---------------------------------------------------------------------- DTConfig
+NUMBER_FIELDS = ["lr", "tau_start", "tau_end", "hard_lr_scale", "content_fraction", "redundancy_penalty",
+                 "weight_decay", "offset_prior"]
+BOOL_FIELDS = ["qk_position", "gumbel", "straight_through", "grow"]
+INT_FIELDS = ["steps", "hard_steps", "polish_iters", "refine_steps", "precision_iters", "batch_size", "replicas",
+              "max_attempts", "eval_sequences", "mlp_inputs", "mlp_hidden", "ple_bins", "n_layers"]
+
+
+@pytest.mark.parametrize("name", NUMBER_FIELDS)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, "1", None, True])
+def test_dtconfig_refuses_non_finite_numbers(name, value):
+    with pytest.raises(ConfigError, match=name):
+        DTConfig(**{name: value})
+
+
+@pytest.mark.parametrize("name", BOOL_FIELDS)
+@pytest.mark.parametrize("value", [0, 1, "yes", None, 1.0])
+def test_dtconfig_refuses_non_bool_flags(name, value):
+    with pytest.raises(ConfigError, match=name):
+        DTConfig(**{name: value})
+
+
+@FAST
+@given(name=st.sampled_from(INT_FIELDS),
+       value=st.one_of(st.booleans(), st.floats(allow_nan=True), st.integers(max_value=-1), st.text(max_size=3)))
+def test_dtconfig_refuses_bad_integers(name, value):
+    if isinstance(value, float) and value.is_integer() and value >= 1:
+        value = value + 0.5
+    with pytest.raises(ConfigError, match=name):
+        DTConfig(**{name: value})
+
+
+def test_read_pattern_matching_nothing_is_refused():
+    from wtc.dt.model import DiscreteTransformer
+    with pytest.raises(ConfigError, match="matches no selection slot"):
+        DiscreteTransformer(DTConfig(read={"L3.m*": ["x"]}), seq_len=5)
+    with pytest.raises(ConfigError, match="match no variable|no readable variable"):
+        DiscreteTransformer(DTConfig(read={"L0.m*": ["y*"]}), seq_len=5)
+    DiscreteTransformer(DTConfig(read={"L0.m*": ["x", "L0.h*"]}), seq_len=5)     # a good one builds
+
+
+# ---------------------------------------------------------------------- Task
+def test_task_refuses_bool_valid_from_and_complex_and_huge_values():
+    with pytest.raises(TaskError, match="valid_from"):
+        _task(valid_from=True)
+    with pytest.raises(TaskError, match="complex"):
+        _task(sample=lambda rng, n: rng.normal(size=(n, 5)) + 1j).draw(0, 4)
+    with pytest.raises(TaskError, match="complex"):
+        _task(target=lambda x: x + 1j, output="real").batch(0, 4)
+    with pytest.raises(TaskError, match="float32"):
+        _task(sample=lambda rng, n: np.full((n, 5), 1e300), output="real").draw(0, 4)
+    with pytest.raises(TaskError, match="float32"):
+        _task(target=lambda x: x * 1e35, output="real").batch(0, 4)
+
+
+def test_target_receives_what_sample_produced():
+    seen = []
+
+    def target(x):
+        seen.append(x.shape)
+        return x[..., 0]                   # natural code for a sampler that returns (n, T, 1)
+
+    t = _task(sample=lambda rng, n: rng.integers(0, 2, (n, 5, 1)), target=target)
+    x, y = t.batch(0, 3)
+    assert seen[-1] == (3, 5, 1) and y.shape == (3, 5, 1)
+    np.testing.assert_array_equal(y[..., 0], x[..., 0])
+    t2 = _task()
+    t2.batch(0, 3)                         # (n, T) samplers still get (n, T)
+
+
+@FAST
+@given(bad=st.one_of(st.integers(), st.lists(st.text(max_size=3), max_size=2), st.none(), st.floats()))
+def test_tasks_get_refuses_non_names(bad):
+    with pytest.raises(TaskError):
+        wtc.tasks.get(bad)
+
+
+@FAST
+@given(shape=st.tuples(st.integers(1, 4), st.integers(1, 7), st.integers(1, 3)))
+def test_wrong_sample_shapes_are_named(shape):
+    t = _task(sample=lambda rng, n: np.zeros(shape))
+    if shape[1:] in ((5, 1),) and shape[0] == 4:
+        t.draw(0, 4)
+        return
+    with pytest.raises(TaskError, match="sample"):
+        t.draw(0, 4)
+
+
+# ---------------------------------------------------------------------- SR
+@pytest.mark.parametrize("scale", [1e-200, 1e-9, 1e15, 1e160])
+def test_sr_fits_identity_and_products_at_any_scale(scale):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(1, 2, 120) * scale
+    fit = wtc.sr.fit(x, 3 * x)
+    assert fit.exact and fit.equation == "3*x", (scale, fit)
+    np.testing.assert_allclose(fit.predict(x), 3 * x, rtol=1e-12)
+
+
+def test_sr_mixed_scales():
+    rng = np.random.default_rng(1)
+    X = rng.uniform(1, 2, (150, 2)) * np.array([1e8, 1e-5])
+    fit = wtc.sr.fit(X, X[:, 0] * X[:, 1] + 3000, names=("a", "b"))
+    assert fit.exact and str(fit.expr) == "a*b + 3000", fit
+
+
+@FAST
+@given(bad=st.sampled_from(["nan", "inf", "complex", "ragged", "names", "few"]))
+def test_sr_refuses_bad_data(bad):
+    x = np.linspace(1, 2, 30)
+    args = {"nan": (np.r_[x[:-1], np.nan], x), "inf": (x, np.r_[x[:-1], np.inf]),
+            "complex": (x + 1j, x), "ragged": ([[1, 2], [3]], [1, 2]),
+            "names": (np.c_[x, x], x), "few": (x[:1], x[:1])}[bad]
+    kw = {"names": ("a", "a")} if bad == "names" else {}
+    with pytest.raises(SRError):
+        wtc.sr.fit(*args, **kw)
+
+
+def test_every_error_here_is_a_wtc_error():
+    for cls in (ConfigError, TaskError, SRError):
+        assert issubclass(cls, WtcError) and issubclass(cls, ValueError)
