@@ -223,3 +223,10 @@ def test_evaluate_positions_agree_with_compile_predicate(rng):
     got = evaluate(src, ctxs, positions=positions)
     assert got.dtype == bool and got.shape == (200,)
     np.testing.assert_array_equal(got, [f(ctxs[c], p) for c, p in positions])
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), -1, True, "5", 1e9])
+def test_timeout_must_be_finite_and_bounded(bad):
+    from wtc.explain.sandbox import PredicateRejected
+    with pytest.raises(PredicateRejected, match="timeout_s"):
+        evaluate(body(), [list("ab")], timeout_s=bad)

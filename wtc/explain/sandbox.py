@@ -72,6 +72,9 @@ _NODE_WORDS = {  # node type -> its words in "... is/are not allowed"
 _SIGNATURE = "must define exactly one function `predicate(tokens, pos)`"
 
 
+MAX_TIMEOUT_S = 3600.0
+
+
 class PredicateRejected(WtcError, ValueError):
     """Predicate source that may not run, or that failed when run; the message says why."""
 
@@ -239,8 +242,10 @@ def evaluate(source: str, contexts: Sequence[Sequence[str]],
     positions raise ValueError/TypeError. The child is forked where the OS allows (Linux);
     elsewhere spawned, and then the interpreter start-up counts against the timeout."""
     check_source(source)
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    if (not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or not timeout_s > 0
+            or timeout_s > MAX_TIMEOUT_S):
+        # an untrusted predicate always runs under a finite limit (inf would disable the CPU rlimit)
+        raise PredicateRejected(f"timeout_s must be positive and at most {MAX_TIMEOUT_S:g} seconds, got {timeout_s!r}")
     ctx = [list(c) for c in contexts]
     for ci, c in enumerate(ctx):
         bad = next((t for t in c if not isinstance(t, str)), None)
