@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from wtc.models.training import read_state
 from wtc.studies import assign_add_analysis as an
 from wtc.studies.assign_add import AssignAddStudy, StudyError, make_model, run
 from wtc.tasks import assign_add as aa
@@ -128,14 +129,14 @@ def test_routing_rates_read_the_attention_patterns():
     vals = an.value_positions(x)
     ref = an.referenced_positions(x)
 
-    def ideal_l1(mod, inp, out):
+    def ideal_l1(out, hook):
         p = torch.zeros_like(out)
         for i in range(len(x)):
             for t in range(16):
                 p[i, 0, t, t - 1 if vals[i, t] else t] = 1.0
         return p
 
-    def ideal_l2(mod, inp, out):
+    def ideal_l2(out, hook):
         p = out.clone()
         p[:, 0, 15] = 0
         for i in range(len(x)):
@@ -143,13 +144,8 @@ def test_routing_rates_read_the_attention_patterns():
             p[i, 0, 15, ref[i, 1]] = 0.4
         return p
 
-    h1 = model.blocks[0].attn.hook_pattern.register_forward_hook(ideal_l1)
-    h2 = model.blocks[1].attn.hook_pattern.register_forward_hook(ideal_l2)
-    try:
+    with model.hooks([(an.L1_PATTERN, ideal_l1), (an.L2_PATTERN, ideal_l2)]):
         r = an.routing(model, x)
-    finally:
-        h1.remove()
-        h2.remove()
     assert r["l1_prev_token_rate"] == 1.0 and r["l2_value_routing_rate"] == 1.0
     assert r["l2_value_attention_mass"] == pytest.approx(1.0)
     plain = an.routing(model, x)                     # an untrained model routes nowhere in particular
@@ -181,13 +177,13 @@ def _tiny(**kw):
 
 
 def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
-    straight = run(tmp_path / "a", _tiny(sweep_steps=10, sweep_f=(0.5,), sweep_r=()), progress=False)
+    straight = run(_tiny(sweep_steps=10, sweep_f=(0.5,), sweep_r=()), tmp_path / "a", progress=False)
     assert [(p["f"], p["steps"], p.get("main_run", False)) for p in straight["sweeps"]] == [(0.5, 10, False),
                                                                                             (0.7, 10, True)]
-    run(tmp_path / "b", _tiny(steps=20), progress=False)
-    resumed = run(tmp_path / "b", _tiny(), progress=False)
-    wa = torch.load(tmp_path / "a/checkpoints/step_000030/optim.pt", weights_only=True)
-    wb = torch.load(tmp_path / "b/checkpoints/step_000030/optim.pt", weights_only=True)
+    run(_tiny(steps=20), tmp_path / "b", progress=False)
+    resumed = run(_tiny(), tmp_path / "b", progress=False)
+    wa = read_state(tmp_path / "a/train_state").optimizer                  # both at step 30
+    wb = read_state(tmp_path / "b/train_state").optimizer
     for k in wa["state"]:
         torch.testing.assert_close(wa["state"][k]["exp_avg"], wb["state"][k]["exp_avg"], rtol=0, atol=0)
     assert straight["pools"] == resumed["pools"]
@@ -203,7 +199,7 @@ def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert "blocks.0.mlp.W_in" not in ws["per_matrix"] and ws["per_matrix"]["unembed.W_U"]["estimated"] is False
     assert ws["top"][0]["total_kl"] >= ws["top"][-1]["total_kl"] > 0
     with pytest.raises(StudyError, match="different config"):
-        run(tmp_path / "b", _tiny(f=0.5), progress=False)
+        run(_tiny(f=0.5), tmp_path / "b", progress=False)
 
 
 @pytest.mark.parametrize("kwargs", [{"steps": 0}, {"eval_every": 7, "checkpoint_every": 10}, {"r": 2.0},

@@ -48,11 +48,11 @@ def test_hard_limit_rows_are_one_hot(rng):
     """As tau -> 0 the softmax rows become one-hot at the argmax of the scores."""
     model = make(rng, n_layers=1, n_heads=3, n_mlps=1)
     x = torch.rand(6, 7, 2)
-    attn, cache = model.blocks[0].attn, {}
-    hooks = [attn.hook_pattern.register_forward_hook(lambda m, i, o: cache.__setitem__("p", o)),
-             attn.hook_scores.register_forward_hook(lambda m, i, o: cache.__setitem__("s", o))]
+    cache = {}
+    keep = [("blocks.0.attn.hook_pattern", lambda p, hook: cache.__setitem__("p", p)),
+            ("blocks.0.attn.hook_scores", lambda s, hook: cache.__setitem__("s", s))]
     for tau in (10.0, 1e-3, 1e-5):
-        model(x, Sampling(tau=tau, hard=False, noise=False))
+        model.run_with_hooks(x, Sampling(tau=tau, hard=False, noise=False), fwd_hooks=keep)
         p, s = cache["p"], cache["s"]
         torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:-1]))
         top2 = s.topk(2, dim=-1).values
@@ -63,18 +63,14 @@ def test_hard_limit_rows_are_one_hot(rng):
             assert torch.equal(p.argmax(-1)[separated], s.argmax(-1)[separated])
         else:
             assert torch.all(p.max(-1).values < 0.9)
-    for h in hooks:
-        h.remove()
 
 
 def test_eval_pattern_is_argmax_of_scores(rng):
     model = make(rng, n_layers=1, n_heads=2, n_mlps=0)
     cache = {}
-    attn = model.blocks[0].attn
-    h1 = attn.hook_scores.register_forward_hook(lambda m, i, o: cache.__setitem__("s", o))
-    h2 = attn.hook_pattern.register_forward_hook(lambda m, i, o: cache.__setitem__("p", o))
-    model(torch.rand(5, 7, 2), EVAL)
-    h1.remove(), h2.remove()
+    model.run_with_hooks(torch.rand(5, 7, 2), EVAL,
+                         fwd_hooks=[("blocks.0.attn.hook_scores", lambda s, hook: cache.__setitem__("s", s)),
+                                    ("blocks.0.attn.hook_pattern", lambda p, hook: cache.__setitem__("p", p))])
     one_hot = torch.zeros_like(cache["s"]).scatter_(-1, cache["s"].argmax(-1, keepdim=True), 1.0)
     assert torch.equal(cache["p"], one_hot)
 

@@ -21,7 +21,8 @@ def test_roundtrip_with_hooked_transformer(normalization):
     torch.testing.assert_close(back(tokens), model(tokens), rtol=0, atol=0)
     _, ours = model.run_with_cache(tokens)
     _, theirs = hooked.run_with_cache(tokens)
-    for name in ("blocks.0.attn.hook_pattern", "blocks.1.mlp.hook_post", "blocks.1.hook_resid_post"):
+    for name in ("blocks.0.attn.hook_pattern", "blocks.1.mlp.hook_post", "blocks.1.hook_resid_post",
+                 "blocks.0.hook_attn_out", "blocks.1.hook_mlp_out"):
         torch.testing.assert_close(ours[name], theirs[name], rtol=1e-10, atol=1e-10)
 
 

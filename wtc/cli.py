@@ -156,75 +156,6 @@ def _cmd_scan(args) -> int:
     return 0
 
 
-def _seeded(cfg, args):
-    """The study config with --seed applied (when given)."""
-    import dataclasses
-
-    return cfg if args.seed is None else dataclasses.replace(cfg, seed=args.seed)
-
-
-def _study_modadd(args, out: Path) -> int:
-    from wtc.studies.modadd import ModAddStudy
-    from wtc.studies.modadd import run as run_modadd
-
-    summary = run_modadd(out, _seeded(ModAddStudy.quick() if args.quick else ModAddStudy(), args),
-                         progress=not args.quiet)
-    last, wd0 = summary["final"], summary["wd0_branch"]
-    w = wd0["checkpoints"][-1] if wd0["checkpoints"] else None
-    print(f"modadd: grok step {summary['grok_step']}; final step {last['step']}: test {last['test_acc']:.3f}, "
-          f"core rank {last['rank']} (necessary {last['necessary_rank']}), unit circle "
-          f"{None if last['unit_circle_fraction'] is None else round(last['unit_circle_fraction'], 3)}, modes {last['n_modes']} {last['frequencies']}; wd0 branch from step "
-          f"{wd0['fork_step']}: " + (f"test {w['test_acc']:.3f}, rank {w['rank']}, modes {w['n_modes']} at step "
-                                      f"{w['step']}" if w else "not run") +
-          f" ({summary['seconds']}s); wrote {out}/summary.json, summary.md, modadd.png, modadd_eigenvalues.png")
-    return 0
-
-
-def _study_assign_add(args, out: Path) -> int:
-    from wtc.studies.assign_add import AssignAddStudy, run
-
-    cfg = _seeded(AssignAddStudy.quick() if args.quick else AssignAddStudy(), args)
-    s = run(out, cfg, progress=not args.quiet)
-    jump = s["routing_jump"]
-    print(f"assign-add: step {s['steps']}: 0-var held-out {s['acc_0var_heldout']:.4f}, 2-var union "
-          f"{s['acc_2var_union']:.4f}; L1 prev-token {s['l1_prev_token_rate']:.3f}, L2 value routing "
-          f"{s['l2_value_routing_rate']:.3f} (rise midpoint at step {None if jump is None else jump['t50']}), "
-          f"virtual addition >= 0.99 from step {s['virtual_addition_ready_step']}; key frequencies "
-          f"{s['key_frequencies']} ({s['seconds']}s); wrote {out}/summary.json, report.md, assign_add.png")
-    return 0
-
-
-def _study_markov(args, out: Path) -> int:
-    from wtc.studies.markov import MarkovStudy, run
-
-    if args.seed is not None:
-        print("wtc: error: the markov study runs its own seeds (0, 1, 2); --seed does not apply", file=sys.stderr)
-        return 2
-    summary = run(out, MarkovStudy.quick() if args.quick else MarkovStudy(), progress=not args.quiet)
-    print(f"markov: core rank {summary['rank']}, "
-          f"accuracy {[round(a, 4) for a in summary['baseline_acc']]}, keep {[round(a, 4) for a in summary['keep_acc']]}, "
-          f"remove {[round(a, 4) for a in summary['remove_acc']]}, eigenvalue error "
-          f"{[round(e, 3) for e in summary['eigenvalue_error']]} ({summary['seconds']}s); wrote {out}/summary.json, markov.png")
-    return 0
-
-
-def _study_sparse_dense(args, out: Path) -> int:
-    from wtc.studies.sparse_dense import SparseDenseStudy, run
-
-    s = run(out, _seeded(SparseDenseStudy.quick() if args.quick else SparseDenseStudy(), args), progress=not args.quiet)
-    for kind in ("dense", "sparse"):
-        r = s[kind]
-        print(f"{kind}: density {r['density']:.4f}, held-out loss {r['heldout_loss']:.3f} nats/byte; "
-              f"{r['weights_scored']} weights scored, interpretable {r['interpretable_fraction']}, robust "
-              f"{r['robust_fraction']}, reliability {r['reliability']}")
-    print(f"({s['seconds']}s); wrote {out}/summary.json, report.md, sparse_vs_dense.png")
-    return 0
-
-
-STUDIES = {"markov": _study_markov, "modadd": _study_modadd, "assign-add": _study_assign_add,
-           "sparse-vs-dense": _study_sparse_dense}
-
-
 def _cmd_explain(args) -> int:
     from wtc.explain import report as explain_report
     from wtc.models import io as model_io
@@ -245,39 +176,102 @@ def _cmd_explain(args) -> int:
 
 
 def _cmd_study(args) -> int:
-    if args.name not in STUDIES:
-        print(f"wtc: error: unknown study {args.name!r} (available: {', '.join(STUDIES)})", file=sys.stderr)
+    """Run a registered study (wtc.studies) and print the summary figures it declares (HEADLINE)."""
+    import dataclasses
+
+    from wtc import studies
+
+    if args.name not in studies.STUDIES:
+        print(f"wtc: error: unknown study {args.name!r} (available: {', '.join(studies.names())})", file=sys.stderr)
         return 2
+    study = studies.load(args.name)
+    cfg = study.CONFIG.quick() if args.quick else study.CONFIG()
+    if args.seed is not None:
+        if "seed" not in {f.name for f in dataclasses.fields(cfg)}:
+            print(f"wtc: error: the {args.name} study runs its own seeds {getattr(cfg, 'seeds', '')}; --seed does "
+                  "not apply", file=sys.stderr)
+            return 2
+        cfg = dataclasses.replace(cfg, seed=args.seed)
     out = Path(args.out or f"study-{args.name}")
+    summary = study.run(cfg, out, progress=not args.quiet)
+
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return f"[{', '.join(fmt(x) for x in v)}]" if isinstance(v, (list, tuple)) else str(v)
+
+    figures = ", ".join(f"{k} {fmt(v)}" for k, v in studies.headline(summary, study.HEADLINE))
+    print(f"{args.name}: {figures} ({summary.get('seconds')}s); wrote {out}/{', '.join(study.OUTPUTS)}")
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `wtc train: error: ...` and a pointer to --help (exit 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _integer(text: str) -> int:
     try:
-        return STUDIES[args.name](args, out)
-    except ValueError as exc:          # the studies' StudyError: a bad argument or a foreign --out
-        print(f"wtc: error: {exc}", file=sys.stderr)
-        return 2
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def _positive(text: str) -> int:
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A finite positive number of seconds (nan, inf, 0 and negatives never stop or never start)."""
+    import math
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the budget must be a finite positive number of seconds")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not in (0, 1]")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="wtc", description="weights to code: Discrete Transformers read out as programs")
+    p = _Parser(prog="wtc", description="weights to code: Discrete Transformers read out as programs")
     p.add_argument("--debug", action="store_true", help="show Python tracebacks for errors (also WTC_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("tasks", help="list the built-in tasks").set_defaults(func=_cmd_tasks)
     sub.add_parser("backends", help="report native/CUDA/Triton backends").set_defaults(func=_cmd_backends)
     t = sub.add_parser("train", help="train a Discrete Transformer on a task and print its fresh-data score")
-    t.add_argument("task")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--budget", type=float, default=None, help="wall-time budget in seconds")
-    t.add_argument("--steps", type=int, default=None, help="annealing steps per attempt")
-    t.add_argument("--replicas", type=int, default=None, help="population size per attempt")
-    t.add_argument("--attempts", type=int, default=None, help="maximum attempts (populations)")
+    t.add_argument("task", help="a built-in task name (`wtc tasks` lists them) or a registered user task")
+    t.add_argument("--seed", type=_integer, default=0, help="seed of the whole run (data, init, noise; default 0)")
+    t.add_argument("--budget", type=_seconds, default=None, help="wall-time budget in seconds (a new attempt "
+                   "starts only if the time left covers one more)")
+    t.add_argument("--steps", type=_positive, default=None, help="annealing steps per attempt")
+    t.add_argument("--replicas", type=_positive, default=None, help="population size per attempt")
+    t.add_argument("--attempts", type=_positive, default=None, help="maximum attempts (populations)")
     t.add_argument("--out", default=None, help="directory for checkpoint, plot and summary.json")
     t.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=_cmd_train)
     d = sub.add_parser("discover", help="train, extract and verify a program for a task (or --all)")
-    d.add_argument("task", nargs="?")
+    d.add_argument("task", nargs="?", help="a built-in task name (`wtc tasks` lists them) or a registered user task")
     d.add_argument("--all", action="store_true", help="every built-in task; writes results.md/json")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--budget", type=float, default=None, help="seconds per task (default 600)")
+    d.add_argument("--seed", type=_integer, default=0, help="seed of the whole run (data, init, noise, "
+                   "verification; default 0)")
+    d.add_argument("--budget", type=_seconds, default=None, help="seconds per task (default 600)")
     d.add_argument("--out", default=None, help="directory for program.py, report.md, plots, summary.json")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_cmd_discover)
@@ -286,29 +280,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tokens", required=True, help="(B, T) integer tokens, .npy or .pt")
     s.add_argument("--params", default=None, help="comma-separated names or patterns (default: all matrices)")
     s.add_argument("--out", required=True, help="directory for scan.sqlite and summary.json; rerun to resume")
-    s.add_argument("--batch", type=int, default=None, help="ablated copies per forward (default: by memory)")
-    s.add_argument("--mass", type=float, default=0.9, help="KL share the importance positions hold")
+    s.add_argument("--batch", type=_positive, default=None, help="ablated copies per forward (default: by memory)")
+    s.add_argument("--mass", type=_fraction, default=0.9, help="KL share the importance positions hold, in (0, 1]")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=_cmd_scan)
-    st = sub.add_parser("study", help="run a study (markov: ACE on a 4-state Markov chain, 3 seeds; modadd: "
-                                      "modular addition p=53, grokking and the core through training; assign-add: "
-                                      "variable binding + addition mod 59, routing, Fourier, sweeps; sparse-vs-dense: weight-sparse vs dense "
-                                      "byte LMs on the stdlib, share of weights explained by one predicate; all resumable)")
-    st.add_argument("name", help="markov | modadd | assign-add | sparse-vs-dense")
-    st.add_argument("--quick", action="store_true",
-                    help="fewer training steps (markov about 30 s; modadd about 6 min; assign-add about 23 min; sparse-vs-dense about 12 min; on 2 cores)")
-    st.add_argument("--out", default=None, help="directory for summary.json and plots (default study-NAME); "
-                                                "modadd and assign-add resume from the checkpoints there")
+    from wtc.studies import STUDIES
+
+    listing = "; ".join(f"{n}: {d}" for n, (_, d) in STUDIES.items())
+    st = sub.add_parser("study", help=f"run a study ({listing}; all resumable)",
+                        description=f"Studies: {listing}. All resumable.")
+    st.add_argument("name", metavar="NAME", help=" | ".join(STUDIES))
+    st.add_argument("--quick", action="store_true", help="fewer training steps (durations above)")
+    st.add_argument("--out", default=None, help="directory for summary.json, report.md and plots (default "
+                                                "study-NAME); a rerun resumes from the checkpoints there")
     st.add_argument("--seed", type=int, default=None, help="seed of the study (default: its config's, 0)")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=_cmd_study)
     ex = sub.add_parser("explain", help="explain single weights of a byte-level model by predicates, scored by "
                                         "conditional zero-ablation on held-out text")
     ex.add_argument("checkpoint", help="directory written by wtc.models.io.save (e.g. a sparse-vs-dense model/)")
-    ex.add_argument("--sample", type=int, default=100, help="weights to explain (uniform over nonzero weights)")
+    ex.add_argument("--sample", type=_positive, default=100, help="weights to explain (uniform over nonzero weights)")
     ex.add_argument("--out", required=True, help="directory for summary.json, report.md, explanations.json")
     ex.add_argument("--text", default=None, help="directory of text files (default: the Python stdlib sources)")
-    ex.add_argument("--slices", type=int, default=10, help="disjoint held-out slices for robustness")
+    ex.add_argument("--slices", type=_positive, default=10, help="disjoint held-out slices for robustness")
     ex.add_argument("--proposer", default=None, help="shell command proposing predicate sources (JSON contexts "
                                                      "on stdin, JSON list of sources on stdout); run sandboxed")
     ex.add_argument("--seed", type=int, default=0)

@@ -4,10 +4,11 @@ extract_core(model, inputs, layer, readout) streams activations H and readout Ja
 named module (position `position` of a sequence output) through float64 Gramians and keeps the
 top of their balanced SVD. validate(...) patches the layer's output in a forward hook: keep =
 mu + P (h - mu), remove = h - P (h - mu), flip = h - 2 P (h - mu), with P the core projector.
-Hooks are plain forward hooks on a named module, so wtc models, any nn.Module and TransformerLens
-models (module names such as "blocks.0.hook_resid_post") work alike. Models must treat batch
-elements independently (no batch norm in training mode): per-input Jacobians come from one
-backward pass per readout output over a whole chunk.
+Hooks go on a named module through wtc.hooks.hook_modules, so wtc models, any nn.Module, Hugging
+Face models (tuple outputs: element 0) and TransformerLens models (module names such as
+"blocks.0.hook_resid_post") work alike. Models must treat batch elements independently (no batch
+norm in training mode): per-input Jacobians come from one backward pass per readout output over a
+whole chunk.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from torch import nn
 
 from wtc.ace.balanced import balanced_svd, rank_for_energy
 from wtc.ace.gramians import GramianAccumulator
+from wtc.hooks import hook_modules
 
 
 @dataclass
@@ -46,14 +48,6 @@ class Core:
         return (h.double() - self.mean) @ Q
 
 
-def _module(model: nn.Module, layer: str) -> nn.Module:
-    try:
-        return model.get_submodule(layer)
-    except AttributeError:
-        names = [n for n, _ in model.named_modules() if n][:15]
-        raise KeyError(f"no module named {layer!r}; modules include: {', '.join(names)} ...") from None
-
-
 def _select(act: torch.Tensor, position) -> torch.Tensor:
     """The samples of a module output: (B, D) as is; one position of (B, T, D); or, for
     position="all", every position as its own sample ((B*T, D))."""
@@ -68,31 +62,25 @@ def activations_and_jacobians(model, inputs, layer: str, readout, position: int 
     """(H (n, D), J (n, K, D)) for one chunk of inputs."""
     captured = {}
 
-    def hook(mod, inp, out):
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"module {layer!r} returns {type(out).__name__}, not a tensor")
+    def grab(out, module):
         act = out.detach().clone().requires_grad_(True)
         captured["act"] = act
         return act
 
-    handle = _module(model, layer).register_forward_hook(hook)
-    try:
-        with torch.enable_grad():
-            y = readout(model(inputs))
-            if position == "all":
-                y = y.reshape(-1, y.shape[-1])                   # (B*T, K): position t reads act[:, t]
-            if y.ndim != 2:
-                raise ValueError(f"readout must give (batch, K) outputs, got {tuple(y.shape)}")
-            act = captured["act"]
-            if position is not None and act.ndim != 3:
-                raise ValueError(f"module {layer!r} output is {tuple(act.shape)}; pass position=None for (batch, D)")
-            # one backward per output k over the whole chunk: sample i's gradient is its own
-            # Jacobian row because samples do not interact (batch elements; with position="all",
-            # positions after the last layer that mixes them, e.g. the final residual stream)
-            grads = [torch.autograd.grad(y[:, k].sum(), act, retain_graph=k + 1 < y.shape[1])[0]
-                     for k in range(y.shape[1])]
-    finally:
-        handle.remove()
+    with hook_modules(model, [(layer, grab)]), torch.enable_grad():
+        y = readout(model(inputs))
+        if position == "all":
+            y = y.reshape(-1, y.shape[-1])                       # (B*T, K): position t reads act[:, t]
+        if y.ndim != 2:
+            raise ValueError(f"readout must give (batch, K) outputs, got {tuple(y.shape)}")
+        act = captured["act"]
+        if position is not None and act.ndim != 3:
+            raise ValueError(f"module {layer!r} output is {tuple(act.shape)}; pass position=None for (batch, D)")
+        # one backward per output k over the whole chunk: sample i's gradient is its own
+        # Jacobian row because samples do not interact (batch elements; with position="all",
+        # positions after the last layer that mixes them, e.g. the final residual stream)
+        grads = [torch.autograd.grad(y[:, k].sum(), act, retain_graph=k + 1 < y.shape[1])[0]
+                 for k in range(y.shape[1])]
     J = torch.stack([_select(g, position) for g in grads], 1)                 # (n, K, D)
     return _select(act.detach(), position), J
 
@@ -129,7 +117,7 @@ PATCH_MODES = ("keep", "remove", "flip")
 
 
 def _patch_hook(core: Core, mode: str, rank: int | None):
-    """Forward hook replacing the core's samples h of the layer output: keep = mu + P (h - mu),
+    """Hook fn (wtc.hooks) replacing the core's samples h of the layer output: keep = mu + P (h - mu),
     remove = h - P (h - mu), flip = h - 2 P (h - mu), with P the rank-r core projector."""
     P, mu = core.projector(rank), core.mean
 
@@ -138,7 +126,7 @@ def _patch_hook(core: Core, mode: str, rank: int | None):
         new = {"keep": mu + d, "remove": h.double() - d, "flip": h.double() - 2 * d}[mode]
         return new.to(h.dtype)
 
-    def hook(mod, inp, out):
+    def hook(out, module):
         if core.position is None or core.position == "all":
             return patch(out)
         out = out.clone()
@@ -148,13 +136,8 @@ def _patch_hook(core: Core, mode: str, rank: int | None):
     return hook
 
 
-@contextlib.contextmanager
 def _patched(model, core: Core, mode: str, rank: int | None):
-    handle = _module(model, core.layer).register_forward_hook(_patch_hook(core, mode, rank))
-    try:
-        yield
-    finally:
-        handle.remove()
+    return hook_modules(model, [(core.layer, _patch_hook(core, mode, rank))])
 
 
 @torch.no_grad()

@@ -23,10 +23,11 @@ import torch
 from torch import nn
 
 from wtc import _native, kernels
-from wtc.dt.hooks import HookPoint
+from wtc.backend import choose
 from wtc.dt.gumbel import draw_seed, gumbel_hash
 from wtc.dt.ple import ple_uniform
 from wtc.dt.selection import Choice, Sampling, Selector, entropy, relaxed_one_hot
+from wtc.hooks import HookPoint
 
 
 # ---------------------------------------------------------------- the reference ops (CPU path and oracle)
@@ -144,14 +145,14 @@ class Attention(nn.Module):
         H, A, P = self.H, self.A, self.P
         choice = self.select(sampling)
         outs, stats = [], {}
-        fused = kernels.use_triton(stream) and not (self.hook_scores._forward_hooks or self.hook_pattern._forward_hooks)
+        fused = choose("dt.route", stream) == "triton" and not (self.hook_scores.has_hooks or self.hook_pattern.has_hooks)
         if H:
             val = choice.read(stream, slice(2 * H, 3 * H)).transpose(2, 3)       # (R, B, H, L)
             seed = draw_seed(sampling.generator) if sampling.noise else None
             want_overlap = sampling.noise and H > 1 and choice.weights is not None
             if self.pinned is not None:
                 outs.append(val.gather(-1, self.pinned))
-            elif sampling.native and self.select.frozen and not stream.is_cuda:
+            elif sampling.native and self.select.frozen and choose("dt.route_hard", stream) == "native":
                 outs.append(self._route_native(stream, unit))
             elif fused and not (want_overlap and sampling.hard):
                 zq, zk = self._query_key(unit, choice)

@@ -21,9 +21,9 @@ from torch import nn
 
 from wtc.dt.attention import Attention
 from wtc.dt.config import DTConfig
-from wtc.dt.hooks import HookPoint
 from wtc.dt.selection import EVAL, Sampling
 from wtc.dt.submlp import SubMLPs
+from wtc.hooks import Hooked, HookPoint
 
 RANGE_MOMENTUM = 0.05
 PER_REPLICA_BUFFERS = ("var_lo", "var_hi", "frozen_index", "content")  # leading axis R, like parameters
@@ -41,6 +41,21 @@ def read_mask(slots: list[str], variables: list[str], config: DTConfig) -> torch
     return mask
 
 
+def _check_read_patterns(config: DTConfig, slots: list[str], variables: list[str]) -> None:
+    """A DTConfig.read pattern that matches no slot, or whose variable patterns match no variable,
+    would be silently ignored: refuse it, naming the pattern and what exists."""
+    from wtc.dt.config import ConfigError
+
+    for pattern, allowed in config.read.items():
+        if not any(fnmatch.fnmatchcase(s, pattern) for s in slots):
+            raise ConfigError(f"DTConfig.read: slot pattern {pattern!r} matches no selection slot "
+                              f"(slots: {', '.join(slots)})")
+        dead = [a for a in allowed if not any(fnmatch.fnmatchcase(v, a) for v in variables)]
+        if dead:
+            raise ConfigError(f"DTConfig.read[{pattern!r}]: variable pattern(s) {dead} match no variable "
+                              f"(variables: {', '.join(variables)})")
+
+
 def content_replicas(R: int, fraction: float) -> torch.Tensor:
     """(R,) 0/1: the last round(R * fraction) replicas (at least one if fraction > 0) score content."""
     n = 0 if fraction <= 0 else max(1, round(R * fraction))
@@ -54,7 +69,7 @@ class Block(nn.Module):
         self.hook_resid_post = HookPoint()   # (R, B, L, V) after this block
 
 
-class DiscreteTransformer(nn.Module):
+class DiscreteTransformer(Hooked):
     def __init__(self, config: DTConfig, *, seq_len: int, n_inputs: int = 1, n_outputs: int = 1,
                  replicas: int | None = None):
         super().__init__()
@@ -82,6 +97,7 @@ class DiscreteTransformer(nn.Module):
             blocks.append(Block(attn, mlp))
         self.blocks = nn.ModuleList(blocks)
         self.variable_names = names
+        _check_read_patterns(config, [s for sel in self.selectors() for s in sel.slot_names], names)
         V, n_fixed = len(names), n_inputs + 1
         self.W_out = nn.Parameter(0.1 * torch.randn(R, V, n_outputs) / V ** 0.5)
         self.b_out = nn.Parameter(torch.zeros(R, n_outputs))
@@ -96,6 +112,7 @@ class DiscreteTransformer(nn.Module):
         self.n_fixed = n_fixed
         self.hook_stream = HookPoint()   # (R, B, L, V): the whole final stream, pads included
         self.hook_out = HookPoint()      # (R, B, T, O): normalised predictions
+        self.setup_hooks()
 
     # ------------------------------------------------------------------ normalisation
     @torch.no_grad()
@@ -175,11 +192,8 @@ class DiscreteTransformer(nn.Module):
     def final_stream(self, x: torch.Tensor, sampling: Sampling = EVAL) -> torch.Tensor:
         """Normalised inputs (B, T, n_in) -> the final stream (R, B, L, V) the head reads."""
         captured = []
-        handle = self.hook_stream.register_forward_hook(lambda mod, inp, out: captured.append(out))
-        try:
+        with self.hooks([("hook_stream", lambda stream, hook: captured.append(stream))]):
             self(x, sampling)
-        finally:
-            handle.remove()
         return captured[0]
 
     @contextlib.contextmanager
@@ -190,21 +204,19 @@ class DiscreteTransformer(nn.Module):
         them fixed and skip the scores entirely; callers re-check the model afterwards.
         """
         captured = {}
-        attns = [b.attn for b in self.blocks if b.attn is not None and b.attn.H]
-        hooks = [a.hook_pattern.register_forward_hook(lambda mod, i, o, a=a: captured.__setitem__(a, o.argmax(-1)))
-                 for a in attns]
-        try:
-            with torch.no_grad():
-                self(x, EVAL)
-        finally:
-            for h in hooks:
-                h.remove()
-        for a in attns:
-            a.pinned = captured[a]
+        attns = {f"blocks.{i}.attn": b.attn for i, b in enumerate(self.blocks) if b.attn is not None and b.attn.H}
+
+        def keep(name):
+            return lambda pattern, hook: captured.__setitem__(name, pattern.argmax(-1))
+
+        with torch.no_grad(), self.hooks([(f"{name}.hook_pattern", keep(name)) for name in attns]):
+            self(x, EVAL)
+        for name, a in attns.items():
+            a.pinned = captured[name]
         try:
             yield self
         finally:
-            for a in attns:
+            for a in attns.values():
                 a.pinned = None
 
     # ------------------------------------------------------------------ discrete structure
@@ -288,12 +300,12 @@ class DiscreteTransformer(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            from wtc import _native
+            from wtc.backend import choose
             outs = []
             for start in range(0, len(x), batch_size):
                 xb = self.normalize_inputs(torch.as_tensor(x[start:start + batch_size], dtype=torch.float32,
                                                            device=self.W_out.device))
-                native = bool(self.frozen) and not xb.is_cuda and _native.use_native_cpu(xb.shape[0] * self.seq_len)
+                native = bool(self.frozen) and choose("dt.route_hard", xb, size=xb.shape[0] * self.seq_len) == "native"
                 outs.append(self.denormalize_outputs(self(xb, Sampling(native=native))[0]).cpu())
             y = torch.cat(outs, dim=1).double().numpy()                          # (R, n, T, O)
         finally:
@@ -303,20 +315,18 @@ class DiscreteTransformer(nn.Module):
         return y if replica == -1 else y[0 if replica is None else replica]
 
     @torch.no_grad()
-    def run_with_cache(self, x, *, replica: int | None = None) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
-        """Hard predictions plus every hook's value ({'blocks.0.attn.hook_pattern': ..., ...})."""
-        cache: dict[str, torch.Tensor] = {}
-        handles = [m.register_forward_hook(lambda mod, inp, out, name=name: cache.__setitem__(name, out.detach()))
-                   for name, m in self.named_modules() if isinstance(m, HookPoint)]
+    def run_with_cache(self, x, *, replica: int | None = None,
+                       names_filter=None) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+        """Hard predictions in task units plus the hooks' values ({'blocks.0.attn.hook_pattern': ...};
+        names_filter as in wtc.hooks.Hooked: None for all, a name, a list of names or a callable)."""
+        x = self.check_inputs(x)
+        was_training = self.training
+        self.eval()
         try:
-            x = self.check_inputs(x)
-            was_training = self.training
-            self.eval()
-            y, _ = self(self.normalize_inputs(torch.as_tensor(x, dtype=torch.float32, device=self.W_out.device)), EVAL)
-            self.train(was_training)
+            with self.caching(names_filter) as cache:
+                y, _ = self(self.normalize_inputs(torch.as_tensor(x, dtype=torch.float32, device=self.W_out.device)), EVAL)
         finally:
-            for h in handles:
-                h.remove()
+            self.train(was_training)
         y = self.denormalize_outputs(y).double().cpu().numpy()
         cache = {k: v.cpu() for k, v in cache.items()}
         y = y[..., 0] if self.n_outputs == 1 else y

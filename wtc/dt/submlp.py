@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from wtc import kernels
-from wtc.dt.hooks import HookPoint
+from wtc.backend import choose
 from wtc.dt.selection import Sampling, Selector
+from wtc.hooks import HookPoint
 
 _ACT = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu, "tanh": torch.tanh}
 
@@ -76,7 +77,7 @@ class SubMLPs(nn.Module):
     def forward(self, stream: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         """stream (R, B, T, V) at real positions -> outputs (R, B, T, M)."""
         choice = self.select(sampling)
-        if kernels.use_triton(stream) and not self.hook_pre._forward_hooks:   # fused: inputs never stored
+        if choose("dt.mlp_bank", stream) == "triton" and not self.hook_pre.has_hooks:   # fused: inputs never stored
             R, B, T, V = stream.shape
             select = choice.index if choice.index is not None else choice.weights
             mid = dict(W_mid=self.W_mid, b_mid=self.b_mid) if self.depth == 2 else {}

@@ -10,9 +10,9 @@ where the map's output appears (TransformerLens hook names):
     embed.W_E[v, d]        hook_embed, channel d, where the token is v       (input: the one-hot token)
     pos_embed.W_pos[t, d]  blocks.0.hook_resid_pre, channel d, at position t
     attn.W_Q/W_K/W_V[h, d, e]  attn.hook_q/k/v, head h channel e         (input: the attention input)
-    attn.W_O[h, e, d]      attn output, channel d                        (input: attn.hook_z)
+    attn.W_O[h, e, d]      hook_attn_out, channel d                      (input: attn.hook_z)
     mlp.W_in[d, m]         mlp.hook_pre, neuron m                        (input: the MLP input)
-    mlp.W_out[m, d]        mlp output, channel d                         (input: mlp.hook_post)
+    mlp.W_out[m, d]        hook_mlp_out, channel d                       (input: mlp.hook_post)
     unembed.W_U[d, v]      logits, vocabulary entry v                    (input: the final hidden)
 
 With S = every position this is exactly the zeroed weight (tested against zeroing it); with any S
@@ -28,6 +28,8 @@ import contextlib
 import re
 
 import torch
+
+from wtc.hooks import hook_modules
 
 _PATTERN = re.compile(r"^(embed\.W_E|pos_embed\.W_pos|unembed\.W_U|blocks\.(\d+)\.(attn\.W_[QKVO]|mlp\.W_in|mlp\.W_out))$")
 
@@ -75,36 +77,31 @@ def zeroed_at(model, name: str, index: tuple[int, ...], mask: torch.Tensor, toke
     w = W.detach()[index]
     m = mask.to(W.dtype)                                               # (B, T)
     seen: dict[str, torch.Tensor] = {}
-    handles = []
+    fwd = []                   # (hook point name, fn)
+    inputs, outputs = [], []   # (module path, fn) on a module's input / output: values no hook point holds
 
     def capture(key):
-        def hook(mod, args, out=None):
-            seen[key] = (args[0] if out is None else out).detach()
-        return hook
+        return lambda value, hook: seen.__setitem__(key, value.detach())
 
     def subtract(term_fn, out_index):
-        def hook(mod, args, out):
+        def fn(out, hook):
             out = out.clone()
             out[out_index] = out[out_index] - term_fn()
             return out
-        return hook
+        return fn
 
-    block = model.blocks[layer] if layer is not None else None
+    prefix = f"blocks.{layer}." if layer is not None else ""
     if kind == "embed.W_E":
         v, d = index
-        handles.append(model.hook_embed.register_forward_hook(
-            subtract(lambda: w * m * (tokens == v).to(W.dtype), (Ellipsis, d))))
+        fwd.append(("hook_embed", subtract(lambda: w * m * (tokens == v).to(W.dtype), (Ellipsis, d))))
     elif kind == "pos_embed.W_pos":
         t, d = index
-        handles.append(model.blocks[0].hook_resid_pre.register_forward_hook(
-            subtract(lambda: w * m[:, t], (slice(None), t, d))))
+        fwd.append(("blocks.0.hook_resid_pre", subtract(lambda: w * m[:, t], (slice(None), t, d))))
     elif kind in ("attn.W_Q", "attn.W_K", "attn.W_V"):
         h, d, e = index
-        attn = block.attn
-        handles.append(attn.register_forward_pre_hook(capture("x")))
-        hook_point = {"attn.W_Q": attn.hook_q, "attn.W_K": attn.hook_k, "attn.W_V": attn.hook_v}[kind]
+        inputs.append((prefix + "attn", capture("x")))
 
-        def qkv_hook(mod, args, out):
+        def qkv_hook(out, hook):
             out = out.clone()                                        # (B, Tq or T, H, d_head)
             T = out.shape[1]
             x = seen["x"]
@@ -112,33 +109,29 @@ def zeroed_at(model, name: str, index: tuple[int, ...], mask: torch.Tensor, toke
             rows = slice(x.shape[1] - T, None)
             out[:, :, h, e] = out[:, :, h, e] - w * m[:, rows] * x[:, rows, d]
             return out
-        handles.append(hook_point.register_forward_hook(qkv_hook))
+        fwd.append((prefix + {"attn.W_Q": "attn.hook_q", "attn.W_K": "attn.hook_k", "attn.W_V": "attn.hook_v"}[kind],
+                    qkv_hook))
     elif kind == "attn.W_O":
         h, e, d = index
-        attn = block.attn
-        handles.append(attn.hook_z.register_forward_hook(capture("z")))
-        handles.append(attn.register_forward_hook(
-            subtract(lambda: w * m[:, -seen["z"].shape[1]:] * seen["z"][:, :, h, e], (Ellipsis, d))))
+        fwd.append((prefix + "attn.hook_z", capture("z")))
+        fwd.append((prefix + "hook_attn_out",
+                    subtract(lambda: w * m[:, -seen["z"].shape[1]:] * seen["z"][:, :, h, e], (Ellipsis, d))))
     elif kind == "mlp.W_in":
         d, n = index
-        handles.append(block.mlp.register_forward_pre_hook(capture("x")))
-        handles.append(block.mlp.hook_pre.register_forward_hook(
-            subtract(lambda: w * m[:, -seen["x"].shape[1]:] * seen["x"][..., d], (Ellipsis, n))))
+        inputs.append((prefix + "mlp", capture("x")))
+        fwd.append((prefix + "mlp.hook_pre",
+                    subtract(lambda: w * m[:, -seen["x"].shape[1]:] * seen["x"][..., d], (Ellipsis, n))))
     elif kind == "mlp.W_out":
         n, d = index
-        handles.append(block.mlp.hook_post.register_forward_hook(capture("post")))
-        handles.append(block.mlp.register_forward_hook(
-            subtract(lambda: w * m[:, -seen["post"].shape[1]:] * seen["post"][..., n], (Ellipsis, d))))
+        fwd.append((prefix + "mlp.hook_post", capture("post")))
+        fwd.append((prefix + "hook_mlp_out",
+                    subtract(lambda: w * m[:, -seen["post"].shape[1]:] * seen["post"][..., n], (Ellipsis, d))))
     else:                                                              # unembed.W_U
         d, v = index
-        handles.append(model.unembed.register_forward_pre_hook(capture("h")))
-        handles.append(model.unembed.register_forward_hook(
-            subtract(lambda: w * m[:, -seen["h"].shape[1]:] * seen["h"][..., d], (Ellipsis, v))))
-    try:
+        inputs.append(("unembed", capture("h")))
+        outputs.append(("unembed", subtract(lambda: w * m[:, -seen["h"].shape[1]:] * seen["h"][..., d], (Ellipsis, v))))
+    with model.hooks(fwd), hook_modules(model, inputs, on="input"), hook_modules(model, outputs):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @torch.no_grad()

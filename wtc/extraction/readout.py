@@ -59,7 +59,8 @@ def modules_of(model) -> list[Module]:
 
 def read(model, x: np.ndarray) -> Readout:
     """Run the frozen single-replica model on raw inputs x (n, T, n_in) and record everything."""
-    y, cache = model.run_with_cache(x)
+    y, cache = model.run_with_cache(x, names_filter=lambda name: name == "hook_stream"
+                                    or name.endswith(".attn.hook_pattern"))
     y = y[0] if y.ndim == (4 if model.n_outputs > 1 else 3) else y
     stream = cache["hook_stream"][0].double().numpy()
     pointers = {}

@@ -3,13 +3,15 @@
 Parameters: embed.W_E (V, D), pos_embed.W_pos (n_ctx, D), blocks.{l}.attn.W_Q/W_K/W_V (H, D, d_head),
 W_O (H, d_head, D), b_Q/b_K/b_V (H, d_head), b_O (D), blocks.{l}.mlp.W_in (D, d_mlp), b_in, W_out
 (d_mlp, D), b_out, optional blocks.{l}.ln1/ln2/ln_final .w/.b (LN) or .w (RMS), unembed.W_U (D, V), b_U.
-So a state dict moves to and from a HookedTransformer unchanged. Hooks: hook_embed, hook_pos_embed,
-blocks.{l}.hook_resid_pre, attn.hook_q/hook_k/hook_v, attn.hook_pattern, attn.hook_z, mlp.hook_pre, mlp.hook_post,
-hook_resid_post, ln_final.hook_normalized (RMS: also hook_scale; as in TL, RMS hook_normalized is x / scale,
-before w). mlp_abstopk (fraction f): the MLP keeps, per position, the round(f * d_mlp) hidden units
-of largest |post-activation| and zeroes the rest (AbsTopK, Gao et al. 2025), before hook_post, so
-hook_post is what W_out reads. With bias=False the biases are zero buffers, not
-parameters: they are neither trained nor scanned, and the state dict still has TL's layout.
+So a state dict moves to and from a HookedTransformer unchanged. Hooks (wtc.hooks.Hooked: hooks(),
+run_with_hooks(), run_with_cache()): hook_embed, hook_pos_embed, blocks.{l}.hook_resid_pre,
+attn.hook_q/hook_k/hook_v, attn.hook_pattern, attn.hook_z, hook_attn_out, hook_resid_mid, mlp.hook_pre,
+mlp.hook_post, hook_mlp_out, hook_resid_post, ln_final.hook_normalized (RMS: also hook_scale; as in
+TL, RMS hook_normalized is x / scale, before w). mlp_abstopk (fraction f): the MLP keeps, per
+position, the round(f * d_mlp) hidden units of largest |post-activation| and zeroes the rest
+(AbsTopK, Gao et al. 2025), before hook_post, so hook_post is what W_out reads. With bias=False
+the biases are zero buffers, not parameters: they are neither trained nor scanned, and the state
+dict still has TL's layout.
 
 The forward is split (embed -> block(l) -> unembed) so scans can cache the clean prefix and run
 only the rest of the network (wtc.scan).
@@ -23,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wtc.dt.hooks import HookPoint
+from wtc.hooks import Hooked, HookPoint
 
 
 @dataclass
@@ -201,19 +203,21 @@ class Block(nn.Module):
         if self.has_mlp:
             self.ln2 = _norm(cfg, cfg.d_model)
             self.mlp = MLP(cfg)
+            self.hook_mlp_out = HookPoint()    # (B, Tq, D): the MLP's output, before it joins the residual
+        self.hook_attn_out = HookPoint()       # (B, Tq, D): the attention output, before it joins the residual
         self.hook_resid_pre = HookPoint()
         self.hook_resid_mid = HookPoint()
         self.hook_resid_post = HookPoint()
 
     def forward(self, resid, queries: slice = slice(None)):       # (B, T, D) -> (B, Tq, D)
         resid = self.hook_resid_pre(resid)
-        resid = self.hook_resid_mid(resid[:, queries] + self.attn(self.ln1(resid), queries))
+        resid = self.hook_resid_mid(resid[:, queries] + self.hook_attn_out(self.attn(self.ln1(resid), queries)))
         if self.has_mlp:
-            resid = resid + self.mlp(self.ln2(resid))
+            resid = resid + self.hook_mlp_out(self.mlp(self.ln2(resid)))
         return self.hook_resid_post(resid)
 
 
-class Transformer(nn.Module):
+class Transformer(Hooked):
     """tokens (B, T) int64 -> logits (B, T, V)."""
 
     def __init__(self, cfg: TransformerConfig | None = None, seed: int | None = None):
@@ -228,6 +232,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
         self.ln_final = _norm(cfg, cfg.d_model)
         self.unembed = Unembed(cfg.d_model, cfg.d_vocab, cfg.bias)
+        self.setup_hooks()
 
     def check_tokens(self, tokens) -> torch.Tensor:
         tokens = torch.as_tensor(tokens)
@@ -265,14 +270,3 @@ class Transformer(nn.Module):
         for block in self.blocks[:-1]:
             resid = block(resid)
         return self.unembed(self.final_hidden(self.blocks[-1](resid, positions)))
-
-    def run_with_cache(self, tokens) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        cache: dict[str, torch.Tensor] = {}
-        handles = [m.register_forward_hook(lambda mod, i, o, name=name: cache.__setitem__(name, o.detach()))
-                   for name, m in self.named_modules() if isinstance(m, HookPoint)]
-        try:
-            logits = self(tokens)
-        finally:
-            for h in handles:
-                h.remove()
-        return logits, cache

@@ -29,6 +29,9 @@ from torch import nn
 from torch.func import functional_call, vmap
 from tqdm.auto import tqdm
 
+from wtc.hooks import has_hooks, hook_modules
+from wtc.errors import ScanError, UnknownName
+from wtc.scan.inputs import architecture, as_tokens, positive_int, readout_identity
 from wtc.scan.kl import importance_positions, kl_rows, kl_unembed
 from wtc.scan.result import ScanResult
 from wtc.scan.store import ScanStore
@@ -54,7 +57,7 @@ def _select_params(model: nn.Module, params) -> dict[str, nn.Parameter]:
     for pat in patterns:
         hits = [n for n in named if fnmatch.fnmatchcase(n, pat)]
         if not hits:
-            raise KeyError(f"no parameter matches {pat!r}; parameters are: {', '.join(list(named)[:12])}"
+            raise UnknownName(f"no parameter matches {pat!r}; parameters are: {', '.join(list(named)[:12])}"
                            f"{' ...' if len(named) > 12 else ''}")
         chosen.update((n, named[n]) for n in hits)
     return chosen
@@ -74,11 +77,12 @@ class _Evaluator:
 
     def __init__(self, model: nn.Module, tokens: torch.Tensor, readout):
         self.model, self.tokens, self.readout = model, tokens, readout or _default_readout
+        self.readout_given = readout
         self.counted = None          # (N,) bool: positions whose KL counts (scan(positions=...)); None: all
         # prefix caching needs wtc's split forward and logits as the model's own output
         # (and no user hooks: the structured path computes blocks from cached activations, not through them)
         self.is_wtc = (readout is None and hasattr(model, "logits_from") and hasattr(model, "embed_tokens")
-                       and not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()))
+                       and not has_hooks(model))
         self.suffix = None
         self.unembed_input = None
         with torch.no_grad():
@@ -90,9 +94,9 @@ class _Evaluator:
             else:
                 logits = self._generic_clean()
         if logits.ndim != 3 or logits.shape[:2] != tokens.shape[:2]:
-            raise ValueError(f"readout must give logits (B, T, V) for tokens {tuple(tokens.shape)}, got {tuple(logits.shape)}")
+            raise ScanError(f"readout must give logits (B, T, V) for tokens {tuple(tokens.shape)}, got {tuple(logits.shape)}")
         if not torch.isfinite(logits).all():
-            raise ValueError("the clean logits hold NaN or inf; the model or readout is broken for these tokens")
+            raise ScanError("the clean logits hold NaN or inf; the model or readout is broken for these tokens")
         self.V = logits.shape[-1]
         self.logits = logits.detach()
         # (N, V) float64 whatever the model's precision (see wtc.scan.kl.kl_rows)
@@ -105,19 +109,17 @@ class _Evaluator:
 
     def _generic_clean(self):
         """Clean logits; also captures the input of a final linear map whose output is the logits."""
-        captured = {}
-        hooks = []
-        for name, mod in self.model.named_modules():
-            if isinstance(mod, nn.Linear) or (hasattr(mod, "W_U") and isinstance(getattr(mod, "W_U"), torch.Tensor)):
-                hooks.append(mod.register_forward_hook(
-                    lambda m, i, o, name=name: captured.__setitem__(name, (i[0].detach(), o.detach()))))
-        try:
+        ins, outs = {}, {}
+        names = [name for name, mod in self.model.named_modules()
+                 if isinstance(mod, nn.Linear) or (hasattr(mod, "W_U") and isinstance(getattr(mod, "W_U"), torch.Tensor))]
+
+        def keep(into, name):
+            return lambda value, module: into.__setitem__(name, value.detach())
+
+        with (hook_modules(self.model, [(n, keep(ins, n)) for n in names], on="input"),
+              hook_modules(self.model, [(n, keep(outs, n)) for n in names])):
             logits = self.readout(self.model(self.tokens))
-        finally:
-            for h in hooks:
-                h.remove()
-        self.final_linear = {n: io[0] for n, io in captured.items()
-                             if io[1].shape == logits.shape and torch.equal(io[1], logits)}
+        self.final_linear = {n: ins[n] for n, o in outs.items() if o.shape == logits.shape and torch.equal(o, logits)}
         return logits
 
     # ----------------------------------------------------------------- closed form
@@ -169,7 +171,7 @@ class _Evaluator:
 def _batch_size(ev: _Evaluator, batch: int | None) -> int:
     if batch is not None:
         if not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"batch must be a positive int, got {batch!r}")
+            raise ScanError(f"batch must be a positive int, got {batch!r}")
         return batch
     N = ev.logp.shape[0]
     cfg = getattr(ev.model, "cfg", None)
@@ -205,18 +207,20 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
     0 elsewhere; the ablations themselves still act everywhere, so effects that travel to the
     counted positions through attention are in.
     """
-    if not 0 < mass <= 1:
-        raise ValueError(f"mass must be in (0, 1], got {mass}")
-    tokens = torch.as_tensor(tokens)
-    if tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"tokens must be an integer tensor (B, T), got shape {tuple(tokens.shape)} dtype {tokens.dtype}")
-    tokens = tokens.long()
+    if not isinstance(mass, (int, float)) or isinstance(mass, bool) or not 0 < mass <= 1:
+        raise ScanError(f"mass must be a number in (0, 1], got {mass!r}")
+    chunk = positive_int(chunk, "chunk")
+    if batch is not None:
+        batch = positive_int(batch, "batch")
+    if not (readout is None or callable(readout)):
+        raise ScanError(f"readout must be a callable (model output -> logits) or None, got {type(readout).__name__}")
+    tokens = as_tokens(tokens, model)
     chosen = _select_params(model, params)
     masks = _check_masks(weights, chosen)
     if positions is not None:
         positions = torch.as_tensor(positions)
         if positions.dtype != torch.bool or positions.shape != tokens.shape:
-            raise ValueError(f"positions must be a bool mask shaped like the tokens {tuple(tokens.shape)}, "
+            raise ScanError(f"positions must be a bool mask shaped like the tokens {tuple(tokens.shape)}, "
                              f"got {positions.dtype} {tuple(positions.shape)}")
     was_training = model.training
     model.eval()
@@ -238,8 +242,7 @@ def _wtc_twin(model: nn.Module, tokens: torch.Tensor, chosen: dict) -> nn.Module
     takes the structured path (the parameter names are the same). Used only when its logits match
     the HookedTransformer's on these tokens and no hooks are registered; otherwise None (the
     generic path)."""
-    if type(model).__name__ != "HookedTransformer" or any(m._forward_hooks or m._forward_pre_hooks
-                                                          for m in model.modules()):
+    if type(model).__name__ != "HookedTransformer" or has_hooks(model):
         return None
     try:
         from wtc.models.tl import from_hooked_transformer
@@ -262,14 +265,14 @@ def _check_masks(weights, chosen) -> dict[str, torch.Tensor]:
     weights = weights or {}
     unknown = set(weights) - set(chosen)
     if unknown:
-        raise KeyError(f"weights= names parameters that are not scanned: {sorted(unknown)}")
+        raise UnknownName(f"weights= names parameters that are not scanned: {sorted(unknown)}")
     masks = {}                                   # on the CPU: chunk bookkeeping, whatever the model's device
     for name, p in chosen.items():
         mask = p.detach().flatten().cpu() != 0
         if name in weights:
             m = torch.as_tensor(weights[name]).cpu()
             if m.shape != p.shape or m.dtype != torch.bool:
-                raise ValueError(f"weights[{name!r}] must be a bool mask of shape {tuple(p.shape)}, "
+                raise ScanError(f"weights[{name!r}] must be a bool mask of shape {tuple(p.shape)}, "
                                  f"got {m.dtype} {tuple(m.shape)}")
             mask &= m.flatten()
         masks[name] = mask
@@ -282,7 +285,8 @@ def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, pr
     nonzero = {n: int(m.sum()) for n, m in masks.items()}
     if keep_positions is None:
         keep_positions = sum(nonzero.values()) * N * 4 <= KEEP_POSITIONS_BYTES
-    meta = {**_fingerprint(model, tokens), "params": sorted(chosen), "mass": mass, "keep_positions": keep_positions,
+    meta = {**_fingerprint(model, tokens), "architecture": architecture(model),
+            "readout": readout_identity(ev.readout_given), "params": sorted(chosen), "mass": mass, "keep_positions": keep_positions,
             "positions_sha256": None if ev.counted is None else hashlib.sha256(ev.counted.cpu().numpy().tobytes()).hexdigest(),
             "chunk": chunk, "weights_sha256": hashlib.sha256(b"".join(
                 m.numpy().tobytes() for _, m in sorted(masks.items()))).hexdigest()}
@@ -313,7 +317,7 @@ def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, pr
         if rank == 0:
             merged = ScanStore(directory / "scan.sqlite") if directory else None
             if merged is None:
-                raise ValueError("a distributed scan needs out= (a directory shared by the ranks)")
+                raise ScanError("a distributed scan needs out= (a directory shared by the ranks)")
             merged.bind(meta)
             for r in range(world):
                 shard = ScanStore(directory / f"scan.rank{r}.sqlite")

@@ -1,0 +1,69 @@
+"""The CLI on hostile input: exit status 2, one line on stderr naming the problem, no traceback."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from wtc.models import Transformer, TransformerConfig
+from wtc.models.io import save
+
+
+def wtc(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "wtc", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpt")
+    cfg = TransformerConfig(n_layers=1, d_model=8, n_heads=2, d_head=4, d_mlp=8, d_vocab=5, n_ctx=4)
+    save(Transformer(cfg), d / "model")
+    np.save(d / "tokens.npy", np.array([[0, 1, 2, 3], [3, 2, 1, 0]]))
+    np.save(d / "neg.npy", np.array([[0, -1, 2, 3]]))
+    np.save(d / "oov.npy", np.array([[0, 9, 2, 3]]))
+    np.save(d / "long.npy", np.zeros((1, 9), np.int64))
+    np.save(d / "float.npy", np.zeros((1, 4), np.float32))
+    torch.save({"a": 1}, d / "dict.pt")
+    (d / "broken").mkdir()
+    (d / "broken" / "config.json").write_text("{")
+    (d / "broken" / "model.safetensors").write_bytes(b"junk")
+    return d
+
+
+CASES = {
+    "unknown task": (["discover", "no_such_task"], "unknown task"),
+    "budget nan": (["discover", "prev2", "--budget", "nan"], "budget"),
+    "budget 0": (["train", "prev2", "--budget", "0"], "budget"),
+    "steps 0": (["train", "prev2", "--steps", "0"], "positive"),
+    "seed text": (["train", "prev2", "--seed", "abc"], "not an integer"),
+    "missing checkpoint": (["scan", "{d}/nowhere", "--tokens", "{d}/tokens.npy", "--out", "{d}/o1"], "not a wtc transformer"),
+    "broken checkpoint": (["scan", "{d}/broken", "--tokens", "{d}/tokens.npy", "--out", "{d}/o2"], "config.json"),
+    "unknown params": (["scan", "{d}/model", "--tokens", "{d}/tokens.npy", "--params", "nope.*", "--out", "{d}/o3"],
+                       "no parameter matches"),
+    "negative tokens": (["scan", "{d}/model", "--tokens", "{d}/neg.npy", "--out", "{d}/o4"], "negative token id"),
+    "tokens past vocab": (["scan", "{d}/model", "--tokens", "{d}/oov.npy", "--out", "{d}/o5"], "vocabulary"),
+    "tokens past context": (["scan", "{d}/model", "--tokens", "{d}/long.npy", "--out", "{d}/o6"], "context"),
+    "float tokens": (["scan", "{d}/model", "--tokens", "{d}/float.npy", "--out", "{d}/o7"], "integer"),
+    "dict tokens": (["scan", "{d}/model", "--tokens", "{d}/dict.pt", "--out", "{d}/o8"], "token ids"),
+    "mass 2": (["scan", "{d}/model", "--tokens", "{d}/tokens.npy", "--mass", "2", "--out", "{d}/o9"], "mass"),
+    "unknown study": (["study", "nonsense"], "nonsense"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cli_user_errors_are_one_line(case, checkpoint):
+    args, needle = CASES[case]
+    r = wtc(*[a.format(d=checkpoint) for a in args])
+    assert r.returncode == 2, (case, r.returncode, r.stdout[-500:], r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("usage:")]
+    assert len(lines) == 1 and "error" in lines[0] and needle in lines[0], (case, r.stderr)
+
+
+def test_debug_shows_the_traceback(checkpoint):
+    r = wtc("--debug", "scan", checkpoint / "model", "--tokens", checkpoint / "neg.npy", "--out", checkpoint / "o10")
+    assert r.returncode != 0 and "Traceback" in r.stderr and "negative token id" in r.stderr
