@@ -144,3 +144,41 @@ def test_sr_refuses_bad_data(bad):
 def test_every_error_here_is_a_wtc_error():
     for cls in (ConfigError, TaskError, SRError):
         assert issubclass(cls, WtcError) and issubclass(cls, ValueError)
+
+
+# ---------------------------------------------------------------------- ACE
+def _ace_setup():
+    import torch
+    from wtc.models import Transformer, TransformerConfig
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(n_layers=1, d_model=8, n_heads=2, d_head=4, d_mlp=8, d_vocab=5, n_ctx=4))
+    tokens = torch.randint(0, 5, (16, 4))
+    return model, tokens
+
+
+@pytest.mark.parametrize("kw, match", [({"position": "bogus"}, "position"), ({"position": 1.5}, "position"),
+                                       ({"chunk": 0}, "chunk"), ({"chunk": -3}, "chunk"), ({"rank": -1}, "rank"),
+                                       ({"energy": 1.5}, "energy"), ({"layer": 3}, "layer")])
+def test_extract_core_refuses_bad_options(kw, match):
+    from wtc.ace import extract_core
+    from wtc.errors import AceError
+    model, tokens = _ace_setup()
+    args = {"layer": "blocks.0.hook_resid_post", "readout": lambda out: out[:, -1], **kw}
+    with pytest.raises(AceError, match=match):
+        extract_core(model, tokens, args.pop("layer"), **args)
+
+
+def test_validate_refuses_labels_that_do_not_fit():
+    import torch
+    from wtc.ace import extract_core, validate
+    from wtc.errors import AceError
+    model, tokens = _ace_setup()
+    core = extract_core(model, tokens, "blocks.0.hook_resid_post", readout=lambda out: out[:, -1])
+    ro = lambda out: out[:, -1]   # noqa: E731
+    with pytest.raises(AceError, match="one row per input"):
+        validate(core, model, tokens, torch.zeros(3, dtype=torch.long), readout=ro)
+    with pytest.raises(AceError, match="integer class ids"):
+        validate(core, model, tokens, torch.zeros(16), readout=ro)
+    with pytest.raises(AceError, match="no label is scored"):
+        validate(core, model, tokens, -torch.ones(16, dtype=torch.long), readout=ro)
+    assert 0 <= validate(core, model, tokens, torch.zeros(16, dtype=torch.long), readout=ro)["baseline_acc"] <= 1

@@ -61,3 +61,7 @@ class UnknownName(WtcError, KeyError):
 
 class CheckpointNotFound(CheckpointError, FileNotFoundError):
     """The checkpoint's files are not there (also a FileNotFoundError)."""
+
+
+class AceError(WtcError, ValueError):
+    """Core extraction or validation was given a layer, inputs, labels or options it cannot use."""

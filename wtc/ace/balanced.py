@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from wtc.errors import AceError
+
 METHODS = ("exact", "randomized")
 
 
@@ -30,9 +32,9 @@ def psd_factor(A: torch.Tensor, jitter: float = 1e-12) -> torch.Tensor:
 
 def _check_pair(cov: torch.Tensor, obs: torch.Tensor) -> None:
     if cov.shape != obs.shape or cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
-        raise ValueError(f"cov and obs must be square and of equal shape, got {tuple(cov.shape)}, {tuple(obs.shape)}")
+        raise AceError(f"cov and obs must be square and of equal shape, got {tuple(cov.shape)}, {tuple(obs.shape)}")
     if not (torch.isfinite(cov).all() and torch.isfinite(obs).all()):
-        raise ValueError("cov or obs hold NaN/inf")
+        raise AceError("cov or obs hold NaN/inf")
 
 
 def balanced_svd(cov: torch.Tensor, obs: torch.Tensor, jitter: float = 1e-12, *, rank: int | None = None,
@@ -45,12 +47,12 @@ def balanced_svd(cov: torch.Tensor, obs: torch.Tensor, jitter: float = 1e-12, *,
     sqrt(jitter) * s_max are dropped as in the exact method, so m <= rank."""
     _check_pair(cov, obs)
     if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        raise AceError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     if rank is not None and (not isinstance(rank, int) or rank < 0):
-        raise ValueError(f"rank must be a non-negative int, got {rank!r}")
+        raise AceError(f"rank must be a non-negative int, got {rank!r}")
     if method == "randomized":
         if rank is None:
-            raise ValueError("method='randomized' needs rank=r (the number of top directions wanted)")
+            raise AceError("method='randomized' needs rank=r (the number of top directions wanted)")
         return _balanced_svd_randomized(cov, obs, jitter, rank, oversample, power_iters, seed)
     Lc, Lo = psd_factor(cov, jitter), psd_factor(obs, jitter)
     U, s, _ = torch.linalg.svd(Lc.T @ Lo, full_matrices=False)
@@ -63,9 +65,9 @@ def balanced_svd(cov: torch.Tensor, obs: torch.Tensor, jitter: float = 1e-12, *,
 
 def _balanced_svd_randomized(cov, obs, jitter, rank, oversample, power_iters, seed):
     if not isinstance(oversample, int) or oversample < 0:
-        raise ValueError(f"oversample must be a non-negative int, got {oversample!r}")
+        raise AceError(f"oversample must be a non-negative int, got {oversample!r}")
     if not isinstance(power_iters, int) or power_iters < 0:
-        raise ValueError(f"power_iters must be a non-negative int, got {power_iters!r}")
+        raise AceError(f"power_iters must be a non-negative int, got {power_iters!r}")
     cov, obs = cov.double(), obs.double()            # used as given: symmetric, as the accumulator returns them
     D = cov.shape[0]
     width = min(D, rank + oversample)
@@ -113,7 +115,7 @@ def rank_for_energy(s: torch.Tensor, energy: float, total: float | None = None) 
     e.g. balanced_energy(cov, obs) when s holds only the top of the spectrum. When s cannot reach
     the share of that total, len(s) is returned."""
     if not 0 < energy <= 1:
-        raise ValueError(f"energy must be in (0, 1], got {energy}")
+        raise AceError(f"energy must be in (0, 1], got {energy}")
     w = s.double() ** 2
     denom = float(w.sum()) if total is None else float(total)
     if denom <= 0 or w.numel() == 0:

@@ -5,6 +5,8 @@ import math
 
 import torch
 
+from wtc.errors import AceError
+
 
 def principal_angles(Q1: torch.Tensor, Q2: torch.Tensor) -> torch.Tensor:
     """Angles (radians, ascending) between span(Q1) and span(Q2); columns orthonormal."""
@@ -23,7 +25,7 @@ def projector_overlap(Q1: torch.Tensor, Q2: torch.Tensor) -> float:
 def cca(X: torch.Tensor, Y: torch.Tensor, eps: float = 1e-10) -> torch.Tensor:
     """Canonical correlations (descending) between paired samples X (N, p) and Y (N, q)."""
     if X.shape[0] != Y.shape[0]:
-        raise ValueError(f"CCA needs paired samples, got {X.shape[0]} and {Y.shape[0]} rows")
+        raise AceError(f"CCA needs paired samples, got {X.shape[0]} and {Y.shape[0]} rows")
     Xc, Yc = X.double() - X.double().mean(0), Y.double() - Y.double().mean(0)
 
     def basis(A):
@@ -42,7 +44,7 @@ def compare(cores, activations=None, top: int = 3) -> dict:
     out = {"overlap": overlap, "principal_angles": angles}
     if activations is not None:
         if len(activations) != n:
-            raise ValueError(f"{n} cores but {len(activations)} activation sets")
+            raise AceError(f"{n} cores but {len(activations)} activation sets")
         Z = [c.project(h) for c, h in zip(cores, activations)]
         out["cca"] = [[float(cca(Z[i], Z[j])[:top].mean()) for j in range(n)] for i in range(n)]
     return out
@@ -82,7 +84,7 @@ def shift_operator(reps: torch.Tensor) -> dict:
     """
     p, r = reps.shape
     if r >= p - 1:
-        raise ValueError(f"shift_operator: {r} coordinates for {p} classes: with r >= p - 1 the fit is exact "
+        raise AceError(f"shift_operator: {r} coordinates for {p} classes: with r >= p - 1 the fit is exact "
                          f"for any class means and its eigenvalues say nothing; pass at most {p - 2} "
                          f"core coordinates (e.g. the top ones)")
     X = reps.double()

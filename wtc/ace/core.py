@@ -21,6 +21,7 @@ from torch import nn
 from wtc.ace.balanced import balanced_svd, rank_for_energy
 from wtc.ace.gramians import GramianAccumulator
 from wtc.hooks import hook_modules
+from wtc.errors import AceError
 
 
 @dataclass
@@ -72,10 +73,10 @@ def activations_and_jacobians(model, inputs, layer: str, readout, position: int 
         if position == "all":
             y = y.reshape(-1, y.shape[-1])                       # (B*T, K): position t reads act[:, t]
         if y.ndim != 2:
-            raise ValueError(f"readout must give (batch, K) outputs, got {tuple(y.shape)}")
+            raise AceError(f"readout must give (batch, K) outputs, got {tuple(y.shape)}")
         act = captured["act"]
         if position is not None and act.ndim != 3:
-            raise ValueError(f"module {layer!r} output is {tuple(act.shape)}; pass position=None for (batch, D)")
+            raise AceError(f"module {layer!r} output is {tuple(act.shape)}; pass position=None for (batch, D)")
         # one backward per output k over the whole chunk: sample i's gradient is its own
         # Jacobian row because samples do not interact (batch elements; with position="all",
         # positions after the last layer that mixes them, e.g. the final residual stream)
@@ -97,6 +98,14 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
 
     position: -1 (default) the last position of a (B, T, D) output, None for (B, D) outputs, or
     "all": every position a sample, with readout (B, T, K) read at the same position."""
+    _check_position(position)
+    _check_chunk(chunk)
+    if not isinstance(layer, str):
+        raise AceError(f"layer must be a module path (str), e.g. 'blocks.0.hook_resid_post', got {layer!r}")
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+        raise AceError(f"rank must be None or a non-negative integer, got {rank!r}")
+    if len(inputs) == 0:
+        raise AceError("inputs are empty")
     readout = readout or _default_readout(position)
     acc = None
     for start in range(0, len(inputs), chunk):
@@ -105,15 +114,37 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
             acc = GramianAccumulator(H.shape[-1])
         acc.add(H, J)
     if acc is None:
-        raise ValueError("inputs are empty")
+        raise AceError("inputs are empty")
     basis, s = balanced_svd(acc.covariance(), acc.observability())
     r = rank_for_energy(s, energy) if rank is None else int(rank)
     if not 0 <= r <= basis.shape[1]:
-        raise ValueError(f"rank {r} out of range: the balanced SVD has {basis.shape[1]} nonzero directions")
+        raise AceError(f"rank {r} out of range: the balanced SVD has {basis.shape[1]} nonzero directions")
     return Core(layer, position, basis, s, r, acc.mean, acc.n)
 
 
 PATCH_MODES = ("keep", "remove", "flip")
+
+
+def _check_position(position) -> None:
+    if not (position is None or position == "all" or (isinstance(position, int) and not isinstance(position, bool))):
+        raise AceError(f"position must be an int (e.g. -1, the last position), None for (batch, D) outputs, "
+                       f"or 'all', got {position!r}")
+
+
+def _check_chunk(chunk) -> None:
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise AceError(f"chunk must be a positive integer, got {chunk!r}")
+
+
+def _check_labels(labels: torch.Tensor, inputs, core) -> None:
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise AceError(f"labels must be integer class ids (-1: not scored), got dtype {labels.dtype}")
+    if labels.ndim < 1 or len(labels) != len(inputs):
+        raise AceError(f"labels must have one row per input: {len(inputs)} inputs, labels of shape {tuple(labels.shape)}")
+    if core.position == "all" and labels.ndim != 2:
+        raise AceError(f"a position='all' core is scored per position: labels must be (batch, T), got {tuple(labels.shape)}")
+    if not (labels >= 0).any():
+        raise AceError("no label is scored (every label is -1)")
 
 
 def _patch_hook(core: Core, mode: str, rank: int | None):
@@ -145,7 +176,10 @@ def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | N
                      chunk: int = 2048) -> float:
     """Accuracy (argmax of the readout) with the layer patched: 'clean', 'keep', 'remove' or 'flip'."""
     if mode not in ("clean",) + PATCH_MODES:
-        raise ValueError(f"mode must be clean, keep, remove or flip, got {mode!r}")
+        raise AceError(f"mode must be clean, keep, remove or flip, got {mode!r}")
+    labels = torch.as_tensor(labels)
+    _check_labels(labels, inputs, core)
+    _check_chunk(chunk)
     readout = readout or _default_readout(core.position)
     hits = 0
     with _patched(model, core, mode, rank) if mode != "clean" else contextlib.nullcontext():
@@ -177,6 +211,7 @@ def validate(core: Core, model, inputs, labels, readout=None, tolerance: float =
     """Keep / remove / flip accuracies at the core's rank, and the minimal sufficient rank (keep
     within `tolerance` of baseline) and minimal necessary rank (remove <= 2 x chance)."""
     labels = torch.as_tensor(labels)
+    _check_labels(labels, inputs, core)
     with torch.no_grad():
         K = (readout or _default_readout(core.position))(model(inputs[:1])).shape[-1]
     chance = 1.0 / K

@@ -22,7 +22,7 @@ import torch
 
 from wtc import _native
 from wtc.backend import choose, require_native
-from wtc.errors import BackendNameError
+from wtc.errors import AceError, BackendNameError
 
 BACKENDS = ("native", "reference")
 
@@ -57,7 +57,7 @@ class GramianAccumulator:
 
     def __init__(self, dim: int, backend: str | None = None):
         if not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive int, got {dim!r}")
+            raise AceError(f"dim must be a positive int, got {dim!r}")
         if backend is not None and backend not in BACKENDS:
             raise BackendNameError(f"backend must be one of {', '.join(BACKENDS)} or None, got {backend!r}")
         if backend == "native":
@@ -74,11 +74,11 @@ class GramianAccumulator:
         torch tensors or numpy arrays, any float dtype (float32/float64 go to the native kernel
         as they are). A chunk holding NaN/inf raises ValueError and leaves the state unchanged."""
         if h.ndim != 2 or h.shape[1] != self.dim:
-            raise ValueError(f"activations must be (n, {self.dim}), got {tuple(h.shape)}")
+            raise AceError(f"activations must be (n, {self.dim}), got {tuple(h.shape)}")
         if J.ndim != 3 or J.shape[0] != h.shape[0] or J.shape[2] != self.dim:
-            raise ValueError(f"Jacobians must be (n, K, {self.dim}) with n = {h.shape[0]}, got {tuple(J.shape)}")
+            raise AceError(f"Jacobians must be (n, K, {self.dim}) with n = {h.shape[0]}, got {tuple(J.shape)}")
         if J.shape[1] < 1:
-            raise ValueError(f"Jacobians must have K >= 1 readout outputs, got {tuple(J.shape)}")
+            raise AceError(f"Jacobians must have K >= 1 readout outputs, got {tuple(J.shape)}")
         if h.shape[0] == 0:
             return
         if self.backend == "native" and _on_cpu(h) and _on_cpu(J):
@@ -94,7 +94,7 @@ class GramianAccumulator:
         h = torch.as_tensor(h).detach()
         J = torch.as_tensor(J).detach()
         if not (torch.isfinite(h).all() and torch.isfinite(J).all()):
-            raise ValueError("activations or Jacobians hold NaN/inf")
+            raise AceError("activations or Jacobians hold NaN/inf")
         h64, J64 = h.to(torch.float64), J.to(torch.float64).reshape(-1, self.dim)
         n_b = h64.shape[0]
         mean_b = h64.mean(0)
@@ -141,10 +141,10 @@ class GramianAccumulator:
 
     def covariance(self) -> torch.Tensor:
         if self.n < 2:
-            raise ValueError(f"covariance needs at least 2 samples, got {self.n}")
+            raise AceError(f"covariance needs at least 2 samples, got {self.n}")
         return self.scatter / (self.n - 1)
 
     def observability(self) -> torch.Tensor:
         if self.n < 1:
-            raise ValueError("observability needs at least 1 sample")
+            raise AceError("observability needs at least 1 sample")
         return self.sum_jj / self.n
