@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from wtc.ace import shift_operator
+from wtc.models.training import read_state
 from wtc.studies.modadd import (
     ModAddStudy,
     StudyError,
@@ -107,7 +108,7 @@ def tiny(**kw):
 
 def test_tiny_run_writes_the_summary_and_the_wd0_branch(tmp_path):
     cfg = tiny()
-    summary = run(tmp_path, cfg, progress=False)
+    summary = run(cfg, tmp_path, progress=False)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["checkpoints"] == json.loads(json.dumps(summary["checkpoints"]))
     spe = on_disk["steps_per_epoch"]
@@ -127,25 +128,25 @@ def test_tiny_run_writes_the_summary_and_the_wd0_branch(tmp_path):
     assert wd0["fork_step"] == 20 * spe                    # fork_below=1.0: the last checkpoint
     assert [c["step"] for c in wd0["checkpoints"]] == [20 * spe, 30 * spe]
     assert isinstance(on_disk["seconds"], float) and on_disk["seconds"] > 0
-    state = torch.load(tmp_path / "checkpoints" / "wd0" / "epoch_000030" / "optim.pt", weights_only=True)
-    assert all(g["weight_decay"] == 0.0 for g in state["param_groups"])
-    state = torch.load(tmp_path / "checkpoints" / "main" / "epoch_000020" / "optim.pt", weights_only=True)
-    assert all(g["weight_decay"] == 1.0 for g in state["param_groups"])
+    state = read_state(tmp_path / "checkpoints" / "wd0" / "train_state")          # the branch's latest: epoch 30
+    assert state.step == 30 * spe and all(g["weight_decay"] == 0.0 for g in state.optimizer["param_groups"])
+    state = read_state(tmp_path / "checkpoints" / "main" / "epoch_000020" / "train_state")   # the fork point's
+    assert state.step == 20 * spe and all(g["weight_decay"] == 1.0 for g in state.optimizer["param_groups"])
     for png in ("modadd.png", "modadd_eigenvalues.png"):
         assert (tmp_path / png).stat().st_size > 1000
-    assert "| main |" in (tmp_path / "summary.md").read_text()
+    assert "| main |" in (tmp_path / "report.md").read_text()
 
 
 def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
     short, resumed, whole = tmp_path / "a", tmp_path / "a", tmp_path / "b"
-    run(short, tiny(epochs=10, wd0_epochs=0), progress=False)
+    run(tiny(epochs=10, wd0_epochs=0), short, progress=False)
     model_file = short / "checkpoints" / "main" / "epoch_000010" / "model.safetensors"
     stamp = model_file.stat().st_mtime_ns
-    again = run(short, tiny(epochs=10, wd0_epochs=0), progress=False)    # nothing left to do
+    again = run(tiny(epochs=10, wd0_epochs=0), short, progress=False)    # nothing left to do
     assert model_file.stat().st_mtime_ns == stamp and [c["epoch"] for c in again["checkpoints"]] == [0, 10]
-    a = run(resumed, tiny(epochs=20, wd0_epochs=0), progress=False)      # continues from epoch 10
+    a = run(tiny(epochs=20, wd0_epochs=0), resumed, progress=False)      # continues from epoch 10
     assert model_file.stat().st_mtime_ns == stamp
-    b = run(whole, tiny(epochs=20, wd0_epochs=0), progress=False)
+    b = run(tiny(epochs=20, wd0_epochs=0), whole, progress=False)
     # same weights bit for bit; the float64 spectra may differ in the last ulp (LAPACK), even between two fresh runs
     for ca, cb in zip(a["checkpoints"], b["checkpoints"], strict=True):
         assert ca.keys() == cb.keys()
@@ -159,7 +160,7 @@ def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
     wb = load_file(str(whole / "checkpoints" / "main" / "epoch_000020" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wb)
     with pytest.raises(StudyError, match="d_mlp"):
-        run(whole, tiny(d_mlp=64), progress=False)
+        run(tiny(d_mlp=64), whole, progress=False)
 
 
 @pytest.mark.parametrize("kw,field", [({"p": 2}, "p"), ({"p": 5.0}, "p"), ({"train_frac": 0.0}, "train_frac"),
@@ -178,7 +179,7 @@ def test_bad_output_directory_and_cli_errors(tmp_path, capsys):
     f = tmp_path / "file"
     f.write_text("x")
     with pytest.raises(StudyError, match="not a directory"):
-        run(f, tiny(), progress=False)
+        run(tiny(), f, progress=False)
     assert main(["study", "modadd", "--quick", "--quiet", "--out", str(f)]) == 2
     assert "not a directory" in capsys.readouterr().err
     assert main(["study", "nosuch", "--out", str(tmp_path)]) == 2

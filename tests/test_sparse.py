@@ -10,6 +10,7 @@ import torch
 from wtc.models import sparse as S
 from wtc.models import Transformer
 from wtc.models import io as model_io
+from wtc.models import training as T
 from wtc.models.tl import from_tl_state_dict, to_tl_state_dict
 from wtc.models.transformer import RMSNorm
 
@@ -183,7 +184,7 @@ def test_sparse_training_keeps_density_and_dense_moments(tmp_path):
     for n, d in r["densities"].items():
         assert d <= bound[n] + 1e-12 and d == S.nonzero_fraction(model)[n], n
     # AdamW moments stay dense: the optimiser's exp_avg is nonzero where weights were zeroed
-    opt = torch.load(tmp_path / "checkpoint" / "optimizer.pt", weights_only=True)
+    opt = T.read_state(tmp_path / "train_state").optimizer
     for i, (n, p, _) in enumerate(S.sparse_parameters(model)):
         zero = p.detach() == 0
         m1 = opt["state"][i]["exp_avg"]
@@ -213,12 +214,12 @@ def test_resume_after_a_stop_equals_an_uninterrupted_run(tmp_path):
     assert r_res["finished"] and r_res["history"] == r_full["history"]
     for k, v in full.state_dict().items():
         assert torch.equal(resumed.state_dict()[k], v), k
-    a = torch.load(tmp_path / "full" / "checkpoint" / "optimizer.pt", weights_only=True)
-    b = torch.load(tmp_path / "part" / "checkpoint" / "optimizer.pt", weights_only=True)
+    a = T.read_state(tmp_path / "full" / "train_state").optimizer
+    b = T.read_state(tmp_path / "part" / "train_state").optimizer
     for i, st in a["state"].items():
         assert all(torch.equal(st[key], b["state"][i][key]) for key in st)
     # the finished checkpoint loads as a plain model
-    torch.testing.assert_close(model_io.load(tmp_path / "full" / "checkpoint").state_dict()["unembed.W_U"],
+    torch.testing.assert_close(T.load_model(tmp_path / "full" / "train_state").state_dict()["unembed.W_U"],
                                full.state_dict()["unembed.W_U"], rtol=0, atol=0)
     # a changed schedule cannot resume silently
     with pytest.raises(ValueError, match="lr"):
@@ -226,7 +227,7 @@ def test_resume_after_a_stop_equals_an_uninterrupted_run(tmp_path):
                    out=tmp_path / "part", progress=False)
     with pytest.raises(ValueError, match="train_tokens"):
         S.train_lm(Transformer(tiny_cfg(abstopk=0.25)), stream(seed=7), cfg, out=tmp_path / "part", progress=False)
-    (tmp_path / "part" / "checkpoint" / "model.safetensors").write_bytes(b"not a checkpoint")
+    (tmp_path / "part" / "train_state.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="corrupt"):
         S.train_lm(Transformer(tiny_cfg(abstopk=0.25)), tokens, cfg, out=tmp_path / "part", progress=False)
 

@@ -13,7 +13,7 @@ def _tiny(**kw):
 
 
 def test_study_writes_both_models_and_reuses_finished_work(tmp_path):
-    s = run(tmp_path, _tiny(), progress=False)
+    s = run(_tiny(), tmp_path, progress=False)
     saved = json.loads((tmp_path / "summary.json").read_text())
     for kind in ("sparse", "dense"):
         for key in ("weights_scored", "interpretable_fraction", "robust_fraction", "reliability"):
@@ -23,7 +23,7 @@ def test_study_writes_both_models_and_reuses_finished_work(tmp_path):
     assert s["dense"]["density"] == 1.0
     assert s["sparse"]["density"] < 0.5             # 2% target plus at least 4 per unit of 32 channels
     assert (tmp_path / "sparse_vs_dense.png").exists() and (tmp_path / "report.md").exists()
-    again = run(tmp_path, _tiny(), progress=False)  # training and explanations are reused, not redone
+    again = run(_tiny(), tmp_path, progress=False)  # training and explanations are reused, not redone
     for kind in ("sparse", "dense"):
         assert again[kind]["scores"] == s[kind]["scores"]
         assert again[kind]["heldout_loss"] == s[kind]["heldout_loss"]

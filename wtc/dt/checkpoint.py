@@ -1,50 +1,19 @@
 """Checkpoints: safetensors for tensors, JSON for everything else. Nothing is unpickled.
 
 A model checkpoint is a directory with model.safetensors and model.json (config, dimensions,
-format version). Training-state checkpoints (train.py) use the same two-file layout.
+format version). The DT's training-state checkpoints use the same two-file layout (wtc.checkpoint_io).
 """
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
+from wtc.checkpoint_io import read, write_atomic  # noqa: F401  (the DT training state uses them from here)
 from wtc.dt.config import DTConfig
 from wtc.errors import CheckpointError
 
 FORMAT = "wtc.dt/1"
-
-
-def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    """Write <path>.safetensors and <path>.json so that a crash never leaves a half-written pair."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_t, tmp_j = path.with_suffix(".safetensors.tmp"), path.with_suffix(".json.tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp_t))
-    tmp_j.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp_t, path.with_suffix(".safetensors"))
-    os.replace(tmp_j, path.with_suffix(".json"))
-
-
-def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    path = Path(path)
-    tfile, jfile = path.with_suffix(".safetensors"), path.with_suffix(".json")
-    for f in (tfile, jfile):
-        if not f.is_file():
-            raise CheckpointError(f"checkpoint file missing: {f}")
-    try:
-        meta = json.loads(jfile.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"corrupt checkpoint metadata {jfile}: {exc}") from exc
-    try:
-        tensors = load_file(str(tfile))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"corrupt checkpoint tensors {tfile}: {exc}") from exc
-    return tensors, meta
 
 
 def model_meta(model) -> dict:

@@ -2,12 +2,11 @@
 trained model; the studies bring their own data)."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+
+from wtc.models.training import TrainConfig, train
 
 
 class MarkovSource:
@@ -35,24 +34,21 @@ class MarkovSource:
         return torch.from_numpy(out)
 
 
+def next_token_loss(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of every position's prediction of the next token (tokens (B, T))."""
+    logits = model(tokens)                                           # (B, T, V)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
 def train_lm(model, source: MarkovSource, steps: int, batch: int = 64, lr: float = 1e-3, seed: int = 0,
              progress: bool = True) -> list[float]:
-    """AdamW on next-token cross-entropy; returns the loss curve."""
+    """AdamW (weight decay 0.01) on next-token cross-entropy; returns the loss curve. Batches come
+    from one numpy Generator seeded by `seed`, drawn in order (wtc.models.training)."""
     if steps < 0 or batch < 1:
         raise ValueError(f"steps must be >= 0 and batch >= 1, got {steps}, {batch}")
     rng = np.random.default_rng(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    losses = []
-    model.train()
-    t0 = time.perf_counter()
-    for _ in tqdm(range(steps), disable=not progress, desc="lm train"):
-        tokens = source.sample(rng, batch)
-        logits = model(tokens)                                       # (B, T, V)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    model.eval()
-    model.train_seconds = time.perf_counter() - t0
-    return losses
+    result = train(model, TrainConfig(steps=steps, lr=lr, weight_decay=0.01), lambda step: source.sample(rng, batch),
+                   lambda tokens: next_token_loss(model, tokens), rngs={"batch": rng}, progress=progress,
+                   desc="lm train")
+    model.train_seconds = result.seconds
+    return result.losses

@@ -43,39 +43,34 @@ the MLP hidden layer: per position, keep the top fraction of units by |value|, z
 property of the model, TransformerConfig.mlp_abstopk, so the forward pass honours it and a saved
 model keeps it; Gao et al.'s 1/4 is lm_config(abstopk=0.25) (lm_config's default is None: off).
 
-Checkpoints under `out`: out/checkpoint/{model.safetensors, config.json} (wtc.models.io.save, the
-train config in extra), optimizer.pt (torch.save of the AdamW state dict, loaded with
-weights_only=True) and state.json (step, history, data fingerprints); written to a temporary
-directory and swapped in, so a kill leaves the previous checkpoint whole. out/history.json and,
-at the end, out/summary.json. A call with the same `out` resumes from the checkpoint.
+The loop is wtc.models.training.Trainer (the post-step hook does the projection). Under `out`:
+out/train_state.{safetensors,json}, the training state (model, AdamW state, step, history, held-out
+evals; written as an atomic pair, read back with wtc.models.training.read_state / load_model),
+out/history.json and out/summary.json. A call with the same `out` resumes from the training state;
+one whose result-changing settings or data differ is refused (CheckpointError naming them).
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
-import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
-from tqdm.auto import tqdm
 
-from wtc.models import io as model_io
+from wtc.errors import TrainConfigError
+from wtc.models.training import Eval, TrainConfig, Trainer, lr_at
 from wtc.models.transformer import Transformer, TransformerConfig
 
 # residual-stream (connection) axis of each matrix, by parameter-name suffix
 RESIDUAL_AXIS = {"embed.W_E": 1, "pos_embed.W_pos": 1, "attn.W_Q": 1, "attn.W_K": 1, "attn.W_V": 1,
                  "attn.W_O": 2, "mlp.W_in": 0, "mlp.W_out": 1, "unembed.W_U": 0}
 
-# fields that change the numbers a run produces: a checkpoint only resumes under the same values
-_RESULT_FIELDS = ("steps", "batch", "lr", "warmup", "min_lr_frac", "weight_decay", "betas", "grad_clip",
-                  "density", "anneal_frac", "min_per_unit", "seed", "ctx")
+# fields besides the optimiser's (TrainConfig) that change the numbers: a resume needs the same values
+_IDENTITY_FIELDS = ("batch", "density", "anneal_frac", "min_per_unit", "seed", "ctx")
 
 
 def lm_config(abstopk: float | None = None, **overrides) -> TransformerConfig:
@@ -114,8 +109,9 @@ class SparseTrainConfig:
             if v is None and allow_none:
                 return
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < (0 if allow_zero else 1):
-                raise ValueError(f"SparseTrainConfig.{name} must be a {'non-negative' if allow_zero else 'positive'} "
-                                 f"int{' or None' if allow_none else ''}, got {v!r}")
+                kind = "non-negative" if allow_zero else "positive"
+                raise TrainConfigError(f"SparseTrainConfig.{name} must be a {kind} int{' or None' if allow_none else ''}, "
+                                       f"got {v!r}")
 
         def number(name, lo, hi, lo_open=False, allow_none=False):
             v = getattr(self, name)
@@ -125,8 +121,8 @@ class SparseTrainConfig:
                   and math.isfinite(v) and (v > lo if lo_open else v >= lo) and v <= hi)
             if not ok:
                 span = f"{'(' if lo_open else '['}{lo}, {hi}]"
-                raise ValueError(f"SparseTrainConfig.{name} must be a number in {span}"
-                                 f"{' or None' if allow_none else ''}, got {v!r}")
+                raise TrainConfigError(f"SparseTrainConfig.{name} must be a number in {span}"
+                                       f"{' or None' if allow_none else ''}, got {v!r}")
 
         positive_int("steps")
         positive_int("batch")
@@ -135,13 +131,13 @@ class SparseTrainConfig:
         if self.warmup is None:
             self.warmup = min(200, self.steps // 10)
         if self.warmup > self.steps:
-            raise ValueError(f"SparseTrainConfig.warmup ({self.warmup}) exceeds steps ({self.steps})")
+            raise TrainConfigError(f"SparseTrainConfig.warmup ({self.warmup}) exceeds steps ({self.steps})")
         number("min_lr_frac", 0, 1)
         number("weight_decay", 0, math.inf)
         b = self.betas
         if (not isinstance(b, (tuple, list)) or len(b) != 2
                 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1 for x in b)):
-            raise ValueError(f"SparseTrainConfig.betas must be two numbers in [0, 1), got {b!r}")
+            raise TrainConfigError(f"SparseTrainConfig.betas must be two numbers in [0, 1), got {b!r}")
         self.betas = tuple(float(x) for x in b)
         number("grad_clip", 0, math.inf, lo_open=True, allow_none=True)
         number("density", 0, 1, lo_open=True)
@@ -153,6 +149,12 @@ class SparseTrainConfig:
         positive_int("eval_every", allow_none=True)
         positive_int("checkpoint_every", allow_none=True)
         positive_int("eval_windows")
+
+    def optim(self) -> TrainConfig:
+        """The optimiser part: AdamW, warmup, cosine decay to min_lr_frac * lr, clipping."""
+        return TrainConfig(steps=self.steps, lr=self.lr, betas=self.betas, weight_decay=self.weight_decay,
+                           grad_clip=self.grad_clip, warmup=self.warmup, schedule="cosine",
+                           min_lr_frac=self.min_lr_frac)
 
 
 def density_schedule(step: int, cfg: SparseTrainConfig) -> float:
@@ -168,12 +170,8 @@ def density_schedule(step: int, cfg: SparseTrainConfig) -> float:
 
 def lr_schedule(step: int, cfg: SparseTrainConfig) -> float:
     """Learning rate of update `step` (0-based): linear warmup to lr over cfg.warmup updates, then
-    cosine down to min_lr_frac * lr at the last update."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    span = max(1, cfg.steps - 1 - cfg.warmup)
-    t = min(1.0, (step - cfg.warmup) / span)
-    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+    cosine down to min_lr_frac * lr at the last update (wtc.models.training.lr_at)."""
+    return lr_at(step, cfg.optim())
 
 
 # ---------------------------------------------------------------------------------- projection
@@ -311,157 +309,61 @@ def lm_loss(model: Transformer, windows: torch.Tensor, batch: int = 32) -> float
     return total / count
 
 
-# ---------------------------------------------------------------------------------- checkpoints
-
-def _cfg_json(cfg) -> dict:
-    return json.loads(json.dumps(dataclasses.asdict(cfg)))
-
-
-def _save_checkpoint(out: Path, model, optimizer, state: dict, cfg: SparseTrainConfig) -> Path:
-    tmp, cur, old = out / "checkpoint.tmp", out / "checkpoint", out / "checkpoint.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model_io.save(model, tmp, extra={"train_config": _cfg_json(cfg), "step": state["step"]})
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps(state))           # last: marks the directory complete
-    if cur.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        cur.rename(old)
-    tmp.rename(cur)
-    shutil.rmtree(old, ignore_errors=True)
-    (out / "history.json").write_text(json.dumps({"history": state["history"], "evals": state["evals"]}))
-    return cur
-
-
-def _find_checkpoint(out: Path) -> Path | None:
-    for name in ("checkpoint", "checkpoint.old"):
-        if (out / name / "state.json").exists():
-            return out / name
-    return None
-
-
-def _load_checkpoint(ckpt: Path, model, optimizer, cfg: SparseTrainConfig, fingerprints: dict) -> dict:
-    try:
-        state = json.loads((ckpt / "state.json").read_text())
-        meta = json.loads((ckpt / "config.json").read_text())
-        weights = load_file(str(ckpt / "model.safetensors"))
-        opt_state = torch.load(ckpt / "optimizer.pt", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"{ckpt}: corrupt or incomplete training checkpoint ({type(exc).__name__}: {exc}); "
-                         f"delete it to start afresh") from exc
-    ours = _cfg_json(model.cfg)
-    if meta.get("config") != ours:
-        diff = sorted(k for k in set(ours) | set(meta.get("config", {})) if ours.get(k) != meta.get("config", {}).get(k))
-        raise ValueError(f"{ckpt}: the checkpoint's model config differs from the model's in {diff}")
-    saved, now = state.get("train_config", {}), _cfg_json(cfg)
-    diff = [k for k in _RESULT_FIELDS if saved.get(k) != now.get(k)]
-    if diff:
-        raise ValueError(f"{ckpt}: cannot resume, SparseTrainConfig differs from the checkpoint's in {diff} "
-                         f"(saved {[saved.get(k) for k in diff]}, now {[now.get(k) for k in diff]})")
-    for what, fp in fingerprints.items():
-        if state.get("fingerprints", {}).get(what) != fp:
-            raise ValueError(f"{ckpt}: cannot resume, {what} differ from the ones the checkpoint was trained on")
-    model.load_state_dict(weights)
-    optimizer.load_state_dict(opt_state)
-    return state
-
-
 # ---------------------------------------------------------------------------------- training
 
 def train_lm(model: Transformer, train_tokens, cfg: SparseTrainConfig, out: Path | str | None = None,
              heldout_tokens=None, progress: bool = True, stop_after: int | None = None,
              budget_s: float | None = None) -> dict:
-    """Train `model` in place on next-token prediction (module doc); resume from out/checkpoint
+    """Train `model` in place on next-token prediction (module doc); resume from out/train_state
     when there is one. stop_after: return (checkpointed) once this many steps are done, as a kill
     would; budget_s: likewise once this many seconds have passed in this call. Returns
     {history: [{step, loss, density, lr}], evals: [{step, heldout_loss}], train_loss, heldout_loss
     (nats per token on fixed windows; None without held-out tokens), densities (achieved, per
     matrix), density_target, steps_done, finished, seconds (all calls), seconds_per_step,
-    checkpoint (path or None)}."""
+    checkpoint (the training state's path or None)}."""
     if not isinstance(cfg, SparseTrainConfig):
         raise TypeError(f"cfg must be a SparseTrainConfig, got {type(cfg).__name__}")
     ctx = cfg.ctx or model.cfg.n_ctx
     if ctx > model.cfg.n_ctx:
-        raise ValueError(f"SparseTrainConfig.ctx ({ctx}) exceeds the model's n_ctx ({model.cfg.n_ctx})")
+        raise TrainConfigError(f"SparseTrainConfig.ctx ({ctx}) exceeds the model's n_ctx ({model.cfg.n_ctx})")
     train = _check_tokens(train_tokens, "train_tokens", ctx, model.cfg.d_vocab)
     held = None if heldout_tokens is None else _check_tokens(heldout_tokens, "heldout_tokens", ctx, model.cfg.d_vocab)
     out = None if out is None else Path(out)
-    decay = [p for n, p in model.named_parameters() if _is_matrix(n, p)]
-    other = [p for n, p in model.named_parameters() if not _is_matrix(n, p)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
-    fingerprints = {"train_tokens": _fingerprint(train), "heldout_tokens": _fingerprint(held)}
-    state = {"step": 0, "history": [], "evals": [], "seconds": 0.0, "train_config": _cfg_json(cfg),
-             "fingerprints": fingerprints}
-    if out is not None and (ckpt := _find_checkpoint(out)) is not None:
-        state = _load_checkpoint(ckpt, model, optimizer, cfg, fingerprints)
     held_windows = None if held is None else eval_windows(held, ctx, cfg.eval_windows)
-    checkpoint_every = cfg.checkpoint_every or cfg.eval_every
 
-    old_threads = torch.get_num_threads()
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
-    t0, start, step = time.perf_counter(), state["step"], state["step"]
-    seconds_before = state["seconds"]
-    bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc="train_lm", dynamic_ncols=True)
+    def loss_fn(batch):
+        x, y = batch
+        logits = model(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
-    def checkpoint():
-        state["seconds"] = seconds_before + time.perf_counter() - t0
-        if out is not None:
-            _save_checkpoint(out, model, optimizer, state, cfg)
+    def project(trainer) -> dict:
+        density = density_schedule(trainer.step, cfg)
+        _project(model, density, cfg.min_per_unit)
+        return {"density": density}
 
-    try:
-        model.train()
-        while step < cfg.steps:
-            lr = lr_schedule(step, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            x, y = batch_windows(train, ctx, cfg.batch, cfg.seed, step)
-            logits = model(x)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"train_lm: loss is {loss.item()} at step {step} (lr {lr:.3g}); the last "
-                                         f"checkpoint{'' if out is None else ' in ' + str(out)} is intact")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            loss = loss.item()
-            step += 1
-            density = density_schedule(step, cfg)
-            _project(model, density, cfg.min_per_unit)
-            state["step"] = step
-            state["history"].append({"step": step, "loss": loss, "density": density, "lr": lr})
-            if held_windows is not None and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                state["evals"].append({"step": step, "heldout_loss": lm_loss(model, held_windows, cfg.batch)})
-            bar.update(1)
-            if step % 10 == 0 or step == cfg.steps:
-                bar.set_postfix(loss=f"{loss:.3f}", density=f"{density:.3g}")
-            stop = (stop_after is not None and step >= stop_after) or \
-                   (budget_s is not None and time.perf_counter() - t0 >= budget_s)
-            if step == cfg.steps or stop or (checkpoint_every and step % checkpoint_every == 0):
-                checkpoint()
-            if stop:
-                break
-        if step == start:                            # nothing ran (already finished, or stop_after <= start)
-            checkpoint()
-    finally:
-        loop_s = time.perf_counter() - t0
-        bar.close()
-        torch.set_num_threads(old_threads)
-        model.eval()
-
-    ran = step - start
+    evals = ()
+    if held_windows is not None and cfg.eval_every:
+        evals = (Eval("evals", lambda t: {"heldout_loss": lm_loss(model, held_windows, cfg.batch)},
+                      every=cfg.eval_every, at={cfg.steps}),)
+    identity = {**{k: getattr(cfg, k) for k in _IDENTITY_FIELDS},
+                "train_tokens": _fingerprint(train), "heldout_tokens": _fingerprint(held)}
+    trainer = Trainer(model, cfg.optim(), lambda step: batch_windows(train, ctx, cfg.batch, cfg.seed, step), loss_fn,
+                      path=None if out is None else out / "train_state", identity=identity,
+                      decay=_is_matrix, post_step=project, evals=evals,
+                      checkpoint_every=cfg.checkpoint_every or cfg.eval_every, threads=cfg.threads,
+                      progress=progress, desc="train_lm")
+    r = trainer.run(stop_after=stop_after, budget_s=budget_s)
+    history, evals_done = r.history_records(), r.metrics.get("evals", [])
     result = {
-        "history": state["history"], "evals": state["evals"],
+        "history": history, "evals": evals_done,
         "train_loss": lm_loss(model, eval_windows(train, ctx, cfg.eval_windows), cfg.batch),
         "heldout_loss": None if held_windows is None else lm_loss(model, held_windows, cfg.batch),
-        "densities": nonzero_fraction(model, matrices_only=True), "density_target": density_schedule(step, cfg),
-        "steps_done": step, "finished": step >= cfg.steps, "seconds": state["seconds"],
-        "seconds_per_step": loop_s / ran if ran else None,
-        "checkpoint": None if out is None else str(out / "checkpoint"),
+        "densities": nonzero_fraction(model, matrices_only=True), "density_target": density_schedule(r.step, cfg),
+        "steps_done": r.step, "finished": r.finished, "seconds": r.seconds, "seconds_per_step": r.seconds_per_step,
+        "checkpoint": None if r.path is None else str(r.path),
     }
     if out is not None:
+        (out / "history.json").write_text(json.dumps({"history": history, "evals": evals_done}))
         (out / "summary.json").write_text(json.dumps({k: v for k, v in result.items() if k not in ("history", "evals")},
                                                      indent=2))
     return result

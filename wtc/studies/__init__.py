@@ -1,1 +1,53 @@
-"""Studies built from wtc's tools (`wtc study NAME`)."""
+"""Studies built from wtc's tools (`wtc study NAME`).
+
+Every study module has the same shape: a config dataclass `CONFIG` (with a `quick()` variant),
+`run(config, out_dir, progress=True) -> summary dict` (writes summary.json, report.md and plots
+under out_dir; a rerun resumes), `HEADLINE` (the summary keys the CLI prints; dotted paths reach
+into nested objects and lists) and `OUTPUTS` (the files written). The registry below is read
+without importing the studies (they load torch).
+"""
+from __future__ import annotations
+
+import importlib
+
+from wtc.errors import StudyError
+
+# name -> (module, one-line description)
+STUDIES = {
+    "markov": ("wtc.studies.markov", "ACE on a 4-state Markov chain, 3 seeds (--quick about 30 s on 2 cores)"),
+    "modadd": ("wtc.studies.modadd", "modular addition p=53: grokking and the core through training, a weight-decay-0 "
+                                     "branch (--quick about 6 min)"),
+    "assign-add": ("wtc.studies.assign_add", "variable binding + addition mod 59: routing, Fourier, sweeps "
+                                             "(--quick about 23 min)"),
+    "sparse-vs-dense": ("wtc.studies.sparse_dense", "weight-sparse vs dense byte LMs on the stdlib: share of weights "
+                                                    "explained by one predicate (--quick about 12 min)"),
+}
+
+
+def names() -> list[str]:
+    return list(STUDIES)
+
+
+def load(name: str):
+    """The study's module."""
+    if name not in STUDIES:
+        raise StudyError(f"unknown study {name!r} (available: {', '.join(STUDIES)})")
+    return importlib.import_module(STUDIES[name][0])
+
+
+def headline(summary: dict, keys) -> list[tuple[str, object]]:
+    """(key, value) for each dotted key of the summary (None where the path does not exist)."""
+    out = []
+    for key in keys:
+        v = summary
+        for part in key.split("."):
+            try:
+                v = v[int(part)] if isinstance(v, list) else v[part]
+            except (KeyError, IndexError, TypeError, ValueError):
+                v = None
+                break
+        out.append((key, v))
+    return out
+
+
+__all__ = ["STUDIES", "headline", "load", "names"]

@@ -10,15 +10,16 @@ addition accuracy and the loss (curve.json). Every `checkpoint_every` steps: wei
 analysis and the twin cosine (checkpoints/step_*/record.json, written last). At the end: the ACE
 core at "=" and the f / r sweeps (short runs with another training fraction or 2-var share).
 
-Resumable: batches are a function of (seed, step), so a rerun continues from the latest complete
-checkpoint (its optimiser state is kept) and reproduces what an uninterrupted run computes; a
+Resumable: batches are a function of (seed, step) and training runs in wtc.models.training.Trainer,
+whose training state (out/train_state: weights, AdamW state, step, curve and records) is written at
+every checkpoint, so a rerun continues from there and reproduces what an uninterrupted run
+computes; each checkpoint also leaves a snapshot of the model for later analysis
+(checkpoints/step_*/: weights and record.json). Sweep points resume the same way under sweeps/. A
 different config in the same directory is refused (`steps` may grow).
 """
 from __future__ import annotations
 
 import json
-import shutil
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -30,9 +31,11 @@ from tqdm.auto import tqdm
 from wtc.errors import StudyError
 from wtc.models import Transformer, TransformerConfig
 from wtc.models import io as model_io
+from wtc.models.training import Eval, TrainConfig, Trainer
 from wtc.studies import assign_add_analysis as an
 from wtc.studies import assign_add_report as report
-from wtc.studies.clock import Clock, study_dir
+from wtc.studies.clock import Clock, check_config, study_dir
+from wtc.threads import torch_threads
 from wtc.tasks.assign_add import ANSWER_POS, SEQ_LEN, TWO_VAR_POOLS, VOCAB, AssignAdd
 
 ANSWER = slice(ANSWER_POS, ANSWER_POS + 1)
@@ -103,6 +106,13 @@ class AssignAddStudy:
         return asdict(self)
 
 
+CONFIG = AssignAddStudy
+# summary keys `wtc study assign-add` prints (dotted: into nested objects)
+HEADLINE = ("steps", "acc_0var_heldout", "acc_2var_union", "l1_prev_token_rate", "l2_value_routing_rate",
+            "routing_jump.t50", "virtual_addition_ready_step", "key_frequencies")
+OUTPUTS = ("summary.json", "report.md", "assign_add.png")
+
+
 def make_model(cfg: AssignAddStudy) -> Transformer:
     return Transformer(TransformerConfig(n_layers=2, d_model=cfg.d_model, n_heads=1, d_head=cfg.d_model,
                                          d_mlp=cfg.d_mlp, d_vocab=VOCAB, n_ctx=SEQ_LEN, act_fn="relu",
@@ -127,30 +137,28 @@ def evaluate(model, pools: dict, grid_tokens) -> dict:
     return out
 
 
-def train(model, cfg: AssignAddStudy, task: AssignAdd, start: int, end: int, opt, pools, grid, on_eval,
-          desc: str, progress: bool) -> None:
-    """Steps start+1..end; on_eval(step, record) at every eval_every (and at `end`)."""
-    loss_sum, n_loss = 0.0, 0
-    model.train()
-    bar = tqdm(range(start + 1, end + 1), disable=not progress, desc=desc, leave=False, mininterval=2)
-    for step in bar:
-        x, y = batch_at(task, cfg.seed, step, cfg.batch)
-        loss = F.cross_entropy(model.logits_at(x, ANSWER)[:, 0], y)
-        if not torch.isfinite(loss):
-            raise StudyError(f"training loss became {loss.item()} at step {step}; lower lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        loss_sum, n_loss = loss_sum + loss.item(), n_loss + 1
-        if step % cfg.eval_every == 0 or step == end:
-            model.eval()
-            rec = {"step": step, "loss": loss_sum / n_loss, **evaluate(model, pools, grid)}
-            model.train()
-            loss_sum, n_loss = 0.0, 0
-            bar.set_postfix({"0var_ho": f"{rec['0var_heldout']:.3f}", "2var_u": f"{rec['2var_union']:.3f}"})
-            on_eval(step, rec)
-    bar.close()
-    model.eval()
+# settings a training state must agree on besides its TrainConfig (lr, weight decay)
+_TRAIN_FIELDS = ("f", "r", "no_right", "no_left", "d_model", "d_mlp", "batch", "seed")
+
+
+def _trainer(model, cfg: AssignAddStudy, task: AssignAdd, steps: int, pools, grid, path: Path, desc: str,
+             progress: bool, eval_every: int | None, curve_at=(), evals: tuple = ()) -> Trainer:
+    """AdamW on cross-entropy at "="; the batch of update `step` is batch_at(step + 1); a "curve"
+    Eval every eval_every steps (and at curve_at and `steps`) records the mean loss since the
+    previous point and evaluate(); `evals` come after it."""
+    def curve_point(t: Trainer) -> dict:
+        curve = t.metrics["curve"]
+        window = t.step - curve[-1]["step"] if curve else len(t.history["loss"])
+        losses = t.history["loss"][len(t.history["loss"]) - window:]
+        return {"loss": sum(losses) / len(losses) if losses else None, **evaluate(model, pools, grid)}
+
+    return Trainer(model, TrainConfig(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay),
+                   lambda step: batch_at(task, cfg.seed, step + 1, cfg.batch),
+                   lambda b: F.cross_entropy(model.logits_at(b[0], ANSWER)[:, 0], b[1]), path=path,
+                   identity={k: getattr(cfg, k) for k in _TRAIN_FIELDS},
+                   evals=(Eval("curve", curve_point, every=eval_every, at=set(curve_at) | {steps},
+                               show=("0var_heldout", "2var_union")),) + tuple(evals),
+                   checkpoint_every=cfg.checkpoint_every, progress=progress, desc=desc, leave=False)
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -160,64 +168,10 @@ def _ckpt(out: Path, step: int) -> Path:
     return out / "checkpoints" / f"step_{step:06d}"
 
 
-def _records(out: Path) -> list[dict]:
-    recs = []
-    for d in sorted((out / "checkpoints").glob("step_*")):
-        f = d / "record.json"
-        if f.exists():
-            try:
-                recs.append(json.loads(f.read_text()))
-            except json.JSONDecodeError as exc:
-                raise StudyError(f"{f}: corrupt checkpoint record ({exc}); delete {d} to recompute it") from None
-    return recs
-
-
-def _save(out: Path, step: int, model, opt, record: dict) -> None:
-    d = _ckpt(out, step)
-    if d.exists():
-        shutil.rmtree(d)
-    model_io.save(model, d, extra={"source": "assign_add", "step": step})
-    torch.save(opt.state_dict(), d / "optim.pt")
-    (d / "record.json").write_text(json.dumps(record))          # last: marks the checkpoint complete
-    for old in (out / "checkpoints").glob("step_*/optim.pt"):    # only the latest resumes
-        if old.parent != d:
-            old.unlink()
-
-
-def _new_optimizer(model, cfg: AssignAddStudy):
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-def _load(out: Path, step: int, cfg: AssignAddStudy):
-    d = _ckpt(out, step)
-    try:
-        model = model_io.load(d).float()
-        opt = _new_optimizer(model, cfg)
-        opt.load_state_dict(torch.load(d / "optim.pt", weights_only=True))
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise StudyError(f"{d}: cannot resume from this checkpoint ({exc}); delete it to recompute") from None
-    return model, opt
-
-
-def _check_config(out: Path, cfg: AssignAddStudy) -> None:
-    f = out / "config.json"
-    mine = cfg.to_dict()
-    if f.exists():
-        try:
-            theirs = json.loads(f.read_text())
-        except json.JSONDecodeError as exc:
-            raise StudyError(f"{f}: corrupt ({exc})") from None
-        free = {"steps", "threads", "sweep_f", "sweep_r", "sweep_steps",   # sweeps are kept per point,
-                "phase_window", "phase_jump",                               # phases are read off the curve,
-                "scan_sequences", "scan_attention_sample"}                  # the scan off the final model
-        diff = sorted(k for k in set(mine) | set(theirs)
-                      if k not in free and json.loads(json.dumps(mine.get(k))) != theirs.get(k))
-        if diff:
-            raise StudyError(f"{out} holds an assign-add study with a different config ({', '.join(diff)}: "
-                             f"{[theirs.get(k) for k in diff]} there, {[mine.get(k) for k in diff]} here); "
-                             "use another --out or delete it")
-    out.mkdir(parents=True, exist_ok=True)
-    f.write_text(json.dumps(mine, indent=2))
+# config fields a rerun may change: sweeps are kept per point, phases are read off the curve, the
+# scan off the final model, and steps extend the run
+_FREE = {"steps", "threads", "sweep_f", "sweep_r", "sweep_steps", "phase_window", "phase_jump", "scan_sequences",
+         "scan_attention_sample"}
 
 
 def _pools(task: AssignAdd, cfg: AssignAddStudy) -> dict:
@@ -256,48 +210,35 @@ def _main_run(out: Path, cfg: AssignAddStudy, progress: bool, clock: Clock) -> t
     task = cfg.task()
     pools = _pools(task, cfg)
     grid = an.zero_var_grid(task)
-    curve_file = out / "curve.json"
-    curve = json.loads(curve_file.read_text()) if curve_file.exists() else []
-    steps_done = [r["step"] for r in _records(out)]
-    resumable = [s for s in steps_done if (_ckpt(out, s) / "optim.pt").exists()]
-    if cfg.steps in steps_done:                                   # finished (or a longer run passed here)
-        start = cfg.steps
-    elif resumable and max(resumable) > cfg.steps:
-        raise StudyError(f"{out} has trained past step {cfg.steps} (to {max(resumable)}) without a checkpoint at "
-                         f"{cfg.steps}; ask for at least {max(resumable)} steps or use another --out")
-    else:
-        start = max(resumable, default=None)
-    if start is None:
-        model = make_model(cfg).eval()
-        opt = _new_optimizer(model, cfg)
-        rec = {"step": 0, "loss": None, **evaluate(model, pools, grid), **checkpoint_analysis(model, pools, grid)}
-        curve = [{k: v for k, v in rec.items() if k not in ("fourier", "twin_cosine")}]
-        _save(out, 0, model, opt, rec)
-        curve_file.write_text(json.dumps(curve))
-        start = 0
-    elif start < cfg.steps:
-        model, opt = _load(out, start, cfg)
-    curve = [c for c in curve if c["step"] <= start]             # points after the checkpoint are redone
+    model = make_model(cfg)                      # its weights come from the training state when resuming
 
-    def on_eval(step, rec):
-        curve.append(rec)
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            full = {**rec, **checkpoint_analysis(model, pools, grid)}
-            _save(out, step, model, opt, full)
-            curve_file.write_text(json.dumps(curve))
-            clock.save()
-            model.train()
-            if progress:
-                tqdm.write(f"assign-add step {step}: 0var held-out {rec['0var_heldout']:.3f}, 2var union "
-                           f"{rec['2var_union']:.3f}, L1 prev-token {rec['l1_prev_token_rate']:.2f}, L2 value "
-                           f"routing {rec['l2_value_routing_rate']:.2f}, virtual addition "
-                           f"{rec['virtual_addition']:.3f}, key frequencies {full['fourier']['key_frequencies']}")
+    def checkpoint(t: Trainer) -> dict:
+        rec = {**t.metrics["curve"][-1], **checkpoint_analysis(model, pools, grid)}    # the curve point of this step
+        d = _ckpt(out, t.step)
+        model_io.save(model, d, extra={"source": "assign_add", "step": t.step})
+        (d / "record.json").write_text(json.dumps(rec))
+        clock.save()
+        if progress:
+            tqdm.write(f"assign-add step {t.step}: 0var held-out {rec['0var_heldout']:.3f}, 2var union "
+                       f"{rec['2var_union']:.3f}, L1 prev-token {rec['l1_prev_token_rate']:.2f}, L2 value "
+                       f"routing {rec['l2_value_routing_rate']:.2f}, virtual addition "
+                       f"{rec['virtual_addition']:.3f}, key frequencies {rec['fourier']['key_frequencies']}")
+        return rec
 
-    if start < cfg.steps:
-        train(model, cfg, task, start, cfg.steps, opt, pools, grid, on_eval, "assign-add", progress)
-    records = [r for r in _records(out) if r["step"] <= cfg.steps]
+    trainer = _trainer(model, cfg, task, cfg.steps, pools, grid, out / "train_state", "assign-add", progress,
+                       cfg.eval_every, curve_at={0},
+                       evals=(Eval("records", checkpoint, every=cfg.checkpoint_every, at={0, cfg.steps}),))
+    trainer.resume()
+    records = [r for r in trainer.metrics["records"] if r["step"] <= cfg.steps]
+    if trainer.step > cfg.steps and records[-1]["step"] != cfg.steps:
+        raise StudyError(f"{out} has trained past step {cfg.steps} (to {trainer.step}) without a checkpoint at "
+                         f"{cfg.steps}; ask for at least {trainer.step} steps or use another --out")
+    trainer.run()
+    records = [r for r in trainer.metrics["records"] if r["step"] <= cfg.steps]
+    curve = [c for c in trainer.metrics["curve"] if c["step"] <= cfg.steps]
+    (out / "curve.json").write_text(json.dumps(curve))
     final = model_io.load(_ckpt(out, cfg.steps)).float()
-    return final, [c for c in curve if c["step"] <= cfg.steps], records
+    return final, curve, records
 
 
 def _sweep_point(out: Path, cfg: AssignAddStudy, f: float, r: float, progress: bool) -> dict:
@@ -311,29 +252,22 @@ def _sweep_point(out: Path, cfg: AssignAddStudy, f: float, r: float, progress: b
     task = cfg.task(f=f, r=r)
     pools = _pools(task, cfg)
     grid = an.zero_var_grid(task)
-    model = make_model(cfg)
-    opt = _new_optimizer(model, cfg)
-    curve = []
-    t0 = time.perf_counter()
-    point = replace(cfg, eval_every=cfg.sweep_steps, checkpoint_every=cfg.sweep_steps, steps=cfg.sweep_steps, f=f, r=r)
-    train(model, point, task, 0, cfg.sweep_steps, opt, pools, grid, lambda s, rec: curve.append(rec),
-          f"sweep f={f:g} r={r:g}", progress)
-    d.mkdir(parents=True, exist_ok=True)
-    rec = {"f": f, "r": r, "steps": cfg.sweep_steps, "seconds": round(time.perf_counter() - t0, 1), **curve[-1]}
+    trainer = _trainer(make_model(cfg), replace(cfg, f=f, r=r), task, cfg.sweep_steps, pools, grid, d / "train_state",
+                       f"sweep f={f:g} r={r:g}", progress, eval_every=None)
+    result = trainer.run()
+    rec = {"f": f, "r": r, "steps": cfg.sweep_steps, "seconds": round(result.seconds, 1), **result.metrics["curve"][-1]}
     res.write_text(json.dumps(rec))
     return rec
 
 
-def run(out_dir, cfg: AssignAddStudy | None = None, progress: bool = True) -> dict:
+def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
     """Train (resumably) and analyse; writes summary.json, report.md and the plots; returns the summary."""
     cfg = cfg or AssignAddStudy()
     if not isinstance(cfg, AssignAddStudy):
         raise StudyError(f"cfg must be an AssignAddStudy, got {type(cfg).__name__}")
     out = study_dir(out_dir, StudyError)
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
-        _check_config(out, cfg)
+    with torch_threads(cfg.threads):
+        check_config(out, cfg.to_dict(), _FREE, "assign-add")
         clock = Clock(out)
         model, curve, records = _main_run(out, cfg, progress, clock)
         train_seconds = clock.total()
@@ -381,8 +315,7 @@ def run(out_dir, cfg: AssignAddStudy | None = None, progress: bool = True) -> di
         report.plot(out, summary, curve)
         report.markdown(out, summary)
         return summary
-    finally:
-        torch.set_num_threads(old_threads)
 
 
-__all__ = ["AssignAddStudy", "StudyError", "run", "make_model", "evaluate", "ace_core", "batch_at"]
+__all__ = ["AssignAddStudy", "CONFIG", "HEADLINE", "OUTPUTS", "StudyError", "run", "make_model", "evaluate", "ace_core",
+           "batch_at"]

@@ -68,8 +68,7 @@ def constant_twin(tokens: np.ndarray) -> np.ndarray:
 
 @torch.no_grad()
 def _cache(model, tokens, names):
-    _, cache = model.run_with_cache(torch.as_tensor(tokens))
-    return {n: cache[n] for n in names}
+    return model.run_with_cache(torch.as_tensor(tokens), names_filter=list(names))[1]
 
 
 @torch.no_grad()

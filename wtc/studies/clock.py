@@ -1,9 +1,12 @@
-"""Study bookkeeping: the output directory, and the wall time spent on it over all (resumed) invocations."""
+"""Study bookkeeping: the output directory, its config.json, and the wall time spent on it over all
+(resumed) invocations."""
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+
+from wtc.errors import StudyError
 
 
 class Clock:
@@ -35,3 +38,22 @@ def study_dir(out_dir, error: type[Exception]) -> Path:
     if out.exists() and not out.is_dir():
         raise error(f"--out {out} exists and is not a directory")
     return out
+
+
+def check_config(out: Path, config: dict, free=(), label: str = "study", error: type[Exception] = StudyError) -> None:
+    """Refuse an out/config.json written by another config (the fields in `free` may differ: they
+    only extend the run or change what is derived from it), then write this one."""
+    f = out / "config.json"
+    mine = json.loads(json.dumps(config))
+    if f.exists():
+        try:
+            theirs = json.loads(f.read_text())
+        except json.JSONDecodeError as exc:
+            raise error(f"{f}: corrupt ({exc})") from None
+        diff = sorted(k for k in set(mine) | set(theirs) if k not in free and mine.get(k) != theirs.get(k))
+        if diff:
+            raise error(f"{out} holds a study ({label}) with a different config ({', '.join(diff)}: "
+                        f"{[theirs.get(k) for k in diff]} there, {[mine.get(k) for k in diff]} here); "
+                        "use another --out or delete it")
+    out.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps(mine, indent=2))

@@ -23,16 +23,17 @@ and the fit's relative residual is recorded, so a memorising network is not scor
 A weight-decay-0 branch forks from the last checkpoint before test accuracy first exceeds
 `fork_below` (same weights and AdamW moments, weight decay set to 0) and trains on.
 
-Everything is resumable: each checkpoint directory holds the weights (safetensors + JSON config),
-its analysis (record.json, written last) and, for the latest and the fork checkpoint, the optimiser
-state (a torch.save state dict, loaded with weights_only=True). A rerun with the same config
-continues from the latest complete checkpoint; a different config in the same directory is refused.
+Everything is resumable. Each branch trains with wtc.models.training.Trainer; its training state
+(checkpoints/<branch>/train_state: weights, AdamW state, step, curve and analysis records) is
+written at every analysed checkpoint, and the fork point's state is kept beside its snapshot.
+Each analysed checkpoint also leaves a snapshot for later analysis: checkpoints/<branch>/epoch_*/
+(the weights, wtc.models.io, and record.json). A rerun with the same config continues from the
+training state (epochs may grow); a different config in the same directory is refused.
 """
 from __future__ import annotations
 
 import json
 import math
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,12 +42,15 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from wtc import checkpoint_io
 from wtc.errors import StudyError
 from wtc.ace import extract_core, patched_accuracy, shift_operator
 from wtc.models import Transformer, TransformerConfig
 from wtc.models import io as model_io
+from wtc.models.training import Eval, TrainConfig, Trainer, read_state
 from wtc.studies import modadd_report
-from wtc.studies.clock import Clock, study_dir
+from wtc.studies.clock import Clock, check_config, study_dir
+from wtc.threads import torch_threads
 
 
 @dataclass
@@ -116,6 +120,14 @@ class ModAddStudy:
         return self.max_shift_rank if self.max_shift_rank is not None else max((self.p - 1) // 2, 1)
 
 
+CONFIG = ModAddStudy
+# summary keys `wtc study modadd` prints (dotted: into nested objects and lists)
+HEADLINE = ("grok_step", "final.step", "final.test_acc", "final.rank", "final.necessary_rank",
+            "final.unit_circle_fraction", "final.n_modes", "final.frequencies", "wd0_branch.fork_step",
+            "wd0_branch.grok_step", "wd0_branch.checkpoints.-1.test_acc", "wd0_branch.checkpoints.-1.rank")
+OUTPUTS = ("summary.json", "report.md", "modadd.png", "modadd_eigenvalues.png")
+
+
 # ---------------------------------------------------------------- data
 
 
@@ -180,23 +192,20 @@ def centred_logits(out: torch.Tensor) -> torch.Tensor:
     return last - last.mean(-1, keepdim=True)
 
 
-def train_epochs(model, opt, x, y, train_idx, cfg: ModAddStudy, start_epoch: int, end_epoch: int, branch: str):
-    """Epochs start_epoch+1 .. end_epoch; epoch e's batches come from a permutation seeded by
-    (seed, e), so a resumed run draws the same batches."""
-    model.train()
-    for e in range(start_epoch + 1, end_epoch + 1):
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + e)
-        order = train_idx[torch.randperm(len(train_idx), generator=gen)]
-        for i in range(0, len(order), cfg.batch):
-            idx = order[i:i + cfg.batch]
-            loss = F.cross_entropy(model(x[idx])[:, -1], y[idx])
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"{branch}: loss became {loss.item()} at epoch {e}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        yield e
-    model.eval()
+def _batches(cfg: ModAddStudy, data: "_Data"):
+    """Update `step`'s batch: epoch e = step // steps_per_epoch + 1 walks a permutation of the
+    training pairs seeded by (seed, e) in slices of `batch`, so a resumed run draws the same batches."""
+    spe, cache = data.steps_per_epoch, {}
+
+    def batch(step: int):
+        e, i = divmod(step, spe)
+        if cache.get("epoch") != e + 1:
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + e + 1)
+            cache.update(epoch=e + 1, order=data.train_idx[torch.randperm(len(data.train_idx), generator=gen)])
+        idx = cache["order"][i * cfg.batch:(i + 1) * cfg.batch]
+        return data.x[idx], data.y[idx]
+
+    return batch
 
 
 @torch.no_grad()
@@ -233,7 +242,7 @@ def analyse(model, cfg: ModAddStudy, x, y, train_idx, test_idx, sample_idx) -> d
     remove_acc = patched_accuracy(model, xs, ys, core, "remove")
     keep_acc = patched_accuracy(model, xs, ys, core, "keep")
     with torch.no_grad():
-        _, cache = model.run_with_cache(xs)
+        _, cache = model.run_with_cache(xs, names_filter=layer)
     r_shift = min(core.rank, cfg.shift_rank_cap)
     rec = {"train_acc": train_acc, "test_acc": test_acc, "train_loss": train_loss, "test_loss": test_loss,
            "rank": core.rank, "necessary_rank": necessary, "sufficient_rank": sufficient, "max_rank": m,
@@ -260,18 +269,8 @@ def _ckpt_dir(out: Path, branch: str, epoch: int) -> Path:
     return out / "checkpoints" / branch / f"epoch_{epoch:06d}"
 
 
-def _records(out: Path, branch: str) -> list[dict]:
-    """Complete checkpoints of a branch (record.json written), by epoch."""
-    root = out / "checkpoints" / branch
-    recs = []
-    for d in sorted(root.glob("epoch_*")) if root.exists() else []:
-        f = d / "record.json"
-        if f.exists():
-            try:
-                recs.append(json.loads(f.read_text()))
-            except json.JSONDecodeError as exc:
-                raise StudyError(f"{f}: corrupt checkpoint record ({exc}); delete {d} to recompute it") from None
-    return recs
+def _state_path(out: Path, branch: str) -> Path:
+    return out / "checkpoints" / branch / "train_state"
 
 
 def _fork_epoch(records: list[dict], fork_below: float) -> int | None:
@@ -284,54 +283,12 @@ def _fork_epoch(records: list[dict], fork_below: float) -> int | None:
     return fork
 
 
-def _save(out: Path, branch: str, epoch: int, step: int, model, opt, record: dict) -> None:
+def _snapshot(out: Path, branch: str, epoch: int, model, record: dict) -> None:
+    """The model at an analysed epoch, for later analysis, with its record (a copy of the one in
+    the branch's training state)."""
     d = _ckpt_dir(out, branch, epoch)
-    if d.exists():
-        shutil.rmtree(d)
-    model_io.save(model, d, extra={"source": "modadd", "branch": branch, "epoch": epoch, "step": step})
-    torch.save(opt.state_dict(), d / "optim.pt")
-    (d / "record.json").write_text(json.dumps(record))     # last: marks the checkpoint complete
-
-
-def _prune_optimiser_states(out: Path, branch: str, keep: set[int]) -> None:
-    for f in (out / "checkpoints" / branch).glob("epoch_*/optim.pt"):
-        if int(f.parent.name.split("_")[1]) not in keep:
-            f.unlink()
-
-
-def _load(out: Path, branch: str, epoch: int, cfg: ModAddStudy, weight_decay: float):
-    d = _ckpt_dir(out, branch, epoch)
-    try:
-        model = model_io.load(d).float()
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=weight_decay)
-        state = torch.load(d / "optim.pt", weights_only=True)
-        opt.load_state_dict(state)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise StudyError(f"{d}: cannot resume from this checkpoint ({exc}); delete it to recompute") from None
-    for g in opt.param_groups:
-        g["weight_decay"] = weight_decay
-    return model, opt
-
-
-def _check_config(out: Path, cfg: ModAddStudy) -> None:
-    f = out / "config.json"
-    mine = asdict(cfg)
-    mine.pop("threads")
-    if f.exists():
-        try:
-            theirs = json.loads(f.read_text())
-        except json.JSONDecodeError as exc:
-            raise StudyError(f"{f}: corrupt ({exc})") from None
-        theirs.pop("threads", None)
-        # epochs / wd0_epochs may grow (continue training); everything else must match
-        diff = sorted(k for k in set(mine) | set(theirs)
-                      if k not in ("epochs", "wd0_epochs") and mine.get(k) != theirs.get(k))
-        if diff:
-            raise StudyError(f"{out} holds a modadd study with a different config ({', '.join(diff)}: "
-                             f"{[theirs.get(k) for k in diff]} there, {[mine.get(k) for k in diff]} here); "
-                             "use another --out or delete it")
-    out.mkdir(parents=True, exist_ok=True)
-    f.write_text(json.dumps(asdict(cfg), indent=2))
+    model_io.save(model, d, extra={"source": "modadd", "branch": branch, "epoch": epoch, "step": record["step"]})
+    (d / "record.json").write_text(json.dumps(record))
 
 
 def _schedule(cfg: ModAddStudy, total: int, start: int = 0) -> list[int]:
@@ -344,125 +301,135 @@ def _schedule(cfg: ModAddStudy, total: int, start: int = 0) -> list[int]:
 
 # ---------------------------------------------------------------- the study
 
+# settings a branch's training state must agree on (lr and weight decay are in its TrainConfig)
+_TRAIN_FIELDS = ("p", "train_frac", "n_layers", "d_model", "n_heads", "d_mlp", "batch", "seed")
 
-def _run_branch(out, cfg, branch, start_epoch, end_epoch, x, y, train_idx, test_idx, sample_idx,
-                steps_per_epoch, curves, progress, clock, keep_optim=frozenset()):
-    """Train a branch from its latest complete checkpoint in [start_epoch, end_epoch] (the branch
-    starts with one at start_epoch) to end_epoch, analysing and saving on the schedule."""
+
+@dataclass
+class _Data:
+    x: torch.Tensor
+    y: torch.Tensor
+    train_idx: torch.Tensor
+    test_idx: torch.Tensor
+    sample_idx: torch.Tensor
+    steps_per_epoch: int
+
+
+def _branch(out: Path, cfg: ModAddStudy, branch: str, start_epoch: int, end_epoch: int, data: _Data,
+            progress: bool, clock: Clock, fork_record: dict | None = None) -> Trainer:
+    """Train a branch (main: from scratch, analysed at epoch 0; wd0: forked from main's state at
+    start_epoch, weight decay 0) to end_epoch, resuming from its training state; curve points and
+    analysed checkpoints (snapshots) on the schedule. Returns the trainer (metrics: curve, records)."""
+    spe = data.steps_per_epoch
     sched = _schedule(cfg, end_epoch - start_epoch, start_epoch)
-    done = {r["epoch"] for r in _records(out, branch)}
-    resume_from = max((e for e in done if start_epoch <= e <= end_epoch), default=None)
-    if resume_from is None:
-        raise StudyError(f"{out}/checkpoints/{branch}: no checkpoint at epoch {start_epoch} to start from")
-    if resume_from == end_epoch:                      # done already (or a longer run's prefix)
-        return
-    curve = curves[branch]
-    curve[:] = [c for c in curve if c["epoch"] <= resume_from]   # points past the last checkpoint are redone
-    model, opt = _load(out, branch, resume_from, cfg, cfg.weight_decay if branch == "main" else 0.0)
-    todo = [e for e in sched if e > resume_from]
-    bar = tqdm(total=end_epoch - resume_from, disable=not progress, desc=f"modadd {branch}", leave=False)
-    for e in train_epochs(model, opt, x, y, train_idx, cfg, resume_from, end_epoch, branch):
-        bar.update(1)
-        if e % cfg.curve_every == 0 or e in todo or e - start_epoch in (1, 2, 5):
-            tr, _ = accuracy(model, x, y, train_idx)
-            te, _ = accuracy(model, x, y, test_idx)
-            curve.append({"epoch": e, "step": e * steps_per_epoch, "train_acc": tr, "test_acc": te})
-            bar.set_postfix(train=f"{tr:.3f}", test=f"{te:.3f}")
-            model.train()
-        if e in todo:
-            rec = {"branch": branch, "epoch": e, "step": e * steps_per_epoch,
-                   **analyse(model, cfg, x, y, train_idx, test_idx, sample_idx)}
-            model.train()
-            _save(out, branch, e, e * steps_per_epoch, model, opt, rec)
-            keep = {e} | set(keep_optim)
-            if branch == "main":
-                f = _fork_epoch(_records(out, "main"), cfg.fork_below)
-                if f is not None:
-                    keep.add(f)
-            _prune_optimiser_states(out, branch, keep)
-            (out / "curve.json").write_text(json.dumps(curves))
-            clock.save()
-            if progress:
-                tqdm.write(f"modadd {branch} epoch {e} (step {rec['step']}): train {rec['train_acc']:.3f} "
-                           f"test {rec['test_acc']:.3f} rank {rec['rank']} (necessary {rec['necessary_rank']}) "
-                           f"unit circle {modadd_report.fmt(rec['unit_circle_fraction'])} modes {rec['n_modes']}")
-    bar.close()
+    curve_epochs = [e for e in range(start_epoch + 1, end_epoch + 1)
+                    if e % cfg.curve_every == 0 or e in sched or e - start_epoch in (1, 2, 5)]
+    model = make_model(cfg)                              # its weights come from the state when resuming / forking
+
+    def curve_point(t: Trainer) -> dict:
+        tr, _ = accuracy(model, data.x, data.y, data.train_idx)
+        te, _ = accuracy(model, data.x, data.y, data.test_idx)
+        return {"epoch": t.step // spe, "train_acc": tr, "test_acc": te}
+
+    def checkpoint(t: Trainer) -> dict:
+        e = t.step // spe
+        rec = {"branch": branch, "epoch": e, "step": t.step,
+               **analyse(model, cfg, data.x, data.y, data.train_idx, data.test_idx, data.sample_idx)}
+        _snapshot(out, branch, e, model, rec)
+        if branch == "main" and _fork_epoch(t.metrics["records"] + [rec], cfg.fork_below) == e:
+            t.save(_ckpt_dir(out, branch, e) / "train_state")         # the fork point so far: keep its state
+            for old in (out / "checkpoints" / branch).glob("epoch_*/train_state.*"):
+                if old.parent.name != f"epoch_{e:06d}":
+                    old.unlink()
+        clock.save()
+        if progress:
+            tqdm.write(f"modadd {branch} epoch {e} (step {t.step}): train {rec['train_acc']:.3f} "
+                       f"test {rec['test_acc']:.3f} rank {rec['rank']} (necessary {rec['necessary_rank']}) "
+                       f"unit circle {modadd_report.fmt(rec['unit_circle_fraction'])} modes {rec['n_modes']}")
+        return rec
+
+    at = {e * spe for e in sched}
+    trainer = Trainer(
+        model, TrainConfig(steps=end_epoch * spe, lr=cfg.lr, weight_decay=cfg.weight_decay if branch == "main" else 0.0),
+        _batches(cfg, data), lambda b: F.cross_entropy(model(b[0])[:, -1], b[1]), path=_state_path(out, branch),
+        identity={**{k: getattr(cfg, k) for k in _TRAIN_FIELDS}, "fork_epoch": None if branch == "main" else start_epoch},
+        evals=(Eval("curve", curve_point, at={e * spe for e in curve_epochs}, show=("train_acc", "test_acc")),
+               Eval("records", checkpoint, at=at | ({0} if branch == "main" else set()))),
+        checkpoint_at=at, progress=progress, desc=f"modadd {branch}", leave=False)
+    if not trainer.resume() and branch == "wd0":
+        src = _ckpt_dir(out, "main", start_epoch) / "train_state"
+        if not checkpoint_io.exists(src):
+            raise StudyError(f"{src}: the fork checkpoint lost its training state; delete {out} to rerun")
+        trainer.fork_from(src)
+        trainer.metrics["records"] = [{**fork_record, "branch": "wd0"}]
+        _snapshot(out, "wd0", start_epoch, trainer.model, trainer.metrics["records"][0])
+    if trainer.step > end_epoch * spe and not any(r["epoch"] == end_epoch for r in trainer.metrics["records"]):
+        raise StudyError(f"{out}/checkpoints/{branch} has trained past epoch {end_epoch} (to "
+                         f"{trainer.step // spe}) without a checkpoint there; ask for more epochs or use another --out")
+    trainer.run()
+    return trainer
 
 
-def run(out_dir, cfg: ModAddStudy | None = None, progress: bool = True) -> dict:
+def run(cfg: ModAddStudy | None, out_dir, progress: bool = True) -> dict:
     """Train (resumably), analyse every checkpoint, fork the weight-decay-0 branch, write
-    summary.json and modadd.png; returns the summary."""
+    summary.json, report.md, modadd.png and modadd_eigenvalues.png; returns the summary."""
     cfg = cfg or ModAddStudy()
     if not isinstance(cfg, ModAddStudy):
         raise StudyError(f"cfg must be a ModAddStudy, got {type(cfg).__name__}")
     out = study_dir(out_dir, StudyError)
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
-        _check_config(out, cfg)
-        clock = Clock(out)
-        x, y = all_pairs(cfg.p)
-        train_idx, test_idx = split(cfg.p, cfg.train_frac, cfg.seed)
-        n = cfg.p ** 2
-        sample_idx = (torch.arange(n) if cfg.analysis_samples is None else
-                      torch.from_numpy(np.sort(np.random.default_rng(cfg.seed + 1).choice(n, cfg.analysis_samples,
-                                                                                          replace=False))))
-        steps_per_epoch = math.ceil(len(train_idx) / cfg.batch)
-        curve_file = out / "curve.json"
-        curves = json.loads(curve_file.read_text()) if curve_file.exists() else {"main": [], "wd0": []}
+    with torch_threads(cfg.threads):
+        return _study(cfg, out, progress)
 
-        if not any(r["epoch"] == 0 for r in _records(out, "main")):
-            model = make_model(cfg).eval()
-            opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-            _save(out, "main", 0, 0, model, opt, {"branch": "main", "epoch": 0, "step": 0,
-                                                  **analyse(model, cfg, x, y, train_idx, test_idx, sample_idx)})
-        _run_branch(out, cfg, "main", 0, cfg.epochs, x, y, train_idx, test_idx, sample_idx,
-                    steps_per_epoch, curves, progress, clock)
-        curve_file.write_text(json.dumps(curves))
-        main_recs = [r for r in _records(out, "main") if r["epoch"] <= cfg.epochs]
 
-        fork = _fork_epoch(main_recs, cfg.fork_below)
-        wd0 = {"fork_epoch": fork, "fork_step": None if fork is None else fork * steps_per_epoch,
-               "weight_decay": 0.0, "checkpoints": []}
-        if fork is not None and cfg.wd0_epochs > 0:
-            branch_recs = _records(out, "wd0")
-            if branch_recs and branch_recs[0]["epoch"] != fork:
-                raise StudyError(f"{out}/checkpoints/wd0 was forked at epoch {branch_recs[0]['epoch']}, the main "
-                                 f"branch now forks at {fork}; delete that directory to rerun the branch")
-            if not branch_recs:
-                src = _ckpt_dir(out, "main", fork)
-                dst = _ckpt_dir(out, "wd0", fork)
-                if not (src / "optim.pt").exists():
-                    raise StudyError(f"{src}: the fork checkpoint lost its optimiser state; delete {out} to rerun")
-                shutil.copytree(src, dst)
-                rec = json.loads((dst / "record.json").read_text())
-                (dst / "record.json").write_text(json.dumps({**rec, "branch": "wd0"}))
-            _run_branch(out, cfg, "wd0", fork, fork + cfg.wd0_epochs, x, y, train_idx, test_idx,
-                        sample_idx, steps_per_epoch, curves, progress, clock, keep_optim={fork})
-            curve_file.write_text(json.dumps(curves))
-            wd0["checkpoints"] = [_public(r) for r in _records(out, "wd0") if fork <= r["epoch"] <= fork + cfg.wd0_epochs]
-        elif fork is None:
-            wd0["note"] = f"no checkpoint before test accuracy exceeded {cfg.fork_below}: no fork point"
+def _study(cfg: ModAddStudy, out: Path, progress: bool) -> dict:
+    check_config(out, asdict(cfg), ("epochs", "wd0_epochs", "threads"), "modadd")   # epochs may grow
+    clock = Clock(out)
+    x, y = all_pairs(cfg.p)
+    train_idx, test_idx = split(cfg.p, cfg.train_frac, cfg.seed)
+    n = cfg.p ** 2
+    sample_idx = (torch.arange(n) if cfg.analysis_samples is None else
+                  torch.from_numpy(np.sort(np.random.default_rng(cfg.seed + 1).choice(n, cfg.analysis_samples,
+                                                                                      replace=False))))
+    steps_per_epoch = math.ceil(len(train_idx) / cfg.batch)
+    data = _Data(x, y, train_idx, test_idx, sample_idx, steps_per_epoch)
 
-        checkpoints = [_public(r) for r in main_recs]
-        grok = next((c for c in checkpoints if c["test_acc"] >= 0.99), None)
-        wd0_grok = next((c for c in wd0["checkpoints"] if c["test_acc"] >= 0.99), None)
-        wd0["grok_step"] = wd0_grok["step"] if wd0_grok else None
-        summary = {"config": asdict(cfg), "layer": layer_name(cfg), "readout": "centred logits, last position",
-                   "equals_token": False, "n_train": len(train_idx), "n_test": len(test_idx),
-                   "steps_per_epoch": steps_per_epoch, "unit_circle_tolerance": math.sin(math.pi / cfg.p),
-                   "grok_step": grok["step"] if grok else None, "grok_epoch": grok["epoch"] if grok else None,
-                   "checkpoints": checkpoints, "wd0_branch": wd0,
-                   "final": checkpoints[-1] if checkpoints else None,
-                   "seconds": round(clock.total(), 1), "seconds_this_run": round(clock.now(), 1)}
-        clock.save()
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        ends = {"main": cfg.epochs, "wd0": (fork or 0) + cfg.wd0_epochs}
-        modadd_report.plot(out, summary, {b: [c for c in curves.get(b, []) if c["epoch"] <= ends[b]] for b in ends})
-        modadd_report.markdown(out, summary)
-        return summary
-    finally:
-        torch.set_num_threads(old_threads)
+    main = _branch(out, cfg, "main", 0, cfg.epochs, data, progress, clock)
+    main_recs = [r for r in main.metrics["records"] if r["epoch"] <= cfg.epochs]
+    curves = {"main": [c for c in main.metrics["curve"] if c["epoch"] <= cfg.epochs], "wd0": []}
+
+    fork = _fork_epoch(main_recs, cfg.fork_below)
+    wd0 = {"fork_epoch": fork, "fork_step": None if fork is None else fork * steps_per_epoch,
+           "weight_decay": 0.0, "checkpoints": []}
+    if fork is not None and cfg.wd0_epochs > 0:
+        state = _state_path(out, "wd0")
+        if checkpoint_io.exists(state) and (was := read_state(state).identity.get("fork_epoch")) != fork:
+            raise StudyError(f"{out}/checkpoints/wd0 was forked at epoch {was}, the main branch now forks at "
+                             f"{fork}; delete that directory to rerun the branch")
+        end = fork + cfg.wd0_epochs
+        branch = _branch(out, cfg, "wd0", fork, end, data, progress, clock,
+                         fork_record=next(r for r in main_recs if r["epoch"] == fork))
+        wd0["checkpoints"] = [_public(r) for r in branch.metrics["records"] if fork <= r["epoch"] <= end]
+        curves["wd0"] = [c for c in branch.metrics["curve"] if c["epoch"] <= end]
+    elif fork is None:
+        wd0["note"] = f"no checkpoint before test accuracy exceeded {cfg.fork_below}: no fork point"
+    (out / "curve.json").write_text(json.dumps(curves))
+
+    checkpoints = [_public(r) for r in main_recs]
+    grok = next((c for c in checkpoints if c["test_acc"] >= 0.99), None)
+    wd0_grok = next((c for c in wd0["checkpoints"] if c["test_acc"] >= 0.99), None)
+    wd0["grok_step"] = wd0_grok["step"] if wd0_grok else None
+    summary = {"config": asdict(cfg), "layer": layer_name(cfg), "readout": "centred logits, last position",
+               "equals_token": False, "n_train": len(train_idx), "n_test": len(test_idx),
+               "steps_per_epoch": steps_per_epoch, "unit_circle_tolerance": math.sin(math.pi / cfg.p),
+               "grok_step": grok["step"] if grok else None, "grok_epoch": grok["epoch"] if grok else None,
+               "checkpoints": checkpoints, "wd0_branch": wd0,
+               "final": checkpoints[-1] if checkpoints else None,
+               "seconds": round(clock.total(), 1), "seconds_this_run": round(clock.now(), 1)}
+    clock.save()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    modadd_report.plot(out, summary, curves)
+    modadd_report.markdown(out, summary)
+    return summary
 
 
 PUBLIC = ("epoch", "step", "train_acc", "test_acc", "train_loss", "test_loss", "rank", "necessary_rank",

@@ -1,4 +1,4 @@
-"""Reporting for the modular-addition study (wtc.studies.modadd): summary.md and the plots."""
+"""Reporting for the modular-addition study (wtc.studies.modadd): report.md and the plots."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 def markdown(out: Path, s: dict) -> None:
-    """summary.md: one row per checkpoint of both branches."""
+    """report.md: one row per checkpoint of both branches."""
     lines = [f"# modadd study (p = {s['config']['p']})", "",
              (f"grok step: {s['grok_step']} (epoch {s['grok_epoch']}); wd0 branch forked at step "
               f"{s['wd0_branch']['fork_step']}, grok step {s['wd0_branch']['grok_step']}; {s['seconds']} s"), "",
@@ -17,7 +17,8 @@ def markdown(out: Path, s: dict) -> None:
             lines.append(f"| {name} | {c['step']} | {c['train_acc']:.3f} | {c['test_acc']:.3f} | {c['rank']} | "
                          f"{c['necessary_rank']} | {fmt(c['unit_circle_fraction'])} | {c['n_modes']} | "
                          f"{c['frequencies']} |")
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    lines += ["", "![accuracy, core rank, modes](modadd.png)", "", "![shift-operator eigenvalues](modadd_eigenvalues.png)"]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
 
 
 def plot(out: Path, s: dict, curves: dict) -> None:

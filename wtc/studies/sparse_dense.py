@@ -13,7 +13,6 @@ resumable: training from its checkpoints, explanations from their summary.json.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from wtc.explain import report as explain_report
 from wtc.models.sparse import SparseTrainConfig, lm_config, nonzero_fraction, train_lm
 from wtc.models import Transformer
 from wtc.models import io as model_io
-from wtc.studies.clock import study_dir
+from wtc.studies.clock import Clock, study_dir
 from wtc.explain.corpus import build_corpus
 
 
@@ -60,19 +59,29 @@ class SparseDenseStudy:
             raise StudyError(f"SparseDenseStudy.d_model must be a multiple of 32 (heads of 32), got {self.d_model}")
 
 
+CONFIG = SparseDenseStudy
+# summary keys `wtc study sparse-vs-dense` prints (dotted: into the dense / sparse objects)
+HEADLINE = tuple(f"{kind}.{key}" for kind in ("dense", "sparse")
+                 for key in ("density", "heldout_loss", "weights_scored", "interpretable_fraction", "robust_fraction",
+                             "reliability"))
+OUTPUTS = ("summary.json", "report.md", "sparse_vs_dense.png")
+
+
 def _model(cfg: SparseDenseStudy, sparse: bool) -> Transformer:
     shape = lm_config(abstopk=cfg.abstopk if sparse else None, n_layers=cfg.n_layers, d_model=cfg.d_model,
                       n_heads=cfg.d_model // 32, d_head=32, d_mlp=4 * cfg.d_model, n_ctx=cfg.ctx)
     return Transformer(shape, seed=cfg.seed)
 
 
-def run(out_dir, cfg: SparseDenseStudy | None = None, progress: bool = True) -> dict:
+def run(cfg: SparseDenseStudy | None, out_dir, progress: bool = True) -> dict:
+    """Train both models (resumably, cfg.threads torch threads), explain both; writes summary.json,
+    report.md and sparse_vs_dense.png; returns the summary."""
     cfg = cfg or SparseDenseStudy()
     if not isinstance(cfg, SparseDenseStudy):
         raise StudyError(f"cfg must be a SparseDenseStudy, got {type(cfg).__name__}")
     out = study_dir(out_dir, StudyError)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    clock = Clock(out)
     corpus = build_corpus(max_bytes=cfg.max_bytes, seed=cfg.seed)
     corpus.save_manifest(out / "corpus_manifest.json")
     train_tokens, held = corpus.tokens("train"), corpus.tokens("heldout")
@@ -100,7 +109,8 @@ def run(out_dir, cfg: SparseDenseStudy | None = None, progress: bool = True) -> 
     summary = {"config": asdict(cfg), "corpus": {"sha256": corpus.manifest()["sha256"], "files": len(corpus.files),
                                                  "train_bytes": corpus.n_bytes("train"),
                                                  "heldout_bytes": corpus.n_bytes("heldout")},
-               **result, "seconds": round(time.perf_counter() - t0, 1)}
+               **result, "seconds": round(clock.total(), 1)}
+    clock.save()
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(out, summary)
     (out / "report.md").write_text(markdown(summary))
@@ -149,4 +159,4 @@ def markdown(s: dict) -> str:
                                "![sparse vs dense](sparse_vs_dense.png)"]) + "\n"
 
 
-__all__ = ["SparseDenseStudy", "StudyError", "run"]
+__all__ = ["CONFIG", "HEADLINE", "OUTPUTS", "SparseDenseStudy", "StudyError", "run"]

@@ -1,0 +1,72 @@
+"""A checkpoint file pair: <path>.safetensors for tensors, <path>.json for everything else.
+Nothing is unpickled. Used by the DT's checkpoints (wtc.dt.checkpoint) and the training state of
+token transformers (wtc.models.training).
+
+Both files carry the same random pair id (safetensors metadata, JSON key "_pair"), so a torn pair
+is recognised: a kill between the two renames of write_atomic leaves the new tensors beside the old
+JSON, and the new JSON is then still complete under <path>.json.tmp, so read() finishes the commit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from wtc.errors import CheckpointError
+
+_PAIR = "_pair"
+
+
+def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Write <path>.safetensors and <path>.json so that a crash never leaves a half-written pair."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pair = uuid.uuid4().hex
+    tmp_t, tmp_j = path.with_suffix(".safetensors.tmp"), path.with_suffix(".json.tmp")
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp_t), metadata={_PAIR: pair})
+    tmp_j.write_text(json.dumps({**meta, _PAIR: pair}, indent=1))
+    os.replace(tmp_t, path.with_suffix(".safetensors"))
+    os.replace(tmp_j, path.with_suffix(".json"))
+
+
+def exists(path: Path) -> bool:
+    """Whether a pair (possibly one whose commit read() will finish) is at path."""
+    path = Path(path)
+    return path.with_suffix(".safetensors").is_file() and (
+        path.with_suffix(".json").is_file() or path.with_suffix(".json.tmp").is_file())
+
+
+def _json(f: Path) -> dict:
+    try:
+        return json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"corrupt checkpoint metadata {f}: {exc}") from exc
+
+
+def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    path = Path(path)
+    tfile, jfile = path.with_suffix(".safetensors"), path.with_suffix(".json")
+    for f in (tfile, jfile):
+        if not f.is_file() and not (f == jfile and path.with_suffix(".json.tmp").is_file()):
+            raise CheckpointError(f"checkpoint file missing: {f}")
+    try:
+        with safe_open(str(tfile), framework="pt") as f:
+            pair = (f.metadata() or {}).get(_PAIR)
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"corrupt checkpoint tensors {tfile}: {exc}") from exc
+    meta = _json(jfile) if jfile.is_file() else {}
+    if pair is not None and meta.get(_PAIR) != pair:
+        pending = path.with_suffix(".json.tmp")
+        if pending.is_file() and _json(pending).get(_PAIR) == pair:      # killed between the renames
+            os.replace(pending, jfile)
+            meta = _json(jfile)
+        else:
+            raise CheckpointError(f"checkpoint {tfile} and {jfile} are from different saves; delete them")
+    meta.pop(_PAIR, None)
+    return tensors, meta
