@@ -182,3 +182,52 @@ def test_validate_refuses_labels_that_do_not_fit():
     with pytest.raises(AceError, match="no label is scored"):
         validate(core, model, tokens, -torch.ones(16, dtype=torch.long), readout=ro)
     assert 0 <= validate(core, model, tokens, torch.zeros(16, dtype=torch.long), readout=ro)["baseline_acc"] <= 1
+
+
+# ---------------------------------------------------------------------- checkpoints
+def _frozen_dt():
+    from wtc.dt.model import DiscreteTransformer
+    model = DiscreteTransformer(DTConfig(replicas=1), seq_len=5)
+    model.freeze()
+    return model.eval()
+
+
+def test_a_flipped_bit_in_a_checkpoint_is_refused(tmp_path):
+    from wtc.dt import checkpoint
+    from wtc.errors import CheckpointError
+    checkpoint.save(_frozen_dt(), tmp_path / "m")
+    f = tmp_path / "m" / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0x10                                   # one bit of the last tensor's data
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="sha256"):
+        checkpoint.load(tmp_path / "m")
+
+
+def test_corrupt_structure_indices_are_refused(tmp_path):
+    from wtc.checkpoint_io import write_atomic
+    from wtc.dt import checkpoint
+    from wtc.errors import CheckpointError
+    model = _frozen_dt()
+    for bad in (10**6, -5):
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        key = next(k for k in state if k.endswith("frozen_index"))
+        state[key][0, 0] = bad
+        write_atomic(tmp_path / "m" / "model", state, checkpoint.model_meta(model))   # digests match: a
+        with pytest.raises(CheckpointError, match="frozen selection index"):          # structural check
+            checkpoint.load(tmp_path / "m")
+
+
+def test_transformer_checkpoint_digests(tmp_path):
+    import torch
+    from wtc.errors import CheckpointError
+    from wtc.models import Transformer, TransformerConfig
+    from wtc.models.io import load, save
+    d = save(Transformer(TransformerConfig(n_layers=1, d_model=8, n_heads=2, d_head=4, d_vocab=5, n_ctx=4)), tmp_path / "t")
+    f = d / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-2] ^= 0x01
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="sha256"):
+        load(d)
+    assert torch.is_tensor(next(iter(Transformer(TransformerConfig()).state_dict().values())))

@@ -5,9 +5,14 @@ token transformers (wtc.models.training).
 Both files carry the same random pair id (safetensors metadata, JSON key "_pair"), so a torn pair
 is recognised: a kill between the two renames of write_atomic leaves the new tensors beside the old
 JSON, and the new JSON is then still complete under <path>.json.tmp, so read() finishes the commit.
+
+Integrity: the JSON holds a sha256 digest of every tensor (key "_sha256"), checked on read, so one
+flipped bit in a weight is a CheckpointError naming the tensor, not a silently different model.
+Pairs written before digests existed are read without the check.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
@@ -20,6 +25,33 @@ from safetensors.torch import save_file
 from wtc.errors import CheckpointError
 
 _PAIR = "_pair"
+_DIGESTS = "_sha256"
+
+
+def digest(t: torch.Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and bytes (what a reader gets back)."""
+    t = t.detach().contiguous().cpu()
+    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def digests(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    return {k: digest(v) for k, v in tensors.items()}
+
+
+def check_digests(tensors: dict[str, torch.Tensor], expected: dict[str, str] | None, where) -> None:
+    """CheckpointError naming the first tensor whose bytes, dtype or shape differ from the digest."""
+    if expected is None:
+        return
+    missing, extra = set(expected) - set(tensors), set(tensors) - set(expected)
+    if missing or extra:
+        raise CheckpointError(f"{where}: tensors {sorted(missing)[:5]} missing / {sorted(extra)[:5]} unexpected "
+                              f"against the recorded digests")
+    for k in sorted(tensors):
+        if digest(tensors[k]) != expected[k]:
+            raise CheckpointError(f"{where}: tensor {k!r} does not match its recorded sha256 (the file was "
+                                  f"changed or corrupted after it was written)")
 
 
 def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
@@ -28,8 +60,9 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> No
     path.parent.mkdir(parents=True, exist_ok=True)
     pair = uuid.uuid4().hex
     tmp_t, tmp_j = path.with_suffix(".safetensors.tmp"), path.with_suffix(".json.tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp_t), metadata={_PAIR: pair})
-    tmp_j.write_text(json.dumps({**meta, _PAIR: pair}, indent=1))
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    save_file(tensors, str(tmp_t), metadata={_PAIR: pair})
+    tmp_j.write_text(json.dumps({**meta, _PAIR: pair, _DIGESTS: digests(tensors)}, indent=1))
     os.replace(tmp_t, path.with_suffix(".safetensors"))
     os.replace(tmp_j, path.with_suffix(".json"))
 
@@ -69,4 +102,5 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         else:
             raise CheckpointError(f"checkpoint {tfile} and {jfile} are from different saves; delete them")
     meta.pop(_PAIR, None)
+    check_digests(tensors, meta.pop(_DIGESTS, None), tfile)
     return tensors, meta

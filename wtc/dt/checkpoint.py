@@ -38,10 +38,29 @@ def build_model(meta: dict, tensors: dict[str, torch.Tensor], prefix: str = ""):
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise CheckpointError(f"checkpoint tensors do not match the model: {exc}") from exc
+    _check_structure(model)
     if bool(model.frozen):
         for sel in model.selectors():
             sel.logits.requires_grad_(False)
     return model
+
+
+def _check_structure(model) -> None:
+    """The discrete structure must be one the model can run: every frozen choice an allowed
+    variable of its slot (a corrupt index would crash later in predict, or read another variable).
+    (A training population may hold a diverged replica, so finiteness is checked in load() only.)"""
+    for sel in model.selectors():
+        idx, mask = sel.frozen_index, sel.mask                        # (R, S), (S, V)
+        frozen = idx >= 0
+        if bool((idx < -1).any()) or bool((idx >= mask.shape[1]).any()):
+            raise CheckpointError(f"frozen selection index out of range [0, {mask.shape[1]}) in "
+                                  f"{sel.slot_names[0].rsplit('.', 1)[0]}: {idx.tolist()}")
+        if bool(model.frozen) and not bool(frozen.all()):
+            raise CheckpointError("checkpoint says the model is frozen, but some selections are not")
+        slots = torch.arange(idx.shape[1]).expand_as(idx)
+        allowed = mask[slots[frozen], idx[frozen]]
+        if not bool(allowed.all()):
+            raise CheckpointError("a frozen selection reads a variable its slot may not read (corrupt checkpoint)")
 
 
 def save(model, directory, extra: dict | None = None) -> Path:
@@ -61,5 +80,8 @@ def load(directory):
         raise CheckpointError(f"no checkpoint directory at {directory}")
     tensors, meta = read(directory / "model")
     model = build_model(meta, tensors)
+    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise CheckpointError(f"{directory}: the model's tensors hold NaN/inf: {bad[:5]}")
     model.extra = meta.get("extra", {})
     return model.eval()

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from wtc.checkpoint_io import check_digests, digests
 from wtc.errors import CheckpointError, CheckpointNotFound, ScanError
 from wtc.models.transformer import Transformer, TransformerConfig
 from wtc.scan.inputs import as_tokens
@@ -18,8 +19,10 @@ def save(model: Transformer, directory, extra: dict | None = None) -> Path:
     """directory/model.safetensors + directory/config.json (TransformerConfig and `extra`)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"))
-    meta = {"kind": "wtc.models.Transformer", "config": dataclasses.asdict(model.cfg), "extra": extra or {}}
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(d / "model.safetensors"))
+    meta = {"kind": "wtc.models.Transformer", "config": dataclasses.asdict(model.cfg), "extra": extra or {},
+            "sha256": digests(state)}
     (d / "config.json").write_text(json.dumps(meta, indent=2))
     return d
 
@@ -44,6 +47,7 @@ def load(directory) -> Transformer:
         state = load_file(str(d / "model.safetensors"))
     except Exception as exc:   # safetensors raises its own SafetensorError for truncated / corrupt files
         raise CheckpointError(f"{d}/model.safetensors cannot be read: {exc}") from None
+    check_digests(state, meta.get("sha256"), d / "model.safetensors")   # older checkpoints have none
     floats = [v.dtype for v in state.values() if v.is_floating_point()]
     if not floats:
         raise CheckpointError(f"{d}/model.safetensors holds no floating-point tensors")
