@@ -51,6 +51,8 @@ CASES = {
     "dict tokens": (["scan", "{d}/model", "--tokens", "{d}/dict.pt", "--out", "{d}/o8"], "token ids"),
     "mass 2": (["scan", "{d}/model", "--tokens", "{d}/tokens.npy", "--mass", "2", "--out", "{d}/o9"], "mass"),
     "unknown study": (["study", "nonsense"], "nonsense"),
+    "lm-train heads 0": (["lm-train", "--heads", "0", "--out", "{d}/lm"], "positive"),
+    "lm-train d_model 0": (["lm-train", "--d-model", "0", "--out", "{d}/lm"], "positive"),
 }
 
 

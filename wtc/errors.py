@@ -65,3 +65,7 @@ class CheckpointNotFound(CheckpointError, FileNotFoundError):
 
 class AceError(WtcError, ValueError):
     """Core extraction or validation was given a layer, inputs, labels or options it cannot use."""
+
+
+class ModelConfigError(WtcError, ValueError):
+    """A token transformer's configuration is out of range; the message names the field."""

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wtc.errors import ModelConfigError
 from wtc.hooks import Hooked, HookPoint
 
 
@@ -47,26 +48,26 @@ class TransformerConfig:
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_vocab", "n_ctx"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"TransformerConfig.{name} must be a positive int, got {v!r}")
+                raise ModelConfigError(f"TransformerConfig.{name} must be a positive int, got {v!r}")
         if self.d_mlp is not None and (not isinstance(self.d_mlp, int) or self.d_mlp <= 0):
-            raise ValueError(f"TransformerConfig.d_mlp must be None or a positive int, got {self.d_mlp!r}")
+            raise ModelConfigError(f"TransformerConfig.d_mlp must be None or a positive int, got {self.d_mlp!r}")
         if self.act_fn not in ("relu", "gelu"):
-            raise ValueError(f"TransformerConfig.act_fn must be 'relu' or 'gelu', got {self.act_fn!r}")
+            raise ModelConfigError(f"TransformerConfig.act_fn must be 'relu' or 'gelu', got {self.act_fn!r}")
         if self.normalization not in (None, "LN", "RMS"):
-            raise ValueError(f"TransformerConfig.normalization must be None, 'LN' or 'RMS', got {self.normalization!r}")
+            raise ModelConfigError(f"TransformerConfig.normalization must be None, 'LN' or 'RMS', got {self.normalization!r}")
         if self.mlp_layers is None:
             self.mlp_layers = tuple(range(self.n_layers)) if self.d_mlp else ()
         self.mlp_layers = tuple(self.mlp_layers)
         if any(not 0 <= l < self.n_layers for l in self.mlp_layers):
-            raise ValueError(f"TransformerConfig.mlp_layers {self.mlp_layers} must index blocks 0..{self.n_layers - 1}")
+            raise ModelConfigError(f"TransformerConfig.mlp_layers {self.mlp_layers} must index blocks 0..{self.n_layers - 1}")
         if self.mlp_layers and not self.d_mlp:
-            raise ValueError("TransformerConfig.mlp_layers given but d_mlp is None")
+            raise ModelConfigError("TransformerConfig.mlp_layers given but d_mlp is None")
         if not isinstance(self.bias, bool):
-            raise ValueError(f"TransformerConfig.bias must be True or False, got {self.bias!r}")
+            raise ModelConfigError(f"TransformerConfig.bias must be True or False, got {self.bias!r}")
         if self.mlp_abstopk is not None:
             f = self.mlp_abstopk
             if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
-                raise ValueError(f"TransformerConfig.mlp_abstopk must be None or a fraction in (0, 1], got {f!r}")
+                raise ModelConfigError(f"TransformerConfig.mlp_abstopk must be None or a fraction in (0, 1], got {f!r}")
 
 
 def _bias(module: nn.Module, name: str, size, trained: bool) -> None:
