@@ -1,4 +1,4 @@
-"""Tasks: the `Task` type and the registry of built-in tasks (shared/TASKS.md).
+"""Tasks: the `Task` type and the registry of built-in tasks (defined in wtc.tasks.builtin).
 
     wtc.tasks.get("parity_last2"); wtc.tasks.names(); wtc.tasks.names(tier="must")
 """

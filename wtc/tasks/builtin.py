@@ -1,4 +1,4 @@
-"""The built-in task suite (shared/TASKS.md). Each task's docstring restates its definition.
+"""The built-in task suite. Each task's docstring restates its definition.
 
 Conventions: sequences have length T = 10; values "before the start" are 0; integer tasks are
 scored by rounded accuracy, real tasks by max relative error <= 1e-3.
