@@ -177,3 +177,49 @@ def test_markov_study_meets_the_expected_figures(tmp_path):
     assert max(off) <= 0.1 and min(cca) >= 0.9
     assert max(s["eigenvalue_error"]) <= 0.05
     assert (tmp_path / "markov.png").exists()
+
+
+def test_oblique_projector_ignores_a_high_variance_decoy_the_orthogonal_one_lets_through():
+    """A planted rank-1 core (signal z along a) beside a high-variance decoy d along b, with b not
+    orthogonal to a but invisible to the readout (w . b = 0). Keeping only the core with the
+    orthogonal projector carries d (a . b) into the readout; the oblique projector, whose null
+    space holds the unobservable b, keeps accuracy at baseline."""
+    from torch import nn
+    g = torch.Generator().manual_seed(0)
+    n, D = 4000, 6
+    a = torch.randn(D, generator=g, dtype=torch.float64)
+    w = torch.randn(D, generator=g, dtype=torch.float64)
+    b = torch.randn(D, generator=g, dtype=torch.float64)
+    b -= (b @ w) / (w @ w) * w                                   # unobservable: w . b = 0
+    b = b / b.norm() * a.norm()
+    assert abs(float(b @ w)) < 1e-12 and abs(float(a @ b)) > 0.1 * float(a.norm() * b.norm())
+
+    class Planted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.Linear(2, D, bias=False, dtype=torch.float64)
+            self.head = nn.Linear(D, 2, bias=False, dtype=torch.float64)
+            with torch.no_grad():
+                self.enc.weight.copy_(torch.stack([a, b], 1))
+                self.head.weight.copy_(torch.stack([-w, w]) * torch.sign(a @ w))   # class 1 iff z > 0
+
+        def forward(self, x):
+            return self.head(self.enc(x))
+
+    model = Planted()
+    labels = torch.randint(0, 2, (n,), generator=g)
+    z = (2.0 * labels - 1) * (0.5 + torch.rand(n, generator=g, dtype=torch.float64))
+    d = 10.0 * torch.randn(n, generator=g, dtype=torch.float64)            # 10x the signal's scale
+    x = torch.stack([z, d], 1)
+    core = extract_core(model, x, "enc", readout=lambda out: out, position=None)
+    assert core.rank == 1
+    ortho = validate(core, model, x, labels, readout=lambda out: out)
+    oblique = validate(core, model, x, labels, readout=lambda out: out, projector="oblique")
+    assert ortho["baseline_acc"] == oblique["baseline_acc"] == 1.0
+    assert oblique["keep_acc"] == 1.0 and oblique["remove_acc"] <= 0.55 and oblique["flip_acc"] == 0.0
+    assert ortho["keep_acc"] < 0.8, ortho                        # the decoy leaks through Q Q^T
+    P = core.projector(kind="oblique")
+    torch.testing.assert_close(P @ P, P)                          # a projector, range = the core
+    torch.testing.assert_close(P @ b, torch.zeros(D, dtype=torch.float64), atol=1e-9, rtol=0)
+    with pytest.raises(ValueError, match="orthogonal' or 'oblique"):
+        core.projector(kind="diagonal")

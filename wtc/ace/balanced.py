@@ -63,6 +63,21 @@ def balanced_svd(cov: torch.Tensor, obs: torch.Tensor, jitter: float = 1e-12, *,
     return orth_prefixes(Lc @ U), s
 
 
+def balanced_truncation(cov: torch.Tensor, obs: torch.Tensor, jitter: float = 1e-12):
+    """(T (D, m), W (D, m), s (m,)): the balancing pair of the exact method. Columns of T span the
+    same prefixes as balanced_svd's basis; W^T T = I; the rank-r oblique projector T_r W_r^T keeps
+    the core's directions and annihilates what is unobservable (null(Obs)) and the other balanced
+    directions, where the orthogonal projector Q_r Q_r^T would let a high-variance decoy that is
+    not orthogonal to the core leak through. T = Lc U S^-1/2, W = Lo V S^-1/2 for Lc^T Lo = U S V^T."""
+    _check_pair(cov, obs)
+    Lc, Lo = psd_factor(cov, jitter), psd_factor(obs, jitter)
+    U, s, Vh = torch.linalg.svd(Lc.T @ Lo, full_matrices=False)
+    keep = s > jitter ** 0.5 * max(float(s.max()), 0.0) if s.numel() else s > 0
+    U, s, V = U[:, keep], s[keep], Vh.T[:, keep]
+    scale = s.rsqrt()
+    return Lc @ U * scale, Lo @ V * scale, s
+
+
 def _balanced_svd_randomized(cov, obs, jitter, rank, oversample, power_iters, seed):
     if not isinstance(oversample, int) or oversample < 0:
         raise AceError(f"oversample must be a non-negative int, got {oversample!r}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from wtc.ace.balanced import balanced_svd, rank_for_energy
+from wtc.ace.balanced import balanced_svd, balanced_truncation, rank_for_energy
 from wtc.ace.gramians import GramianAccumulator
 from wtc.hooks import hook_modules
 from wtc.errors import AceError
@@ -33,15 +33,27 @@ class Core:
     rank: int
     mean: torch.Tensor         # (D,) activation mean
     n_samples: int
+    right: torch.Tensor | None = None   # (D, m) balancing transformation T (oblique projector T_r W_r^T)
+    left: torch.Tensor | None = None    # (D, m) its dual W, W^T T = I
 
     @property
     def Q(self) -> torch.Tensor:
         """(D, rank) core basis."""
         return self.basis[:, : self.rank]
 
-    def projector(self, rank: int | None = None) -> torch.Tensor:
-        Q = self.basis[:, : self.rank if rank is None else rank]
-        return Q @ Q.T
+    def projector(self, rank: int | None = None, kind: str = "orthogonal") -> torch.Tensor:
+        """(D, D) rank-r projector P (P h projects a column h). orthogonal: Q_r Q_r^T onto the core
+        subspace; oblique: T_r W_r^T, the same range, whose null space holds the unobservable and
+        the other balanced directions (balanced truncation)."""
+        r = self.rank if rank is None else rank
+        if kind == "orthogonal":
+            Q = self.basis[:, :r]
+            return Q @ Q.T
+        if kind == "oblique":
+            if self.right is None:
+                raise AceError("this core has no balancing pair (cores from extract_core have one)")
+            return self.right[:, :r] @ self.left[:, :r].T
+        raise AceError(f"projector kind must be 'orthogonal' or 'oblique', got {kind!r}")
 
     def project(self, h: torch.Tensor, rank: int | None = None) -> torch.Tensor:
         """Core coordinates (..., rank) of activations (..., D), centred."""
@@ -115,11 +127,13 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
         acc.add(H, J)
     if acc is None:
         raise AceError("inputs are empty")
-    basis, s = balanced_svd(acc.covariance(), acc.observability())
+    cov, obs = acc.covariance(), acc.observability()
+    basis, s = balanced_svd(cov, obs)
+    right, left, _ = balanced_truncation(cov, obs)
     r = rank_for_energy(s, energy) if rank is None else int(rank)
     if not 0 <= r <= basis.shape[1]:
         raise AceError(f"rank {r} out of range: the balanced SVD has {basis.shape[1]} nonzero directions")
-    return Core(layer, position, basis, s, r, acc.mean, acc.n)
+    return Core(layer, position, basis, s, r, acc.mean, acc.n, right, left)
 
 
 PATCH_MODES = ("keep", "remove", "flip")
@@ -147,13 +161,14 @@ def _check_labels(labels: torch.Tensor, inputs, core) -> None:
         raise AceError("no label is scored (every label is -1)")
 
 
-def _patch_hook(core: Core, mode: str, rank: int | None):
+def _patch_hook(core: Core, mode: str, rank: int | None, projector: str = "orthogonal"):
     """Hook fn (wtc.hooks) replacing the core's samples h of the layer output: keep = mu + P (h - mu),
-    remove = h - P (h - mu), flip = h - 2 P (h - mu), with P the rank-r core projector."""
-    P, mu = core.projector(rank), core.mean
+    remove = h - P (h - mu), flip = h - 2 P (h - mu), with P the rank-r core projector of `projector`
+    kind (orthogonal or oblique)."""
+    P, mu = core.projector(rank, projector), core.mean
 
     def patch(h):
-        d = (h.double() - mu) @ P
+        d = (h.double() - mu) @ P.T                                  # rows: (P (h - mu))^T
         new = {"keep": mu + d, "remove": h.double() - d, "flip": h.double() - 2 * d}[mode]
         return new.to(h.dtype)
 
@@ -167,13 +182,13 @@ def _patch_hook(core: Core, mode: str, rank: int | None):
     return hook
 
 
-def _patched(model, core: Core, mode: str, rank: int | None):
-    return hook_modules(model, [(core.layer, _patch_hook(core, mode, rank))])
+def _patched(model, core: Core, mode: str, rank: int | None, projector: str = "orthogonal"):
+    return hook_modules(model, [(core.layer, _patch_hook(core, mode, rank, projector))])
 
 
 @torch.no_grad()
 def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | None = None, readout=None,
-                     chunk: int = 2048) -> float:
+                     chunk: int = 2048, projector: str = "orthogonal") -> float:
     """Accuracy (argmax of the readout) with the layer patched: 'clean', 'keep', 'remove' or 'flip'."""
     if mode not in ("clean",) + PATCH_MODES:
         raise AceError(f"mode must be clean, keep, remove or flip, got {mode!r}")
@@ -182,7 +197,7 @@ def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | N
     _check_chunk(chunk)
     readout = readout or _default_readout(core.position)
     hits = 0
-    with _patched(model, core, mode, rank) if mode != "clean" else contextlib.nullcontext():
+    with _patched(model, core, mode, rank, projector) if mode != "clean" else contextlib.nullcontext():
         for start in range(0, len(inputs), chunk):
             pred = readout(model(inputs[start:start + chunk])).argmax(-1)
             lab = labels[start:start + chunk]
@@ -191,7 +206,8 @@ def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | N
 
 
 @torch.no_grad()
-def keep_kl(model, inputs, core: Core, rank: int, readout=None, chunk: int = 2048) -> float:
+def keep_kl(model, inputs, core: Core, rank: int, readout=None, chunk: int = 2048,
+            projector: str = "orthogonal") -> float:
     """Mean KL(clean || kept) of the readout's softmax when only the rank-r core is kept: whether
     the core carries the whole output distribution, not just its argmax."""
     readout = readout or _default_readout(core.position)
@@ -199,7 +215,7 @@ def keep_kl(model, inputs, core: Core, rank: int, readout=None, chunk: int = 204
     for start in range(0, len(inputs), chunk):
         x = inputs[start:start + chunk]
         clean = torch.log_softmax(readout(model(x)).double(), -1)
-        with _patched(model, core, "keep", rank):
+        with _patched(model, core, "keep", rank, projector):
             kept = torch.log_softmax(readout(model(x)).double(), -1)
         kl = (clean.exp() * (clean - kept)).sum(-1)
         total += float(kl.sum())
@@ -207,21 +223,23 @@ def keep_kl(model, inputs, core: Core, rank: int, readout=None, chunk: int = 204
     return total / count
 
 
-def validate(core: Core, model, inputs, labels, readout=None, tolerance: float = 0.005) -> dict:
+def validate(core: Core, model, inputs, labels, readout=None, tolerance: float = 0.005,
+             projector: str = "orthogonal") -> dict:
     """Keep / remove / flip accuracies at the core's rank, and the minimal sufficient rank (keep
-    within `tolerance` of baseline) and minimal necessary rank (remove <= 2 x chance)."""
+    within `tolerance` of baseline) and minimal necessary rank (remove <= 2 x chance), with the
+    `projector` kind: "orthogonal" (onto the core subspace) or "oblique" (balanced truncation)."""
     labels = torch.as_tensor(labels)
     _check_labels(labels, inputs, core)
     with torch.no_grad():
         K = (readout or _default_readout(core.position))(model(inputs[:1])).shape[-1]
     chance = 1.0 / K
-    acc = {m: patched_accuracy(model, inputs, labels, core, m, readout=readout)
+    acc = {m: patched_accuracy(model, inputs, labels, core, m, readout=readout, projector=projector)
            for m in ("clean", "keep", "remove", "flip")}
     sufficient = necessary = None
     for r in range(0, core.basis.shape[1] + 1):
-        if sufficient is None and patched_accuracy(model, inputs, labels, core, "keep", r, readout) >= acc["clean"] - tolerance:
+        if sufficient is None and patched_accuracy(model, inputs, labels, core, "keep", r, readout, projector=projector) >= acc["clean"] - tolerance:
             sufficient = r
-        if necessary is None and patched_accuracy(model, inputs, labels, core, "remove", r, readout) <= 2 * chance:
+        if necessary is None and patched_accuracy(model, inputs, labels, core, "remove", r, readout, projector=projector) <= 2 * chance:
             necessary = r
         if sufficient is not None and necessary is not None:
             break
