@@ -18,7 +18,7 @@ import torch
 
 import wtc
 from wtc.dt import DTConfig
-from wtc.dt.train import Attempt
+from wtc.dt.attempt import Attempt
 from wtc.threads import torch_threads
 
 from common import append_rows, machine, stamp  # bench/common.py (run as a script)

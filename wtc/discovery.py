@@ -6,25 +6,38 @@ programs (wtc.extraction) and verifies them on fresh data. Attempts climb a ladd
 sums, counts and means; a second layer of sub-MLPs for chained operators; pointer heads in both
 layers; then the same again with new seeds) until a program verifies or the budget is spent. The result
 is the verified program, or an honest failure with the best attempt's evidence.
+
+Rungs run in waves of DTConfig.workers (one per core by default) in worker processes
+(wtc.dt.workers; built-in tasks only, user tasks run here one rung after another); a worker
+trains, reads and verifies its rung (DiscoverJob) and hands back the attempt record and its best
+reading, the program serialised (save_rung / load_rung). The winner is the sequential loop's:
+the first attempt in index order whose program verifies, else the best reading (wtc.dt.ladder).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import sympy as sp
 
 from wtc import tasks as task_registry
+from wtc.dt.attempt import Attempt, load_result, rank_key, run_attempt, save_result, take_replica
 from wtc.dt.config import DTConfig
-from wtc.dt.train import Attempt, rank_key, run_attempt, take_replica
-from wtc.threads import torch_threads
-from wtc.extraction import extract, verify
+from wtc.dt.ladder import check_budget, climb
+from wtc.dt.workers import run_wave, task_reference, worker_count
+from wtc.errors import CheckpointError
+from wtc.extraction import Line, Program, Reading, Verification, extract, verify
 from wtc.extraction.reader import ExtractionError
+from wtc.extraction.routing_rules import Rule
 
 DEFAULT_BUDGET_S = 600.0
 REPLICAS_TO_READ = 3
+JOB = "wtc.discovery:DiscoverJob"
 
 @dataclass
 class Discovery:
@@ -99,56 +112,154 @@ class Discovery:
 
 def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool = True,
              config: DTConfig | None = None) -> Discovery:
-    """Train, extract and verify until a program verifies or the budget (default 600 s) is spent."""
+    """Train, extract and verify until a program verifies or the budget (default 600 s) is spent.
+
+    budget_s must be a finite positive number of seconds. A new wave of attempts starts only if
+    the time left covers the longest wave so far; the first wave always runs to completion.
+    """
     task = task_registry.get(task)
-    budget = DEFAULT_BUDGET_S if budget_s is None else float(budget_s)
-    if budget <= 0:
-        raise ValueError(f"budget_s must be positive, got {budget_s}")
+    budget = DEFAULT_BUDGET_S if budget_s is None else check_budget(budget_s)
     base = config or DTConfig()
+    task_ref = task_reference(task)
     t0 = time.perf_counter()
-    attempts: list[dict] = []
-    best = None             # (key, Discovery fields)
-    longest = 0.0
-    attempt = 0
-    while True:
-        elapsed = time.perf_counter() - t0
-        if attempt and elapsed + longest > budget:
-            break
-        label, cfg = base.rung(attempt)
-        started = time.perf_counter()
-        with torch_threads(cfg.threads):
-            run = Attempt(task, cfg, seed, attempt)
-            scores = run_attempt(run, progress)
-            order = sorted(range(len(scores)), key=lambda i: rank_key(task, scores[i]), reverse=True)
-            record = {"attempt": attempt, "label": label, "replicas": len(scores),
-                      "replicas_solved": sum(bool(s["solved"]) for s in scores), "replicas_read": 0,
-                      "verified": False}
-            for r in order[:REPLICAS_TO_READ]:
-                model, history = take_replica(run, r)
-                try:
-                    program = extract(model, task, seed=seed + attempt)
-                except ExtractionError as exc:       # reported, and the search goes on
-                    record.setdefault("errors", []).append(f"replica {r}: {exc}")
-                    continue
-                ver = verify(program, task, n=10000, seed=int(np.random.default_rng([seed, attempt, r]).integers(2**31)))
-                record["replicas_read"] += 1
-                key = (ver.solved and program.ok, program.ok, rank_key(task, scores[r]), -program.n_lines)
-                if best is None or key > best[0]:
-                    best = (key, program, model, history, ver)
-                if ver.solved and program.ok:
-                    record["verified"] = True
-                    break
-        record["seconds"] = time.perf_counter() - started
-        longest = max(longest, record["seconds"])
-        attempts.append(record)
+
+    def solved(result) -> bool:
+        return result[0]["verified"]
+
+    def wave(rungs):
+        results = run_wave(JOB, task, task_ref, rungs, seed, {"progress": progress}, solved=solved)
         if progress:
-            print(f"{task.name} attempt {attempt} ({label}): {record['replicas_solved']}/{record['replicas']} "
-                  f"replicas solved, program {'verified' if record['verified'] else 'not verified'} "
-                  f"({record['seconds']:.0f}s)", flush=True)
-        attempt += 1
-        if record["verified"]:
-            break
+            used = True   # False after a verified attempt: later ones that ran alongside are dropped
+            for rung in rungs:
+                if rung.attempt not in results:
+                    print(f"{task.name} attempt {rung.attempt} ({rung.label}): stopped, an earlier attempt "
+                          f"verified", flush=True)
+                    continue
+                record = results[rung.attempt][0]
+                print(f"{task.name} attempt {rung.attempt} ({rung.label}): {record['replicas_solved']}/"
+                      f"{record['replicas']} replicas solved, program "
+                      f"{'verified' if record['verified'] else 'not verified'} ({record['seconds']:.0f}s)"
+                      + ("" if used else "; not used: an earlier attempt verified"), flush=True)
+                used = used and not record["verified"]
+        return results
+
+    best, ran = climb(base, wave, workers=worker_count(base, task_ref), solved=solved,
+                      key=lambda r: r[1][0] if r[1] is not None else None, budget_s=budget, name=task.name,
+                      progress=progress)
+    attempts = [record for _, (record, _) in ran]
     if best is None:
         return Discovery(task, None, None, None, None, time.perf_counter() - t0, attempts)
-    _, program, model, history, ver = best
+    _, program, model, history, ver = best[1]
     return Discovery(task, program, model, history, ver, time.perf_counter() - t0, attempts)
+
+
+class DiscoverJob:
+    """discover's work on one rung (the job protocol of wtc.dt.workers): train the population, read
+    its best REPLICAS_TO_READ replicas as programs and verify each, stopping at the first that
+    verifies. Result: (record, best), best = (key, program, model, history, verification) of the
+    rung's best reading, or None when no replica could be read. opts: progress."""
+
+    @staticmethod
+    def result_path(opts: dict, attempt: int) -> None:
+        return None             # nothing is kept: discover does not resume
+
+    @staticmethod
+    def finished(task, rung, seed: int, opts: dict, path) -> None:
+        return None
+
+    @staticmethod
+    def run(task, rung, seed: int, opts: dict, path: Path | None):
+        started = time.perf_counter()
+        attempt = rung.attempt
+        run = Attempt(task, rung.config, seed, attempt)
+        scores = run_attempt(run, opts.get("progress", False))
+        order = sorted(range(len(scores)), key=lambda i: rank_key(task, scores[i]), reverse=True)
+        record = {"attempt": attempt, "label": rung.label, "replicas": len(scores),
+                  "replicas_solved": sum(bool(s["solved"]) for s in scores), "replicas_read": 0,
+                  "verified": False}
+        best = None
+        for r in order[:REPLICAS_TO_READ]:
+            model, history = take_replica(run, r)
+            try:
+                program = extract(model, task, seed=seed + attempt)
+            except ExtractionError as exc:       # reported, and the search goes on
+                record.setdefault("errors", []).append(f"replica {r}: {exc}")
+                continue
+            ver = verify(program, task, n=10000, seed=int(np.random.default_rng([seed, attempt, r]).integers(2**31)))
+            record["replicas_read"] += 1
+            key = (ver.solved and program.ok, program.ok, rank_key(task, scores[r]), -program.n_lines)
+            if best is None or key > best[0]:
+                best = (key, program, model, history, ver)
+            if ver.solved and program.ok:
+                record["verified"] = True
+                break
+        record["seconds"] = time.perf_counter() - started
+        if path is not None:
+            save_rung(path, (record, best), task, seed, attempt, rung.config)
+        return record, best
+
+    @staticmethod
+    def load(path: Path, task, rung, seed: int):
+        return load_rung(path, task, seed, rung.attempt, rung.config)
+
+
+# ---------------------------------------------------------------------- a rung's result on disk
+def plain_json(value):
+    """numpy scalars (in rule parameters and scores) as the Python numbers JSON knows."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+def program_to_dict(program: Program) -> dict:
+    """Everything of a Program but its model; sympy expressions exactly (srepr)."""
+    lines = [{"name": ln.name, "kind": ln.kind, "source": ln.source, "comment": ln.comment,
+              "rule": dataclasses.asdict(ln.rule) if ln.rule is not None else None,
+              "expr": sp.srepr(ln.expr) if ln.expr is not None else None} for ln in program.lines]
+    return {"task": program.task, "source": program.source, "seq_len": program.seq_len,
+            "n_inputs": program.n_inputs, "n_outputs": program.n_outputs, "ok": program.ok,
+            "failures": list(program.failures), "outputs": [sp.srepr(e) for e in program.outputs],
+            "lines": lines, "readings": [dataclasses.asdict(r) for r in program.readings]}
+
+
+def program_from_dict(d: dict, model=None) -> Program:
+    lines = [Line(ln["name"], ln["kind"], ln["source"], Rule(**ln["rule"]) if ln["rule"] else None,
+                  sp.sympify(ln["expr"]) if ln["expr"] is not None else None, ln["comment"]) for ln in d["lines"]]
+    return Program(d["task"], d["source"], d["seq_len"], d["n_inputs"], d["n_outputs"], lines,
+                   [sp.sympify(e) for e in d["outputs"]], ok=d["ok"], failures=list(d["failures"]),
+                   readings=[Reading(**r) for r in d["readings"]], model=model)
+
+
+def save_rung(path: Path, result, task, seed: int, attempt: int, config: DTConfig) -> None:
+    """A DiscoverJob result: <path>.json (record, key, program, verification) and the model and
+    history beside it (<path>_model, wtc.dt.attempt.save_result); the JSON is written last."""
+    record, best = result
+    meta = {"task": task.name, "seed": seed, "attempt": attempt, "config": config.to_dict(), "record": record,
+            "best": None}
+    if best is not None:
+        key, program, model, history, ver = best
+        save_result(Path(f"{path}_model"), key[2], model, history)
+        meta["best"] = {"key": [key[0], key[1], list(key[2]), key[3]], "program": program_to_dict(program),
+                        "verification": dataclasses.asdict(ver)}
+    tmp = Path(f"{path}.json.tmp")
+    tmp.write_text(json.dumps(meta, default=plain_json))
+    os.replace(tmp, Path(f"{path}.json"))
+
+
+def load_rung(path: Path, task, seed: int, attempt: int, config: DTConfig):
+    """(record, best) written by save_rung for this task, seed, attempt and rung config."""
+    try:
+        meta = json.loads(Path(f"{path}.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot read the result of {task.name} attempt {attempt}: {exc}") from exc
+    if (meta["task"], meta["seed"], meta["attempt"], meta["config"]) != (task.name, seed, attempt, config.to_dict()):
+        raise CheckpointError(f"{path}.json: result of another run ({meta['task']!r}, seed {meta['seed']}, "
+                              f"attempt {meta['attempt']})")
+    b = meta["best"]
+    if b is None:
+        return meta["record"], None
+    _, model, history = load_result(Path(f"{path}_model"), task, seed, attempt, config)
+    k = b["key"]
+    key = (k[0], k[1], tuple(k[2]), k[3])
+    program = program_from_dict(b["program"], model)
+    return meta["record"], (key, program, model, history, Verification(**b["verification"]))

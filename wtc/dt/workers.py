@@ -1,91 +1,166 @@
-"""Attempts trained side by side in worker processes, one CPU core each.
+"""Rungs of the ladder run side by side in worker processes, one CPU core each.
 
 A Discrete Transformer step is overhead-bound on one thread (more intra-op threads do not make
-it faster), so a second core is worth a second attempt, not a faster first one: on a 2-core
-machine wtc.train runs restarts 0 and 1 (the default and the next capacity rung) at once. Each
-attempt is deterministic in (task, config, seed, attempt), and the winner is chosen exactly as the
-sequential loop would (the first solved attempt in index order, else the best), so the result
-does not depend on the number of workers. Workers are fresh interpreters (`python -m
+it faster), so a second core is worth a second rung, not a faster first one: on a 2-core machine
+wtc.train and wtc.discover run rungs 0 and 1 at once (wtc.dt.ladder decides which run and picks
+the winner as the sequential loop would). Workers are fresh interpreters (`python -m
 wtc.dt.workers SPEC`): no fork after OpenMP started, and no re-import of the user's main script
 (multiprocessing's spawn would re-run a script without a __main__ guard). They rebuild built-in
-tasks by name and hand results back through the same files as checkpointed runs; other tasks
-train sequentially in the calling process.
+tasks by name; other tasks run in the calling process, one rung after another.
+
+What a rung does is a job, named "module:Name" (an object in an importable wtc module, so a
+worker finds it by name and this module imports none of them):
+    result_path(opts, attempt) -> Path | None   where the result is kept (None: nowhere)
+    finished(task, rung, seed, opts, path)      a kept result to reuse (resume), else None
+    run(task, rung, seed, opts, path)           do the work here; write the result to path if given
+    load(path, task, rung, seed)                read a result back (refusing another run's)
+opts is JSON. Jobs: wtc.dt.attempt:TrainJob (wtc.train), wtc.discovery:DiscoverJob (wtc.discover).
 """
 from __future__ import annotations
 
+import importlib
 import json
-import os
+import math
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Callable
+
+from wtc.dt.config import DTConfig
+from wtc.dt.ladder import Rung
+from wtc.errors import WtcError
+from wtc.threads import cores, torch_threads
 
 
-def default_workers(max_attempts: int) -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, max_attempts))
+POLL_S = 0.2   # seconds between looks at the running workers
+
+
+class WorkerError(WtcError, RuntimeError):
+    """A worker process failed with something other than a wtc error (its log tail is attached)."""
 
 
 def task_reference(task) -> str | None:
-    """The built-in task name a worker can rebuild the task from, or None (train in-process)."""
+    """The built-in task name a worker can rebuild the task from, or None (run in-process)."""
     from wtc.tasks import builtin
     if task.name in builtin.SUITE and builtin.make(task.name) is task:
         return task.name
     return None
 
 
-def _attempt_in_worker(spec: dict) -> None:
-    from wtc import tasks as task_registry
-    from wtc.dt.config import DTConfig
-    from wtc.dt.train import Attempt, _run_attempt, _save_result
-    from wtc.threads import torch_threads
-
-    task = task_registry.get(spec["task"])
-    config = DTConfig.from_dict(spec["config"])
-    state_path = Path(spec["state"]) if spec["state"] else None
-    with torch_threads(config.threads):
-        run = Attempt(task, config, spec["seed"], spec["attempt"])
-        if spec["resume"] and state_path and state_path.with_suffix(".json").exists():
-            run.restore(state_path)
-        key, model, history = _run_attempt(run, False, state_path)
-        _save_result(Path(spec["done"]), key, model, history)
+def worker_count(config: DTConfig, task_ref: str | None, cap: int | None = None) -> int:
+    """Rungs per wave: config.workers, else one per core (at most cap); 1 for a task no worker can
+    rebuild."""
+    if task_ref is None:
+        return 1
+    if config.workers is not None:
+        return config.workers
+    return max(1, min(cores(), cap if cap is not None else cores()))
 
 
-def run_wave(task, task_ref, configs: dict[int, object], seed: int, ckpt: Path | None, resume: bool,
-             progress: bool) -> dict[int, tuple]:
-    """Run the given attempts ({attempt: config}) at once, one process each (the caller sizes the
-    wave to the cores); {attempt: (key, model, history)}."""
-    from wtc.dt.train import _load_result
+def _job(name: str):
+    module, _, attr = name.partition(":")
+    if not module.startswith("wtc.") or not attr:
+        raise WorkerError(f"not a wtc job name: {name!r}")
+    return getattr(importlib.import_module(module), attr)
 
-    with tempfile.TemporaryDirectory(prefix="wtc-attempts-") as scratch:
-        base = ckpt if ckpt is not None else Path(scratch)
-        procs = {}
-        for a, cfg in configs.items():
-            if resume and (base / f"attempt{a}_result.json").exists():
-                continue
-            spec = {"task": task_ref, "config": cfg.to_dict(), "seed": seed, "attempt": a,
-                    "state": str(base / f"attempt{a}") if ckpt is not None else None,
-                    "done": str(base / f"attempt{a}_result"), "resume": resume}
-            log = open(Path(scratch) / f"attempt{a}.log", "w+")
-            procs[a] = (subprocess.Popen([sys.executable, "-m", "wtc.dt.workers", json.dumps(spec)],
-                                         stdout=log, stderr=subprocess.STDOUT), log)
-        for a, (proc, log) in procs.items():
-            code = proc.wait()
-            log.seek(0)
-            tail = log.read()[-3000:]
-            log.close()
-            if code != 0:
-                raise RuntimeError(f"{task.name} attempt {a} failed in its worker (exit {code}):\n{tail}")
-        results = {a: _load_result(base / f"attempt{a}_result", task) for a in configs}
-    if progress:
-        for a, (key, model, history) in sorted(results.items()):
-            print(f"{task.name} attempt {a}: {'solved' if key[0] else 'not solved'} "
-                  f"({history.seconds:.0f}s in a worker)", flush=True)
+
+def run_wave(job_name: str, task, task_ref: str | None, rungs: list[Rung], seed: int, opts: dict,
+             solved: Callable[[object], bool] | None = None) -> dict[int, object]:
+    """{attempt: result} for the rungs: each in its own worker when task_ref is a built-in task's
+    name and there are several, else one after another in this process.
+
+    With `solved`, the wave ends once its outcome is known: a rung solved (or failed) and every
+    rung before it done. Rungs after that one are stopped and left out of the answer; the
+    sequential loop would never have started them, and the ladder drops them anyway.
+    """
+    job = _job(job_name)
+    if task_ref is None or len(rungs) == 1:
+        out = {}
+        for rung in rungs:
+            with torch_threads(rung.config.threads):
+                out[rung.attempt] = job.run(task, rung, seed, opts, job.result_path(opts, rung.attempt))
+            if solved is not None and solved(out[rung.attempt]):
+                break
+        return out
+    results, failures, pending = {}, {}, {}
+    with tempfile.TemporaryDirectory(prefix="wtc-rungs-") as scratch:
+        try:
+            for rung in rungs:
+                if wave_decided(results, failures, {rung.attempt: None}, solved):
+                    break       # a kept (resumed) result before it solved: the rest never start
+                path = job.result_path(opts, rung.attempt) or Path(scratch) / f"attempt{rung.attempt}_result"
+                done = job.finished(task, rung, seed, opts, path)
+                if done is not None:
+                    results[rung.attempt] = done
+                    continue
+                spec = {"job": job_name, "task": task_ref, "attempt": rung.attempt, "label": rung.label,
+                        "config": rung.config.to_dict(), "seed": seed, "opts": {**opts, "progress": False},
+                        "path": str(path), "error": str(Path(scratch) / f"attempt{rung.attempt}_error.json")}
+                log = open(Path(scratch) / f"attempt{rung.attempt}.log", "w+")
+                pending[rung.attempt] = (rung, path, log, subprocess.Popen(
+                    [sys.executable, "-m", "wtc.dt.workers", json.dumps(spec)], stdout=log, stderr=subprocess.STDOUT))
+            while pending and not wave_decided(results, failures, pending, solved):
+                time.sleep(POLL_S)
+                for a in sorted(pending):
+                    rung, path, log, proc = pending[a]
+                    code = proc.poll()
+                    if code is None:
+                        continue
+                    del pending[a]
+                    log.seek(0)
+                    tail = log.read()[-3000:]
+                    log.close()
+                    if code != 0:
+                        failures[a] = _worker_failure(task, a, code, tail, Path(scratch) / f"attempt{a}_error.json")
+                    else:
+                        results[a] = job.load(path, task, rung, seed)
+        finally:   # stopped, or something went wrong here: no orphaned workers
+            for rung, path, log, proc in pending.values():
+                proc.kill()
+                proc.wait()
+                log.close()
+    if failures and min(failures) < min([a for a, r in results.items() if solved and solved(r)], default=math.inf):
+        raise failures[min(failures)]
     return results
 
 
+def wave_decided(results: dict, failures: dict, pending: dict, solved) -> bool:
+    """True once a rung solved or failed and no rung before it is still running."""
+    ends = list(failures) + ([a for a, r in results.items() if solved(r)] if solved is not None else [])
+    return bool(ends) and all(a > min(ends) for a in pending)
+
+
+def _worker_failure(task, attempt: int, code: int, tail: str, err: Path) -> Exception:
+    """The wtc error a worker reported in `err` (same class and message, so the CLI prints one
+    line), else a WorkerError with the worker's log tail."""
+    if err.exists():
+        info = json.loads(err.read_text())
+        cls = getattr(importlib.import_module(info["module"]), info["class"], None)
+        if isinstance(cls, type) and issubclass(cls, WtcError):
+            try:
+                return cls(info["message"])
+            except TypeError:   # a constructor with other arguments: keep the message, lose the class
+                pass
+        return WorkerError(f"{task.name} attempt {attempt}: {info['message']}")
+    return WorkerError(f"{task.name} attempt {attempt} failed in its worker (exit {code}):\n{tail}")
+
+
+def main(spec: dict) -> None:
+    from wtc import tasks as task_registry
+
+    path = Path(spec["path"])
+    try:
+        job = _job(spec["job"])
+        rung = Rung(spec["attempt"], spec["label"], DTConfig.from_dict(spec["config"]))
+        with torch_threads(rung.config.threads):
+            job.run(task_registry.get(spec["task"]), rung, spec["seed"], spec["opts"], path)
+    except WtcError as exc:
+        Path(spec["error"]).write_text(json.dumps(
+            {"module": type(exc).__module__, "class": type(exc).__name__, "message": str(exc)}))
+        raise
+
+
 if __name__ == "__main__":
-    _attempt_in_worker(json.loads(sys.argv[1]))
+    main(json.loads(sys.argv[1]))

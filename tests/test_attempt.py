@@ -1,0 +1,180 @@
+"""The attempt loop shared by wtc.train and wtc.discover: the ladder/budget policy (with fake
+rungs, no training), budget validation, resume refusals, and discover's parallel rungs."""
+import json
+import math
+
+import numpy as np
+import pytest
+import sympy as sp
+
+import wtc
+from wtc.discovery import plain_json, program_from_dict, program_to_dict
+from wtc.dt import DTConfig
+from wtc.dt.attempt import Attempt
+from wtc.dt.config import ConfigError
+from wtc.dt.ladder import check_budget, climb
+from wtc.dt.train import train
+from wtc.dt.workers import wave_decided
+from wtc.errors import CheckpointError
+from wtc.extraction import Line, Program, Reading
+from wtc.extraction.routing_rules import Rule
+
+TINY = DTConfig(n_layers=1, n_heads=1, n_mlps=1, mlp_hidden=8, steps=20, hard_steps=5, polish_iters=5,
+                replicas=2, max_attempts=1, batch_size=16, eval_sequences=64, precision_iters=10, workers=1)
+
+
+class FakeRungs:
+    """Rung i 'takes' seconds[i] on a fake clock (a wave takes its longest rung) and scores keys[i];
+    solved when the key is at least 10."""
+
+    def __init__(self, keys, seconds=None):
+        self.keys, self.seconds, self.now, self.waves = keys, seconds or [1.0] * len(keys), 0.0, []
+
+    def clock(self):
+        return self.now
+
+    def __call__(self, rungs):
+        self.waves.append([r.attempt for r in rungs])
+        self.now += max(self.seconds[r.attempt] for r in rungs)
+        return {r.attempt: (r.attempt, self.keys[r.attempt]) for r in rungs}
+
+
+def _climb(fake, workers, **kw):
+    kw.setdefault("max_attempts", len(fake.keys))
+    winner, ran = climb(DTConfig(), fake, workers=workers, solved=lambda r: r[1] is not None and r[1] >= 10,
+                        key=lambda r: r[1], clock=fake.clock, **kw)
+    return winner, [rung.attempt for rung, _ in ran]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+def test_ladder_winner_is_the_sequential_one_for_any_workers(workers):
+    # attempts 2 and 4 solve: the winner is 2 even when 3 and 4 ran in the same wave, and they are dropped
+    winner, ran = _climb(FakeRungs([1, 5, 10, 3, 11]), workers)
+    assert winner == (2, 10) and ran == [0, 1, 2]
+    # none solves: the best key, the first of equals
+    winner, ran = _climb(FakeRungs([1, 5, None, 5, 2]), workers)
+    assert winner == (1, 5) and ran == [0, 1, 2, 3, 4]
+    winner, ran = _climb(FakeRungs([None, None]), workers)
+    assert winner is None and ran == [0, 1]
+
+
+def test_ladder_rungs_climb_the_configs():
+    fake = FakeRungs([1, 1, 1])
+    seen = []
+    climb(DTConfig(mlp_inputs=2), lambda rungs: seen.extend(rungs) or fake(rungs), workers=2, max_attempts=3,
+          solved=lambda r: False, key=lambda r: r[1])
+    assert [r.attempt for r in seen] == [0, 1, 2] and fake.waves == [[0, 1], [2]]
+    assert seen[0].config.mlp_inputs == 2 and seen[1].config.mlp_inputs == 3
+    assert seen[1].label == DTConfig().rung(1)[0]
+
+
+def test_ladder_budget_covers_the_longest_wave(capsys):
+    # waves of 1: after 0 (2 s) and 1 (5 s), 7 s spent + longest 5 s > 11 s: rung 2 does not start
+    fake = FakeRungs([0] * 6, seconds=[2, 5, 1, 1, 1, 1])
+    _, ran = _climb(fake, 1, budget_s=11, max_attempts=None)
+    assert ran == [0, 1]
+    # the first wave always runs to completion, and says so when it overran
+    fake = FakeRungs([0] * 4, seconds=[30, 1, 1, 1])
+    _, ran = _climb(fake, 2, budget_s=3, max_attempts=None, name="demo", progress=True)
+    assert ran == [0, 1] and fake.waves == [[0, 1]]
+    assert "first wave always runs to completion" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="never ends"):
+        _climb(FakeRungs([0]), 1, max_attempts=None)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 0, 0.0, -1, True, False, "3", [3]])
+def test_budget_must_be_finite_and_positive(bad):
+    with pytest.raises(ConfigError, match=r"budget_s .*got " + __import__("re").escape(repr(bad))):
+        check_budget(bad)
+    with pytest.raises(ConfigError, match="budget_s"):
+        train("prev2", TINY, budget_s=bad, progress=False)
+    with pytest.raises(ConfigError, match="budget_s"):
+        wtc.discover("prev2", budget_s=bad, progress=False)
+
+
+def test_budget_accepts_numbers():
+    assert check_budget(None) is None
+    assert check_budget(3) == 3.0 and check_budget(np.float32(0.5)) == 0.5 and check_budget(np.int64(7)) == 7.0
+
+
+def test_resume_refuses_another_runs_results(tmp_path):
+    """Issue 15: resuming prev2 in sum_last2's directory returned the sum_last2 model."""
+    train("sum_last2", TINY, seed=0, progress=False, checkpoint_dir=tmp_path)
+    with pytest.raises(CheckpointError, match="task 'sum_last2', not 'prev2'"):
+        train("prev2", TINY, seed=0, progress=False, checkpoint_dir=tmp_path, resume=True)
+    with pytest.raises(CheckpointError, match="seed 0, not 1"):
+        train("sum_last2", TINY, seed=1, progress=False, checkpoint_dir=tmp_path, resume=True)
+    with pytest.raises(CheckpointError, match=r"different DTConfig \(steps=20, now 21\)"):
+        train("sum_last2", TINY.replace(steps=21), seed=0, progress=False, checkpoint_dir=tmp_path, resume=True)
+    # another result file copied in as attempt 0 of this run: the attempt recorded in it differs
+    meta = json.loads((tmp_path / "attempt0_result.json").read_text())
+    meta["train_info"]["attempt"] = 3
+    (tmp_path / "attempt0_result.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="attempt 3, not 0"):
+        train("sum_last2", TINY, seed=0, progress=False, checkpoint_dir=tmp_path, resume=True)
+    # the ladder's own fields may change on resume (they do not change what an attempt computes);
+    # a kept result that solved settles the wave, so attempt 1 does not run
+    meta["train_info"]["attempt"], meta["key"][0] = 0, True
+    (tmp_path / "attempt0_result.json").write_text(json.dumps(meta))
+    model, _ = train("sum_last2", TINY.replace(workers=2, max_attempts=2), seed=0, progress=False,
+                     checkpoint_dir=tmp_path, resume=True)
+    assert model.train_info["task"] == "sum_last2" and not list(tmp_path.glob("attempt1*"))
+
+
+def test_wave_is_decided_by_its_first_solved_or_failed_rung():
+    def solved(r):
+        return r == "solved"
+
+    assert not wave_decided({}, {}, {0: None, 1: None}, solved)
+    assert not wave_decided({1: "solved"}, {}, {0: None}, solved)     # rung 0 may still solve: it would win
+    assert wave_decided({1: "solved"}, {}, {2: None}, solved)         # rung 2 cannot matter
+    assert not wave_decided({0: "not solved"}, {}, {1: None}, solved)
+    assert wave_decided({0: "not solved"}, {1: RuntimeError()}, {2: None}, solved)
+    assert not wave_decided({0: "solved"}, {}, {1: None}, None)       # no rule given: wait for all
+
+
+def test_resume_in_workers_refuses_another_runs_state(tmp_path):
+    """A worker's refusal comes back as the same CheckpointError (the CLI prints it as one line)."""
+    cfg = TINY.replace(max_attempts=2, workers=2)
+    Attempt(wtc.tasks.get("prev2"), cfg.rung(1)[1], seed=5, attempt=1).save(tmp_path / "attempt1")
+    with pytest.raises(CheckpointError, match="seed 5, not 0"):
+        train("prev2", cfg, seed=0, progress=False, checkpoint_dir=tmp_path, resume=True)
+
+
+def test_program_round_trips_through_json():
+    """What a discover worker hands back: expressions exact (srepr), rules and readings intact."""
+    x, p = sp.symbols("x prev1_x")
+    expr = sp.Max(x, p) * sp.Rational(1, 3) + sp.Float("0.1234567890123") * x**2 - sp.Abs(p) + sp.Min(0, x - p)
+    lines = [Line("prev1_x", "route", "x", Rule("offset", {"d": np.int64(1), "before": "pad"}, np.int64(9), 10)),
+             Line("x_by_f", "route", "x", Rule("switch", {"var": "f", "table": [(0.0, 1), (1.0, 2)]}, 5, 6)),
+             Line("m", "expr", expr=expr, comment="sub-MLP")]
+    source = "import math\ndef program(xs):\n    return [2.0 * v for v in xs]\n"
+    prog = Program("demo", source, 4, 1, 1, lines, [expr, x + 1], ok=False, failures=["L0.m1: no formula"],
+                   readings=[Reading("L0.m0", "mlp", "m", "x, prev1_x", "max", "rmse 0", True, False)])
+    back = program_from_dict(json.loads(json.dumps(program_to_dict(prog), default=plain_json)), model="m")
+    assert back.outputs == prog.outputs and [ln.expr for ln in back.lines] == [ln.expr for ln in prog.lines]
+    assert [ln.rule and (ln.rule.describe(), ln.rule.agree) for ln in back.lines] == \
+        [ln.rule and (ln.rule.describe(), ln.rule.agree) for ln in prog.lines]
+    assert back.readings == prog.readings and (back.ok, back.failures, back.model) == (False, prog.failures, "m")
+    assert back([[1, 2, 3, 4]]).tolist() == [[2, 4, 6, 8]]
+
+
+def test_discover_rungs_in_workers_give_the_sequential_result():
+    """workers=2 runs rungs 0 and 1 at once in worker processes (the program comes back serialised);
+    rung 0 verifies, so both pick it and keep one attempt record."""
+    cfg = DTConfig(n_heads=2, n_mlps=1, mlp_hidden=8, steps=150, hard_steps=20, polish_iters=20, replicas=4,
+                   batch_size=32, eval_sequences=256, precision_iters=0)
+    seq = wtc.discover("sum_last2", seed=0, budget_s=60, progress=False, config=cfg.replace(workers=1))
+    par = wtc.discover("sum_last2", seed=0, budget_s=60, progress=False, config=cfg.replace(workers=2))
+    assert seq.solved and par.solved
+    assert par.program.source == seq.program.source
+    assert par.program.outputs == seq.program.outputs and par.program.failures == seq.program.failures
+    assert [(ln.name, ln.kind, ln.source, ln.expr, ln.rule and ln.rule.describe()) for ln in par.program.lines] == \
+        [(ln.name, ln.kind, ln.source, ln.expr, ln.rule and ln.rule.describe()) for ln in seq.program.lines]
+    assert par.program.readings == seq.program.readings and par.verification == seq.verification
+    strip = [{k: v for k, v in a.items() if k != "seconds"} for a in seq.attempts]
+    assert [{k: v for k, v in a.items() if k != "seconds"} for a in par.attempts] == strip and len(strip) == 1
+    x, _ = wtc.tasks.get("sum_last2").batch(np.random.default_rng(3), 16)
+    np.testing.assert_array_equal(par.model.predict(x), seq.model.predict(x))
+    np.testing.assert_array_equal(par.program(x), seq.program(x))
+    assert par.history.final == seq.history.final and par.model.train_info == seq.model.train_info

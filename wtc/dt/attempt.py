@@ -1,0 +1,367 @@
+"""One attempt: a population of R replicas trained side by side, finished and judged on fresh data.
+
+An attempt is deterministic in (task, rung config, seed, attempt index). Everything needed to
+checkpoint and resume it lives in `Attempt`; a finished attempt's result (key, model, history)
+is written and read back by save_result / load_result, which refuse a file of another run.
+`TrainJob` is the attempt as a unit of work for wtc.dt.workers (in this process or a worker).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from wtc.dt import checkpoint
+from wtc.dt.config import DTConfig
+from wtc.dt.finish import masked_mse, polish, refit_head
+from wtc.dt.history import History
+from wtc.dt.model import DiscreteTransformer
+from wtc.dt.refine import refine_pointers
+from wtc.dt.selection import Sampling, entropy
+from wtc.errors import CheckpointError
+
+CHECKPOINT_EVERY = 250   # steps between training-state checkpoints (when a directory is given)
+LOG_EVERY = 10           # steps between history records (entropies cost a softmax over every head)
+FIT_SEQUENCES = 2048     # sequences for normalisation and the head refit
+POLISH_SEQUENCES = 1024  # full batch of the L-BFGS polish (10k positions)
+REFINE_SEQUENCES = 512   # batch of the pointer refinement (counterfactual forwards per key)
+PRECISION_REPLICAS = 2   # nearly-solved replicas that get the float64 polish
+PRECISION_CHUNK = 250    # L-BFGS iterations between checks whether they are solved
+# DTConfig fields that steer the ladder, not what one attempt computes: a resume may change them
+LADDER_FIELDS = ("max_attempts", "workers")
+
+
+def tau_at(config: DTConfig, step: int) -> float:
+    """Geometric annealing tau_start -> tau_end over config.steps, updated every step."""
+    frac = min(step / max(config.steps - 1, 1), 1.0)
+    return config.tau_start * (config.tau_end / config.tau_start) ** frac
+
+
+def rank_key(task, score: dict) -> tuple:
+    """Sort key for fresh-data scores: solved first, then the task metric, then mean error."""
+    if task.output == "integer":
+        return (score["solved"], score["accuracy"], -score["mean_rel_err"])
+    return (score["solved"], -score["max_rel_err"], -score["mean_rel_err"])
+
+
+def solid(task, score) -> bool:
+    """Solved with a margin: integer outputs at most 0.4 from the target everywhere on the evaluation
+    set, so rounding still holds on fresh data (max_last3 stopped at 0.47 scored 0.99994 on 10^5
+    fresh positions)."""
+    return score["solved"] and (task.output != "integer" or score["max_abs_err"] <= 0.4)
+
+
+def nearly(task, score) -> bool:
+    """Close enough that more precision may solve it. Integer outputs: 0.85, because a 2-hidden-layer
+    sub-MLP with the right inputs can stand at 0.86-0.90 after the float32 polish and reach 1.00 with
+    1000 more L-BFGS iterations (max_last3, seed 0, attempt 1: see bench/RESULTS.md)."""
+    return score["accuracy"] >= 0.85 if task.output == "integer" else score["max_rel_err"] <= 0.05
+
+
+def metric_value(task, score):
+    return score["accuracy"] if task.output == "integer" else score["max_rel_err"]
+
+
+def check_run(path, recorded: dict, task, seed: int, attempt: int, config: DTConfig) -> None:
+    """Refuse a checkpoint or result written by another run; the message names the field."""
+    for name, want in (("task", task.name), ("seed", seed), ("attempt", attempt)):
+        if recorded.get(name) != want:
+            raise CheckpointError(f"{path}: checkpoint is for {name} {recorded.get(name)!r}, not {want!r} "
+                                  f"(another run's files: use another directory, or do not resume)")
+    have, want = recorded.get("config") or {}, config.to_dict()
+    diff = sorted(k for k in set(have) | set(want) if k not in LADDER_FIELDS and have.get(k) != want.get(k))
+    if diff:
+        shown = "; ".join(f"{k}={have.get(k)!r}, now {want.get(k)!r}" for k in diff[:3])
+        raise CheckpointError(f"{path}: checkpoint was written with a different DTConfig ({shown})")
+
+
+class Attempt:
+    """One population run: all state needed to checkpoint and resume it lives here."""
+
+    def __init__(self, task, config: DTConfig, seed: int, attempt: int, device: str | torch.device | None = None):
+        """device (default config.device): where the steps run (a CUDA device takes the Triton
+        kernels); the model is built and normalised on the CPU first, so a seed gives the same
+        initial model anywhere."""
+        self.task, self.config, self.seed, self.attempt = task, config, seed, attempt
+        self.device = torch.device(device or config.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"DTConfig.device={str(self.device)!r} but torch sees no CUDA device "
+                               f"(torch {torch.__version__}, cuda available: False)")
+        self.rng = np.random.default_rng([seed, attempt, 0])                 # training data
+        self.generator = torch.Generator(device=self.device).manual_seed(
+            int(np.random.default_rng([seed, attempt, 1]).integers(2**62)))
+        with torch.random.fork_rng():
+            torch.manual_seed(int(np.random.default_rng([seed, attempt, 2]).integers(2**62)))
+            self.model = DiscreteTransformer(config, seq_len=task.seq_len, n_inputs=task.n_inputs,
+                                             n_outputs=task.n_outputs)
+        x, y = task.batch(np.random.default_rng([seed, attempt, 3]), FIT_SEQUENCES)
+        self.model.fit_normalization(x, y)
+        self.fit_data = self._tensors(x, y)
+        with torch.no_grad():   # module-output ranges for the PLE bins, from the untrained model
+            self.model(self.fit_data[0][:512], Sampling.anneal(config.tau_start, gumbel=False, straight_through=False),
+                       track_ranges="set")
+        self.model.to(self.device)
+        self.fit_data = tuple(t.to(self.device) for t in self.fit_data)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr,
+                                           weight_decay=config.weight_decay)
+        self.step, self.phase = 0, "anneal"
+        heads = [n for b in self.model.blocks if b.attn is not None for n in b.attn.head_names]
+        slots = [s for sel in self.model.selectors() for s in sel.slot_names]
+        self.history = History(task.name, "accuracy" if task.output == "integer" else "max_rel_err",
+                               slots, heads, attempt=attempt)
+
+    # ------------------------------------------------------------------ data
+    def _tensors(self, x: np.ndarray, y: np.ndarray):
+        m = self.model
+        dev = m.x_scale.device
+        xt = m.normalize_inputs(torch.as_tensor(x, dtype=torch.float32, device=dev))
+        y_raw = torch.as_tensor(y, dtype=torch.float32, device=dev)
+        yt = m.normalize_targets(y_raw)
+        valid = torch.isfinite(yt)
+        return xt, torch.nan_to_num(yt), valid.float(), y_raw
+
+    def _batch_metric(self, pred: torch.Tensor, y_raw: torch.Tensor, valid: torch.Tensor) -> np.ndarray:
+        with torch.no_grad():
+            p = self.model.denormalize_outputs(pred)
+            y = torch.nan_to_num(y_raw)
+            if self.task.output == "integer":
+                hit = (torch.round(p) == y).float() * valid
+                return (hit.sum(dim=(1, 2, 3)) / valid.sum()).cpu().numpy()
+            rel = ((p - y).abs() / (1 + y.abs())) * valid
+            return rel.amax(dim=(1, 2, 3)).cpu().numpy()
+
+    # ------------------------------------------------------------------ phases
+    def train_step(self) -> None:
+        cfg = self.config
+        if self.phase == "anneal":
+            tau = tau_at(cfg, self.step)
+            sampling = Sampling.anneal(tau, gumbel=cfg.gumbel, straight_through=cfg.straight_through,
+                                       generator=self.generator)
+        else:
+            tau = cfg.tau_end
+            sampling = Sampling.hard_phase(tau)
+        x, y = self.task.batch(self.rng, cfg.batch_size)
+        xt, yt, valid, y_raw = self._tensors(x, y)
+        log_entropy = self.step % LOG_EVERY == 0 or self.step + 1 == cfg.steps + cfg.hard_steps
+        sampling = dataclasses.replace(sampling, stats=log_entropy)
+        pred, stats = self.model(xt, sampling, track_ranges="ema")
+        loss_r = masked_mse(pred, yt, valid)
+        objective = loss_r.sum()
+        if cfg.redundancy_penalty and stats["redundancy"]:
+            objective = objective + cfg.redundancy_penalty * torch.stack(stats["redundancy"]).sum()
+        self.optimizer.zero_grad(set_to_none=True)
+        objective.backward()
+        self.optimizer.step()
+        if log_entropy:
+            with torch.no_grad():
+                sel_h = torch.cat([entropy(s.probabilities(tau)) for s in self.model.selectors()], dim=1)
+                attn_h = torch.cat(stats["attn_entropy"], dim=1) if stats["attn_entropy"] else torch.zeros(self.model.R, 0)
+            self.history.record(self.step, self.phase, tau, loss_r.detach().cpu().numpy(),
+                                self._batch_metric(pred.detach(), y_raw, valid), sel_h.cpu().numpy(), attn_h.cpu().numpy())
+        self.step += 1
+        if self.phase == "anneal" and self.step >= cfg.steps:
+            self.phase = "hard"
+            for group in self.optimizer.param_groups:
+                group["lr"] = cfg.lr * cfg.hard_lr_scale
+        elif self.phase == "hard" and self.step >= cfg.steps + cfg.hard_steps:
+            self.phase = "finish"
+
+    def finish(self) -> None:
+        """Freeze the discrete structure, refit the head exactly, polish the continuous parts."""
+        self.model.freeze()
+        self.model.eval()
+        x, y, valid = self.fit_data[:3]
+        n = POLISH_SEQUENCES
+        refit_head(self.model, x, y, valid)
+        if self.config.polish_iters:
+            polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters)
+        if self.config.refine_steps and refine_pointers(self.model, x[:REFINE_SEQUENCES], y[:REFINE_SEQUENCES],
+                                                        valid[:REFINE_SEQUENCES], steps=self.config.refine_steps):
+            refit_head(self.model, x, y, valid)
+            if self.config.polish_iters:
+                polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters)
+        self.phase = "done"
+
+    def precision_pass(self, scores: list[dict]) -> list[dict]:
+        """Float64 L-BFGS for the best nearly-solved replicas: float32 polish stalls around 3e-3
+        relative error (measured on free_fall_height), float64 reaches below 1e-3."""
+        close = [r for r, s in enumerate(scores) if not s["solved"] and nearly(self.task, s)]
+        close = sorted(close, key=lambda r: rank_key(self.task, scores[r]), reverse=True)[:PRECISION_REPLICAS]
+        if not close:
+            return scores
+        x, y, valid = (t[:POLISH_SEQUENCES].double() for t in self.fit_data[:3])
+        sub = self.model.select_replicas(close).double()
+        done = 0
+        while done < self.config.precision_iters:   # in chunks: stop once one of them is solved
+            step = min(PRECISION_CHUNK, self.config.precision_iters - done)
+            polish(sub, x, y, valid, iters=step)
+            done += step
+            self.model.assign_replicas(close, copy.deepcopy(sub).float())   # .float() is in place
+            scores = self.evaluate(self.config.eval_sequences)
+            if any(solid(self.task, scores[r]) for r in close):   # a population needs one solved replica
+                break
+        return scores
+
+    def evaluate(self, n: int) -> list[dict]:
+        x, y = self.task.batch(np.random.default_rng([self.seed, self.attempt, 4]), n)
+        preds = self.model.predict(x, replica=-1)
+        return [self.task.score(p, y) for p in preds]
+
+    # ------------------------------------------------------------------ checkpointing
+    def save(self, path: Path) -> None:
+        tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
+        opt = self.optimizer.state_dict()
+        for i, st in opt["state"].items():
+            for k, v in st.items():
+                tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
+        tensors["rng.torch"] = self.generator.get_state()
+        arrays = self.history.arrays()
+        for k in ("loss", "metric", "sel_entropy", "attn_entropy"):
+            tensors[f"hist.{k}"] = torch.from_numpy(np.ascontiguousarray(arrays[k]))
+        meta = {"model": checkpoint.model_meta(self.model), "task": self.task.name, "seed": self.seed,
+                "attempt": self.attempt, "step": self.step, "phase": self.phase,
+                "rng_numpy": self.rng.bit_generator.state, "opt_groups": opt["param_groups"],
+                "hist_step": self.history.step, "hist_phase": self.history.phase, "hist_tau": self.history.tau}
+        checkpoint.write_atomic(path, tensors, meta)
+
+    def restore(self, path: Path) -> None:
+        tensors, meta = checkpoint.read(path)
+        check_run(path, {**meta, "config": meta.get("model", {}).get("config")}, self.task, self.seed,
+                  self.attempt, self.config)
+        self.model = checkpoint.build_model(meta["model"], tensors, prefix="model.").to(self.device)
+        state = {}
+        for key, value in tensors.items():
+            if key.startswith("opt."):
+                _, i, name = key.split(".", 2)
+                state.setdefault(int(i), {})[name] = value
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr,
+                                           weight_decay=self.config.weight_decay)
+        self.optimizer.load_state_dict({"state": state, "param_groups": meta["opt_groups"]})
+        self.generator.set_state(tensors["rng.torch"])
+        self.rng.bit_generator.state = meta["rng_numpy"]
+        self.step, self.phase = meta["step"], meta["phase"]
+        h = self.history
+        h.step, h.phase, h.tau = list(meta["hist_step"]), list(meta["hist_phase"]), list(meta["hist_tau"])
+        for k in ("loss", "metric", "sel_entropy", "attn_entropy"):
+            setattr(h, k, list(tensors[f"hist.{k}"].numpy()))
+
+
+# ---------------------------------------------------------------------- a whole attempt
+def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = None) -> list[dict]:
+    """Train one population to the end (resuming where `run` stands); fresh-data scores per replica."""
+    cfg = run.config
+    t_start = time.perf_counter()
+    bar = tqdm(total=cfg.steps + cfg.hard_steps, initial=run.step, disable=not progress, leave=False,
+               desc=f"{run.task.name} attempt {run.attempt}")
+    while run.phase in ("anneal", "hard"):
+        run.train_step()
+        bar.update(1)
+        if run.step % 50 == 0:
+            loss = run.history.loss[-1]
+            bar.set_postfix(tau=f"{run.history.tau[-1]:.3g}", best_loss=f"{loss.min():.2e}", phase=run.phase)
+        if state_path is not None and run.step % CHECKPOINT_EVERY == 0:
+            run.save(state_path)
+    bar.close()
+    run.finish()
+    scores = run.evaluate(cfg.eval_sequences)
+    if cfg.precision_iters:
+        scores = run.precision_pass(scores)
+    run.history.final = {"scores": scores}
+    run.history.seconds = time.perf_counter() - t_start
+    if progress:
+        keys = [rank_key(run.task, s) for s in scores]
+        best = max(range(len(scores)), key=lambda i: keys[i])
+        tqdm.write(f"{run.task.name} attempt {run.attempt}: {sum(k[0] for k in keys)}/{len(keys)} replicas solved; "
+                   f"best {run.history.metric_name}={metric_value(run.task, scores[best]):.4g} "
+                   f"({run.history.seconds:.1f}s)")
+    return scores
+
+
+def take_replica(run: Attempt, r: int):
+    """(model, history) for replica r of a finished attempt."""
+    scores = run.history.final["scores"]
+    history = copy.copy(run.history)
+    history.replica = r
+    model = run.model.replica(r).cpu()
+    model.train_info = {"task": run.task.name, "seed": run.seed, "attempt": run.attempt, "replica": r,
+                        "score": scores[r]}
+    return model, history
+
+
+def best_replica(run: Attempt, scores: list[dict]):
+    """(key, model, history) of the best replica of a finished attempt (the first of equals)."""
+    keys = [rank_key(run.task, s) for s in scores]
+    r = max(range(len(scores)), key=lambda i: keys[i])
+    model, history = take_replica(run, r)
+    return keys[r], model, history
+
+
+# ---------------------------------------------------------------------- finished results
+def save_result(path: Path, key, model, history) -> None:
+    """Write a finished attempt's (key, model, history); model.train_info says whose it is."""
+    arrays = history.arrays()
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    for k in ("loss", "metric", "sel_entropy", "attn_entropy"):
+        tensors[f"hist.{k}"] = torch.from_numpy(np.ascontiguousarray(arrays[k]))
+    meta = {"model": checkpoint.model_meta(model), "key": list(key), "history": history.to_dict(),
+            "hist_step": history.step, "hist_tau": history.tau, "train_info": model.train_info}
+    checkpoint.write_atomic(path, tensors, meta)
+
+
+def load_result(path: Path, task, seed: int, attempt: int, config: DTConfig):
+    """(key, model, history) written by save_result for this task, seed, attempt and rung config;
+    CheckpointError naming the field when the file is another run's."""
+    tensors, meta = checkpoint.read(path)
+    info = meta.get("train_info") or {}
+    check_run(path, {**info, "config": meta.get("model", {}).get("config")}, task, seed, attempt, config)
+    model = checkpoint.build_model(meta["model"], tensors, prefix="model.").eval()
+    model.train_info = info
+    h = meta["history"]
+    history = History(h["task"], h["metric_name"], h["slot_names"], h["head_names"], attempt=h["attempt"],
+                      replica=h["replica"], final=h["final"], seconds=h["seconds"])
+    history.step, history.phase, history.tau = meta["hist_step"], h["phase"], meta["hist_tau"]
+    for k in ("loss", "metric", "sel_entropy", "attn_entropy"):
+        setattr(history, k, list(tensors[f"hist.{k}"].numpy()))
+    return tuple(meta["key"]), model, history
+
+
+class TrainJob:
+    """wtc.train's work on one rung (the job protocol of wtc.dt.workers): train the population and
+    keep its best replica. opts: checkpoint_dir (state every CHECKPOINT_EVERY steps and the result
+    there), resume (continue from them), progress."""
+
+    @staticmethod
+    def result_path(opts: dict, attempt: int) -> Path | None:
+        d = opts.get("checkpoint_dir")
+        return Path(d) / f"attempt{attempt}_result" if d else None
+
+    @staticmethod
+    def finished(task, rung, seed: int, opts: dict, path: Path | None):
+        """The result kept from an earlier run when resuming (checked to be this rung's), else None."""
+        if opts.get("resume") and path is not None and path.with_suffix(".json").exists():
+            return load_result(path, task, seed, rung.attempt, rung.config)
+        return None
+
+    @staticmethod
+    def run(task, rung, seed: int, opts: dict, path: Path | None):
+        done = TrainJob.finished(task, rung, seed, opts, path)
+        if done is not None:
+            return done
+        d = opts.get("checkpoint_dir")
+        state = Path(d) / f"attempt{rung.attempt}" if d else None
+        run = Attempt(task, rung.config, seed, rung.attempt)
+        if opts.get("resume") and state is not None and state.with_suffix(".json").exists():
+            run.restore(state)
+        result = best_replica(run, run_attempt(run, opts.get("progress", False), state))
+        if path is not None:
+            save_result(path, *result)
+        return result
+
+    @staticmethod
+    def load(path: Path, task, rung, seed: int):
+        return load_result(path, task, seed, rung.attempt, rung.config)

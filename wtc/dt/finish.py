@@ -1,0 +1,61 @@
+"""Finishing fits of a frozen Discrete Transformer: the exact least-squares head and the L-BFGS
+polish of the continuous parts with the pointers pinned (used by wtc.dt.attempt)."""
+from __future__ import annotations
+
+import torch
+
+from wtc.dt.model import DiscreteTransformer
+from wtc.dt.selection import EVAL
+
+
+def masked_mse(pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """pred (R, B, T, O), target/valid (B, T, O) -> per-replica mean squared error (R,)."""
+    err = (pred - target).square() * valid
+    return err.sum(dim=(1, 2, 3)) / valid.sum().clamp(min=1)
+
+
+@torch.no_grad()
+def refit_head(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> None:
+    """Least-squares output head on the frozen stream (float64, tiny ridge for dead variables)."""
+    feats = model.final_stream(x)[:, :, model.P:].double()                     # (R, B, T, V)
+    R, V = feats.shape[0], feats.shape[-1]
+    for o in range(model.n_outputs):
+        keep = valid[..., o].bool().reshape(-1)
+        target = y[..., o].reshape(-1)[keep].double()
+        for r in range(R):
+            A = torch.cat([feats[r].reshape(-1, V)[keep],
+                           torch.ones(int(keep.sum()), 1, dtype=torch.float64, device=feats.device)], 1)
+            ridge = 1e-9 * torch.eye(V + 1, dtype=torch.float64, device=feats.device)
+            w = torch.linalg.solve(A.T @ A + ridge, A.T @ target)
+            model.W_out[r, :, o] = w[:V].float()
+            model.b_out[r, o] = w[V].float()
+
+
+def polish(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor, iters: int) -> None:
+    """Full-batch L-BFGS on the sub-MLPs and head of the frozen model, pointers pinned.
+
+    Replicas are independent, so the objective is the sum of each replica's loss relative to its
+    starting loss (one replica's scale cannot dominate the shared line search). A replica that
+    ends worse than it started (including after re-evaluating the pointers) is restored.
+    """
+    params = [p for b in model.blocks if b.mlp is not None
+              for p in b.mlp.parameters_of_map()] + [model.W_out, model.b_out]
+    before = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        start = masked_mse(model(x, EVAL)[0], y, valid)
+    scale = start.clamp(min=1e-12)
+    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=iters, history_size=20,
+                            tolerance_grad=1e-12, tolerance_change=1e-14, line_search_fn="strong_wolfe")
+    with model.pinned_pointers(x):
+        def closure():
+            opt.zero_grad()
+            loss = (masked_mse(model(x, EVAL)[0], y, valid) / scale).sum()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+    with torch.no_grad():
+        end = masked_mse(model(x, EVAL)[0], y, valid)
+        worse = ~(end <= start)
+        for p, b in zip(params, before):
+            p[worse] = b[worse]
