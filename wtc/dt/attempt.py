@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from wtc import checkpoint_io
 from wtc.dt import checkpoint
 from wtc.dt.config import DTConfig
 from wtc.dt.finish import masked_mse, polish, refit_head
@@ -227,10 +228,10 @@ class Attempt:
                 "attempt": self.attempt, "step": self.step, "phase": self.phase,
                 "rng_numpy": self.rng.bit_generator.state, "opt_groups": opt["param_groups"],
                 "hist_step": self.history.step, "hist_phase": self.history.phase, "hist_tau": self.history.tau}
-        checkpoint.write_atomic(path, tensors, meta)
+        checkpoint_io.write_atomic(path, tensors, meta)
 
     def restore(self, path: Path) -> None:
-        tensors, meta = checkpoint.read(path)
+        tensors, meta = checkpoint_io.read(path)
         check_run(path, {**meta, "config": meta.get("model", {}).get("config")}, self.task, self.seed,
                   self.attempt, self.config)
         self.model = checkpoint.build_model(meta["model"], tensors, prefix="model.").to(self.device)
@@ -310,13 +311,13 @@ def save_result(path: Path, key, model, history) -> None:
         tensors[f"hist.{k}"] = torch.from_numpy(np.ascontiguousarray(arrays[k]))
     meta = {"model": checkpoint.model_meta(model), "key": list(key), "history": history.to_dict(),
             "hist_step": history.step, "hist_tau": history.tau, "train_info": model.train_info}
-    checkpoint.write_atomic(path, tensors, meta)
+    checkpoint_io.write_atomic(path, tensors, meta)
 
 
 def load_result(path: Path, task, seed: int, attempt: int, config: DTConfig):
     """(key, model, history) written by save_result for this task, seed, attempt and rung config;
     CheckpointError naming the field when the file is another run's."""
-    tensors, meta = checkpoint.read(path)
+    tensors, meta = checkpoint_io.read(path)
     info = meta.get("train_info") or {}
     check_run(path, {**info, "config": meta.get("model", {}).get("config")}, task, seed, attempt, config)
     model = checkpoint.build_model(meta["model"], tensors, prefix="model.").eval()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from wtc.checkpoint_io import read, write_atomic  # noqa: F401  (the DT training state uses them from here)
+from wtc.checkpoint_io import read, write_atomic
 from wtc.dt.config import DTConfig
 from wtc.errors import CheckpointError
 

@@ -64,8 +64,8 @@ class DTConfig:
       replicas     independent models trained side by side in one batched forward (a population:
                    tiny models are overhead-bound, so R replicas cost far less than R runs)
       max_attempts populations tried (new seeds) until one replica solves the task
-      workers      attempts trained at once in worker processes (None: one per CPU core, at most
-                   max_attempts; 1: sequential in this process). Same result for any value
+      workers      attempts (rungs) trained at once in worker processes, by train and discover (None:
+                   one per CPU core; 1: sequential in this process). Same result for any value
       grow         restarts climb the capacity ladder (LADDER below: 3-input sub-MLPs, aggregate heads,
                    a second layer) instead of repeating the same architecture with new seeds. A
                    windowed maximum needs a three-way operator or two chained ones; a prefix sum
