@@ -28,6 +28,8 @@ def checkpoint(tmp_path_factory):
     np.save(d / "long.npy", np.zeros((1, 9), np.int64))
     np.save(d / "float.npy", np.zeros((1, 4), np.float32))
     torch.save({"a": 1}, d / "dict.pt")
+    (d / "garbage").mkdir()
+    (d / "garbage" / "scan.sqlite").write_bytes(b"this is not a database" * 100)
     (d / "broken").mkdir()
     (d / "broken" / "config.json").write_text("{")
     (d / "broken" / "model.safetensors").write_bytes(b"junk")
@@ -51,6 +53,12 @@ CASES = {
     "dict tokens": (["scan", "{d}/model", "--tokens", "{d}/dict.pt", "--out", "{d}/o8"], "token ids"),
     "mass 2": (["scan", "{d}/model", "--tokens", "{d}/tokens.npy", "--mass", "2", "--out", "{d}/o9"], "mass"),
     "unknown study": (["study", "nonsense"], "nonsense"),
+    "train seed -1": (["train", "prev2", "--seed", "-1"], "non-negative"),
+    "discover seed -1": (["discover", "prev2", "--seed", "-1"], "non-negative"),
+    "resume without out": (["train", "prev2", "--resume"], "--out"),
+    "task and all": (["discover", "prev2", "--all"], "not both"),
+    "lm-train vocab 1": (["lm-train", "--vocab", "1", "--out", "{d}/lm"], "--vocab"),
+    "garbage store": (["scan", "{d}/model", "--tokens", "{d}/tokens.npy", "--out", "{d}/garbage"], "not a usable scan store"),
     "lm-train heads 0": (["lm-train", "--heads", "0", "--out", "{d}/lm"], "positive"),
     "lm-train d_model 0": (["lm-train", "--d-model", "0", "--out", "{d}/lm"], "positive"),
 }

@@ -231,3 +231,76 @@ def test_transformer_checkpoint_digests(tmp_path):
     with pytest.raises(CheckpointError, match="sha256"):
         load(d)
     assert torch.is_tensor(next(iter(Transformer(TransformerConfig()).state_dict().values())))
+
+
+# ---------------------------------------------------------------------- found by a hostile probe
+def test_resume_refuses_another_task_of_the_same_name(tmp_path):
+    from wtc.errors import CheckpointError
+    sample = lambda rng, n: rng.integers(0, 2, (n, 5))                     # noqa: E731
+    first = Task("same", sample, lambda x: x, seq_len=5)
+    other = Task("same", sample, lambda x: 1 - x, seq_len=5)
+    cfg = DTConfig(steps=5, hard_steps=2, replicas=2, max_attempts=1, eval_sequences=64, polish_iters=5,
+                   precision_iters=0, workers=1)
+    wtc.train(first, cfg, checkpoint_dir=tmp_path, progress=False)
+    assert first.fingerprint() != other.fingerprint()
+    with pytest.raises(CheckpointError, match="another task named 'same'"):
+        wtc.train(other, cfg, checkpoint_dir=tmp_path, resume=True, progress=False)
+
+
+def test_predict_refuses_what_float32_cannot_hold():
+    from wtc.dt.model import DiscreteTransformer
+    from wtc.errors import ModelInputError
+    model = DiscreteTransformer(DTConfig(replicas=1), seq_len=4)
+    for bad, match in [(np.full((1, 4), 1e39), "float32"), (np.zeros((1, 4)) + 1j, "complex"),
+                       (np.zeros((0, 4)), "no sequences"), (np.zeros((1, 5)), "shape")]:
+        with pytest.raises(ModelInputError, match=match):
+            model.predict(bad)
+    for kw in ({"replica": 3}, {"replica": "0"}, {"batch_size": 0}):
+        with pytest.raises(ModelInputError):
+            model.predict(np.zeros((1, 4)), **kw)
+
+
+def test_config_of_the_wrong_type_is_refused():
+    from wtc.dt.config import ConfigTypeError
+    for bad in (0, "tiny", {"steps": 5}):
+        with pytest.raises(ConfigTypeError, match="DTConfig"):
+            wtc.discover("prev2", config=bad, progress=False)
+
+
+def test_validate_refuses_labels_outside_the_readout():
+    import torch
+    from wtc.ace import extract_core, validate
+    from wtc.errors import AceError
+    model, tokens = _ace_setup()
+    ro = lambda out: out[:, -1]   # noqa: E731
+    core = extract_core(model, tokens, "blocks.0.hook_resid_post", readout=ro)
+    with pytest.raises(AceError, match="not a class"):
+        validate(core, model, tokens, torch.full((16,), 99), readout=ro)
+    with pytest.raises(AceError, match="-1 for 'not scored'"):
+        validate(core, model, tokens, torch.full((16,), -5), readout=ro)
+    with pytest.raises(AceError, match="tolerance"):
+        validate(core, model, tokens, torch.zeros(16, dtype=torch.long), readout=ro, tolerance=float("nan"))
+
+
+def test_task_tiers_and_overrides():
+    with pytest.raises(TaskError, match="tier"):
+        wtc.tasks.names(tier="bogus")
+    t = Task("prev2", lambda rng, n: rng.integers(0, 2, (n, 5)), lambda x: x, seq_len=5)
+    wtc.tasks.register(t, overwrite=True)
+    try:
+        assert wtc.tasks.names().count("prev2") == 1 and "prev2" not in wtc.tasks.names(tier="must")
+        assert wtc.tasks.get("prev2") is t
+    finally:
+        wtc.tasks._USER.pop("prev2")
+
+
+def test_trainer_run_refuses_bad_stops():
+    import torch
+    from wtc.errors import TrainConfigError
+    from wtc.models.training import TrainConfig, Trainer
+    model = torch.nn.Linear(2, 1)
+    tr = Trainer(model, TrainConfig(steps=3), lambda step: torch.ones(4, 2), lambda b: model(b).square().mean(),
+                 progress=False)
+    for kw in ({"stop_after": -1}, {"stop_after": 0}, {"budget_s": float("nan")}, {"budget_s": -1}):
+        with pytest.raises(TrainConfigError):
+            tr.run(**kw)

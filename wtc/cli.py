@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from wtc.errors import WtcError
+
 
 def _cmd_tasks(args) -> int:
     from wtc import tasks
@@ -32,6 +34,8 @@ def _cmd_train(args) -> int:
     from wtc.dt import DTConfig, checkpoint
     from wtc.dt.train import train
 
+    if args.resume and not args.out:
+        raise CLIError("--resume continues the checkpoints in --out: give --out DIR")
     task = tasks.get(args.task)
     overrides = {k: v for k, v in (("steps", args.steps), ("replicas", args.replicas),
                                    ("max_attempts", args.attempts)) if v is not None}
@@ -64,6 +68,8 @@ def _cmd_discover(args) -> int:
     from wtc import tasks
     from wtc.discovery import discover
 
+    if args.all and args.task:
+        raise CLIError(f"give a TASK or --all, not both (got {args.task!r} and --all)")
     if args.all:
         return _discover_all(args)
     if not args.task:
@@ -111,6 +117,10 @@ def _cmd_lm_train(args) -> int:
     from wtc.models import Transformer, TransformerConfig
     from wtc.models.io import save
     from wtc.models.lm import MarkovSource, train_lm
+
+    for flag, value in (("--vocab", args.vocab), ("--seq-len", args.seq_len)):
+        if value < 2:
+            raise CLIError(f"{flag} must be at least 2 (a Markov stream needs two tokens and a next one), got {value}")
 
     cfg = TransformerConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
                             d_head=args.d_model // args.heads, d_mlp=4 * args.d_model, d_vocab=args.vocab,
@@ -205,6 +215,10 @@ def _cmd_study(args) -> int:
     return 0
 
 
+class CLIError(WtcError, ValueError):
+    """Command-line arguments that do not fit together."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: `wtc train: error: ...` and a pointer to --help (exit 2)."""
 
@@ -217,6 +231,13 @@ def _integer(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def _seed(text: str) -> int:
+    value = _integer(text)
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text!r}: a seed is a non-negative integer")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -256,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("backends", help="report native/CUDA/Triton backends").set_defaults(func=_cmd_backends)
     t = sub.add_parser("train", help="train a Discrete Transformer on a task and print its fresh-data score")
     t.add_argument("task", help="a built-in task name (`wtc tasks` lists them) or a registered user task")
-    t.add_argument("--seed", type=_integer, default=0, help="seed of the whole run (data, init, noise; default 0)")
+    t.add_argument("--seed", type=_seed, default=0, help="seed of the whole run (data, init, noise; default 0)")
     t.add_argument("--budget", type=_seconds, default=None, help="wall-time budget in seconds (a new attempt "
                    "starts only if the time left covers one more)")
     t.add_argument("--steps", type=_positive, default=None, help="annealing steps per attempt")
@@ -269,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("discover", help="train, extract and verify a program for a task (or --all)")
     d.add_argument("task", nargs="?", help="a built-in task name (`wtc tasks` lists them) or a registered user task")
     d.add_argument("--all", action="store_true", help="every built-in task; writes results.md/json")
-    d.add_argument("--seed", type=_integer, default=0, help="seed of the whole run (data, init, noise, "
+    d.add_argument("--seed", type=_seed, default=0, help="seed of the whole run (data, init, noise, "
                    "verification; default 0)")
     d.add_argument("--budget", type=_seconds, default=None, help="seconds per task (default 600)")
     d.add_argument("--out", default=None, help="directory for program.py, report.md, plots, summary.json")
@@ -305,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--slices", type=_positive, default=10, help="disjoint held-out slices for robustness")
     ex.add_argument("--proposer", default=None, help="shell command proposing predicate sources (JSON contexts "
                                                      "on stdin, JSON list of sources on stdout); run sandboxed")
-    ex.add_argument("--seed", type=int, default=0)
+    ex.add_argument("--seed", type=_seed, default=0)
     ex.add_argument("--quiet", action="store_true")
     ex.set_defaults(func=_cmd_explain)
     lm = sub.add_parser("lm-train", help="train a token transformer on a Markov stream (a model to scan)")
@@ -317,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument("--steps", type=_positive, default=200)
     lm.add_argument("--batch", type=_positive, default=32)
     lm.add_argument("--scan-sequences", type=_positive, default=16, help="sequences written to tokens.npy")
-    lm.add_argument("--seed", type=int, default=0)
+    lm.add_argument("--seed", type=_seed, default=0)
     lm.add_argument("--out", required=True)
     lm.add_argument("--quiet", action="store_true")
     lm.set_defaults(func=_cmd_lm_train)

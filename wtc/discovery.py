@@ -27,7 +27,7 @@ import sympy as sp
 
 from wtc import tasks as task_registry
 from wtc.dt.attempt import Attempt, load_result, rank_key, run_attempt, save_result, take_replica
-from wtc.dt.config import DTConfig
+from wtc.dt.config import ConfigTypeError, DTConfig
 from wtc.dt.ladder import check_budget, climb
 from wtc.dt.workers import run_wave, task_reference, worker_count
 from wtc.errors import CheckpointError
@@ -119,7 +119,9 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
     """
     task = task_registry.get(task)
     budget = DEFAULT_BUDGET_S if budget_s is None else check_budget(budget_s)
-    base = config or DTConfig()
+    if config is not None and not isinstance(config, DTConfig):
+        raise ConfigTypeError(f"config must be a wtc.DTConfig or None, got {type(config).__name__} {config!r}")
+    base = DTConfig() if config is None else config
     task_ref = task_reference(task)
     t0 = time.perf_counter()
 
@@ -234,7 +236,8 @@ def save_rung(path: Path, result, task, seed: int, attempt: int, config: DTConfi
     """A DiscoverJob result: <path>.json (record, key, program, verification) and the model and
     history beside it (<path>_model, wtc.dt.attempt.save_result); the JSON is written last."""
     record, best = result
-    meta = {"task": task.name, "seed": seed, "attempt": attempt, "config": config.to_dict(), "record": record,
+    meta = {"task": task.name, "task_sha256": task.fingerprint(), "seed": seed, "attempt": attempt,
+            "config": config.to_dict(), "record": record,
             "best": None}
     if best is not None:
         key, program, model, history, ver = best

@@ -69,3 +69,7 @@ class AceError(WtcError, ValueError):
 
 class ModelConfigError(WtcError, ValueError):
     """A token transformer's configuration is out of range; the message names the field."""
+
+
+class ModelInputError(WtcError, ValueError):
+    """A model was called on inputs it cannot take (shape, dtype, values); the message says which."""

@@ -38,6 +38,8 @@ def cca(X: torch.Tensor, Y: torch.Tensor, eps: float = 1e-10) -> torch.Tensor:
 def compare(cores, activations=None, top: int = 3) -> dict:
     """Pairwise overlap and principal angles of cores; with each core's activations on the same
     inputs (list of (N, D)), the mean of the top canonical correlations of their core coordinates."""
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+        raise AceError(f"top must be a positive integer (canonical correlations averaged), got {top!r}")
     n = len(cores)
     overlap = [[projector_overlap(cores[i].Q, cores[j].Q) for j in range(n)] for i in range(n)]
     angles = [[principal_angles(cores[i].Q, cores[j].Q).tolist() for j in range(n)] for i in range(n)]

@@ -157,6 +157,8 @@ def _check_labels(labels: torch.Tensor, inputs, core) -> None:
         raise AceError(f"labels must have one row per input: {len(inputs)} inputs, labels of shape {tuple(labels.shape)}")
     if core.position == "all" and labels.ndim != 2:
         raise AceError(f"a position='all' core is scored per position: labels must be (batch, T), got {tuple(labels.shape)}")
+    if bool((labels < -1).any()):
+        raise AceError(f"labels are class ids >= 0, or -1 for 'not scored'; got {int(labels.min())}")
     if not (labels >= 0).any():
         raise AceError("no label is scored (every label is -1)")
 
@@ -232,6 +234,10 @@ def validate(core: Core, model, inputs, labels, readout=None, tolerance: float =
     _check_labels(labels, inputs, core)
     with torch.no_grad():
         K = (readout or _default_readout(core.position))(model(inputs[:1])).shape[-1]
+    if int(labels.max()) >= K:
+        raise AceError(f"label {int(labels.max())} is not a class of the readout's {K} outputs")
+    if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not 0 <= tolerance < 1:
+        raise AceError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
     chance = 1.0 / K
     acc = {m: patched_accuracy(model, inputs, labels, core, m, readout=readout, projector=projector)
            for m in ("clean", "keep", "remove", "flip")}

@@ -74,6 +74,9 @@ def check_run(path, recorded: dict, task, seed: int, attempt: int, config: DTCon
         if recorded.get(name) != want:
             raise CheckpointError(f"{path}: checkpoint is for {name} {recorded.get(name)!r}, not {want!r} "
                                   f"(another run's files: use another directory, or do not resume)")
+    if "task_sha256" in recorded and recorded["task_sha256"] != task.fingerprint():
+        raise CheckpointError(f"{path}: checkpoint is for another task named {task.name!r} (its samples or "
+                              f"targets differ: task fingerprint mismatch); use another directory")
     have, want = recorded.get("config") or {}, config.to_dict()
     diff = sorted(k for k in set(have) | set(want) if k not in LADDER_FIELDS and have.get(k) != want.get(k))
     if diff:
@@ -224,7 +227,8 @@ class Attempt:
         arrays = self.history.arrays()
         for k in ("loss", "metric", "sel_entropy", "attn_entropy"):
             tensors[f"hist.{k}"] = torch.from_numpy(np.ascontiguousarray(arrays[k]))
-        meta = {"model": checkpoint.model_meta(self.model), "task": self.task.name, "seed": self.seed,
+        meta = {"model": checkpoint.model_meta(self.model), "task": self.task.name,
+                "task_sha256": self.task.fingerprint(), "seed": self.seed,
                 "attempt": self.attempt, "step": self.step, "phase": self.phase,
                 "rng_numpy": self.rng.bit_generator.state, "opt_groups": opt["param_groups"],
                 "hist_step": self.history.step, "hist_phase": self.history.phase, "hist_tau": self.history.tau}
@@ -289,7 +293,8 @@ def take_replica(run: Attempt, r: int):
     history = copy.copy(run.history)
     history.replica = r
     model = run.model.replica(r).cpu()
-    model.train_info = {"task": run.task.name, "seed": run.seed, "attempt": run.attempt, "replica": r,
+    model.train_info = {"task": run.task.name, "task_sha256": run.task.fingerprint(), "seed": run.seed,
+                        "attempt": run.attempt, "replica": r,
                         "score": scores[r]}
     return model, history
 

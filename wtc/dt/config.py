@@ -16,6 +16,10 @@ class ConfigError(WtcError, ValueError):
     """A DTConfig field is out of range or inconsistent; the message names the field."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """Something that is not a DTConfig was passed where one is expected."""
+
+
 def _per_layer(value, n_layers: int, name: str) -> tuple[int, ...]:
     values = (value,) * n_layers if isinstance(value, int) else tuple(value)
     if len(values) != n_layers:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from wtc.errors import ModelInputError
 from wtc.dt.attention import Attention
 from wtc.dt.config import DTConfig
 from wtc.dt.selection import EVAL, Sampling
@@ -278,14 +279,27 @@ class DiscreteTransformer(Hooked):
 
     # ------------------------------------------------------------------ numpy API
     def check_inputs(self, x) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float64)
+        """x as float64 (n, T, n_inputs); refuses other shapes, empty batches, complex, NaN/inf and
+        magnitudes float32 cannot hold (the model computes in float32: they would come back NaN)."""
+        from wtc.tasks.task import MAX_MAGNITUDE
+
+        if np.iscomplexobj(x):
+            raise ModelInputError("x is complex; the model takes real inputs")
+        try:
+            x = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ModelInputError(f"x is not a numeric array: {exc}") from None
         if x.ndim == 2 and self.n_inputs == 1:
             x = x[:, :, None]
         if x.ndim != 3 or x.shape[1:] != (self.seq_len, self.n_inputs):
-            raise ValueError(f"x has shape {x.shape}, expected (n, {self.seq_len}, {self.n_inputs})"
-                             + (f" or (n, {self.seq_len})" if self.n_inputs == 1 else ""))
+            raise ModelInputError(f"x has shape {x.shape}, expected (n, {self.seq_len}, {self.n_inputs})"
+                                  + (f" or (n, {self.seq_len})" if self.n_inputs == 1 else ""))
+        if x.shape[0] == 0:
+            raise ModelInputError("x holds no sequences (n = 0)")
         if not np.all(np.isfinite(x)):
-            raise ValueError("x contains NaN or inf")
+            raise ModelInputError("x contains NaN or inf")
+        if np.abs(x).max() > MAX_MAGNITUDE:
+            raise ModelInputError(f"x holds |value| {np.abs(x).max():.3g} > {MAX_MAGNITUDE:g}; the model computes in float32")
         return x
 
     @torch.no_grad()
@@ -295,7 +309,12 @@ class DiscreteTransformer(Hooked):
         A population (R > 1) needs `replica`, or replica=-1 for all: (R, n, T[, O]).
         """
         if self.R > 1 and replica is None:
-            raise ValueError(f"this model holds {self.R} replicas: pass replica=i (or -1 for all)")
+            raise ModelInputError(f"this model holds {self.R} replicas: pass replica=i (or -1 for all)")
+        if replica is not None and (not isinstance(replica, (int, np.integer)) or isinstance(replica, bool)
+                                    or not -1 <= replica < self.R):
+            raise ModelInputError(f"replica must be an integer in [0, {self.R}) or -1 (all), got {replica!r}")
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ModelInputError(f"batch_size must be a positive integer, got {batch_size!r}")
         x = self.check_inputs(x)
         was_training = self.training
         self.eval()

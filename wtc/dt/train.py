@@ -9,15 +9,17 @@ be exceeded.
 """
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
 from wtc import tasks as task_registry
 from wtc.dt.attempt import Attempt, tau_at
-from wtc.dt.config import DTConfig
+from wtc.dt.config import ConfigTypeError, DTConfig
 from wtc.dt.finish import polish, refit_head
 from wtc.dt.ladder import check_budget, climb
 from wtc.dt.workers import run_wave, task_reference, worker_count
+from wtc.errors import TrainingError
 
 # Attempt, tau_at, refit_head and polish were defined here first; callers still import them from here
 __all__ = ["train", "Attempt", "tau_at", "refit_head", "polish"]
@@ -45,7 +47,7 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
     if config is None:
         config = DTConfig()
     if not isinstance(config, DTConfig):
-        raise TypeError(f"config must be a wtc.DTConfig, got {type(config).__name__}")
+        raise ConfigTypeError(f"config must be a wtc.DTConfig, got {type(config).__name__}")
     budget_s = check_budget(budget_s)
     task_ref = task_reference(task)
     workers = worker_count(config, task_ref, cap=config.max_attempts)
@@ -72,4 +74,8 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
                     max_attempts=config.max_attempts, name=task.name, progress=progress)
     _, model, history = best
     history.seconds = time.perf_counter() - t0
+    score = (history.final or {}).get("scores", [{}])[history.replica] if history.final else {}
+    if score and not math.isfinite(score.get("max_abs_err", 0.0)):
+        raise TrainingError(f"{task.name}: every attempt diverged (the best model predicts NaN/inf on fresh data); "
+                            f"lower DTConfig.lr (now {config.lr:g}) or check the task's scale")
     return model, history

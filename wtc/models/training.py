@@ -393,6 +393,11 @@ class Trainer:
     def run(self, stop_after: int | None = None, budget_s: float | None = None) -> TrainResult:
         """Train to cfg.steps (resuming first); stop_after: return, checkpointed, once this many
         updates are done, as a kill would; budget_s: likewise after this many seconds."""
+        if stop_after is not None and (not isinstance(stop_after, int) or isinstance(stop_after, bool) or stop_after < 1):
+            raise TrainConfigError(f"stop_after must be None or a positive integer, got {stop_after!r}")
+        if budget_s is not None and (not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool)
+                                     or not math.isfinite(budget_s) or budget_s <= 0):
+            raise TrainConfigError(f"budget_s must be None or a finite positive number of seconds, got {budget_s!r}")
         self.resume()
         target, start = self.cfg.steps, self.step
         self._t0 = time.perf_counter()

@@ -56,7 +56,7 @@ class ScanResult:
             row = self.store.weight(name, flat)
             if row is not None:
                 return row[1].copy()
-        return _importance(self.position_kl(name, flat)[None].float(), mass or self.mass)[0]
+        return _importance(self.position_kl(name, flat)[None].float(), self.mass if mass is None else mass)[0]
 
     def top(self, k: int = 10) -> list[dict]:
         """The k weights with the largest total KL."""

@@ -30,10 +30,13 @@ class ScanStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(self.path), timeout=60)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(SCHEMA)
+        try:
+            self.db = sqlite3.connect(str(self.path), timeout=60)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+        except sqlite3.Error as exc:   # not a database, a directory, a store of another program
+            raise ScanError(f"{self.path} is not a usable scan store ({exc}); use a new output directory") from None
 
     def close(self) -> None:
         self.db.close()

@@ -15,8 +15,11 @@ _USER: dict[str, Task] = {}
 
 
 def names(tier: str | None = None) -> list[str]:
-    """Registered task names (built-ins in table order, then user tasks); optionally one tier."""
-    builtins = [n for n in builtin.SUITE if tier is None or builtin.tier(n) == tier]
+    """Registered task names (built-ins in table order, then user tasks); optionally one tier
+    ('must', 'stretch' or 'user'). A user task registered over a built-in's name replaces it."""
+    if tier not in (None, "must", "stretch", "user"):
+        raise TaskError(f"tier must be None, 'must', 'stretch' or 'user', got {tier!r}")
+    builtins = [n for n in builtin.SUITE if n not in _USER and (tier is None or builtin.tier(n) == tier)]
     return builtins + ([n for n in _USER] if tier in (None, "user") else [])
 
 

@@ -128,6 +128,22 @@ class Task:
         y[:, : self.valid_from] = np.nan
         return y
 
+    def fingerprint(self) -> str:
+        """sha256 of the definition (shape fields, output kind, valid_from) and of a fixed probe
+        batch and its targets: two tasks that share a name but sample or compute differently
+        differ here, so a resume can refuse the other one's checkpoints."""
+        cached = self.__dict__.get("_fingerprint")
+        if cached is None:
+            import hashlib
+            x, y = self.batch(np.random.default_rng(20261201), 8)
+            h = hashlib.sha256(repr((self.seq_len, self.n_inputs, self.n_outputs, self.output,
+                                     self.valid_from)).encode())
+            h.update(np.ascontiguousarray(x).tobytes())
+            h.update(np.ascontiguousarray(np.nan_to_num(y, nan=-7.0)).tobytes())
+            cached = h.hexdigest()
+            object.__setattr__(self, "_fingerprint", cached)   # frozen dataclass: a private cache only
+        return cached
+
     def _sample_ndim(self) -> int:
         """2 or 3: the rank of what `sample` returns, so `target` receives batches in that form
         (a single-input sampler may return (n, T) or (n, T, 1)); probed once with one sequence."""
