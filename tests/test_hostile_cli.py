@@ -41,7 +41,7 @@ CASES = {
     "budget nan": (["discover", "prev2", "--budget", "nan"], "budget"),
     "budget 0": (["train", "prev2", "--budget", "0"], "budget"),
     "steps 0": (["train", "prev2", "--steps", "0"], "positive"),
-    "seed text": (["train", "prev2", "--seed", "abc"], "not an integer"),
+    "seed text": (["train", "prev2", "--seed", "abc"], "not a seed"),
     "missing checkpoint": (["scan", "{d}/nowhere", "--tokens", "{d}/tokens.npy", "--out", "{d}/o1"], "not a wtc transformer"),
     "broken checkpoint": (["scan", "{d}/broken", "--tokens", "{d}/tokens.npy", "--out", "{d}/o2"], "config.json"),
     "unknown params": (["scan", "{d}/model", "--tokens", "{d}/tokens.npy", "--params", "nope.*", "--out", "{d}/o3"],

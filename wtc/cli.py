@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -226,47 +227,25 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+def _argument(convert, ok, what: str):
+    """An argparse type: convert the text, then check it; the error names what was expected."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+    return parse
 
 
-def _seed(text: str) -> int:
-    value = _integer(text)
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"{text!r}: a seed is a non-negative integer")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = _integer(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """A finite positive number of seconds (nan, inf, 0 and negatives never stop or never start)."""
-    import math
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the budget must be a finite positive number of seconds")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not in (0, 1]")
-    return value
+_integer = _argument(int, lambda v: True, "an integer")
+_seed = _argument(int, lambda v: 0 <= v < 2**63, "a seed (a non-negative integer)")
+_positive = _argument(int, lambda v: v >= 1, "a positive integer")
+# nan, inf, 0 and negative budgets never stop or never start
+_seconds = _argument(float, lambda v: math.isfinite(v) and v > 0, "a budget: a finite positive number of seconds")
+_fraction = _argument(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def build_parser() -> argparse.ArgumentParser:
