@@ -29,7 +29,7 @@ from wtc import tasks as task_registry
 from wtc.dt.attempt import Attempt, load_result, rank_key, run_attempt, save_result, take_replica
 from wtc.dt.config import ConfigTypeError, DTConfig
 from wtc.dt.ladder import check_budget, climb
-from wtc.dt.workers import run_wave, task_reference, worker_count
+from wtc.dt.workers import milestone, run_wave, task_reference, worker_count
 from wtc.errors import CheckpointError
 from wtc.extraction import Line, Program, Reading, Verification, extract, verify
 from wtc.extraction.reader import ExtractionError
@@ -174,7 +174,10 @@ class DiscoverJob:
         started = time.perf_counter()
         attempt = rung.attempt
         run = Attempt(task, rung.config, seed, attempt)
+        milestone(opts, f"{task.name} attempt {attempt} ({rung.label}): training")
         scores = run_attempt(run, opts.get("progress", False))
+        milestone(opts, f"{task.name} attempt {attempt}: {sum(bool(s['solved']) for s in scores)}/{len(scores)} "
+                        f"replicas solved ({time.perf_counter() - started:.0f}s); reading the best ones out")
         order = sorted(range(len(scores)), key=lambda i: rank_key(task, scores[i]), reverse=True)
         record = {"attempt": attempt, "label": rung.label, "replicas": len(scores),
                   "replicas_solved": sum(bool(s["solved"]) for s in scores), "replicas_read": 0,
@@ -188,6 +191,9 @@ class DiscoverJob:
                 record.setdefault("errors", []).append(f"replica {r}: {exc}")
                 continue
             ver = verify(program, task, n=10000, seed=int(np.random.default_rng([seed, attempt, r]).integers(2**31)))
+            milestone(opts, f"{task.name} attempt {attempt}: replica {r} read ({program.n_lines} lines), "
+                            f"{'verified' if ver.solved and program.ok else 'not verified'} "
+                            f"({time.perf_counter() - started:.0f}s)")
             record["replicas_read"] += 1
             key = (ver.solved and program.ok, program.ok, rank_key(task, scores[r]), -program.n_lines)
             if best is None or key > best[0]:

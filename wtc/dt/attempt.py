@@ -363,6 +363,8 @@ class TrainJob:
         run = Attempt(task, rung.config, seed, rung.attempt)
         if opts.get("resume") and state is not None and state.with_suffix(".json").exists():
             run.restore(state)
+        if opts.get("milestones"):        # in a worker: tqdm goes to its log, so say what runs
+            print(f"[wtc] {task.name} attempt {rung.attempt} ({rung.label}): training from step {run.step}", flush=True)
         result = best_replica(run, run_attempt(run, opts.get("progress", False), state))
         if path is not None:
             save_result(path, *result)

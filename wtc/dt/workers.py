@@ -96,15 +96,18 @@ def run_wave(job_name: str, task, task_ref: str | None, rungs: list[Rung], seed:
                     results[rung.attempt] = done
                     continue
                 spec = {"job": job_name, "task": task_ref, "attempt": rung.attempt, "label": rung.label,
-                        "config": rung.config.to_dict(), "seed": seed, "opts": {**opts, "progress": False},
+                        "config": rung.config.to_dict(), "seed": seed,
+                        "opts": {**opts, "progress": False, "milestones": bool(opts.get("progress"))},
                         "path": str(path), "error": str(Path(scratch) / f"attempt{rung.attempt}_error.json")}
                 log = open(Path(scratch) / f"attempt{rung.attempt}.log", "w+")
                 pending[rung.attempt] = (rung, path, log, subprocess.Popen(
                     [sys.executable, "-m", "wtc.dt.workers", json.dumps(spec)], stdout=log, stderr=subprocess.STDOUT))
+            relayed = {a: 0 for a in pending}
             while pending and not wave_decided(results, failures, pending, solved):
                 time.sleep(POLL_S)
                 for a in sorted(pending):
                     rung, path, log, proc = pending[a]
+                    relayed[a] = _relay(log, relayed[a])
                     code = proc.poll()
                     if code is None:
                         continue
@@ -124,6 +127,28 @@ def run_wave(job_name: str, task, task_ref: str | None, rungs: list[Rung], seed:
     if failures and min(failures) < min([a for a, r in results.items() if solved and solved(r)], default=math.inf):
         raise failures[min(failures)]
     return results
+
+
+MILESTONE = "[wtc] "   # lines a worker prints for the parent to show (its tqdm bars stay in its log)
+
+
+def milestone(opts: dict, text: str) -> None:
+    """A progress line from a job: printed at once in-process, relayed by the parent from a worker."""
+    if opts.get("milestones") or opts.get("progress"):
+        print(f"{MILESTONE if opts.get('milestones') else ''}{text}", flush=True)
+
+
+def _relay(log, offset: int) -> int:
+    """Print the worker's new milestone lines (complete lines only); returns the new offset."""
+    log.flush()
+    with open(log.name, errors="replace") as f:
+        f.seek(offset)
+        chunk = f.read()
+    end = chunk.rfind("\n") + 1
+    for line in chunk[:end].splitlines():
+        if line.startswith(MILESTONE):
+            print(line[len(MILESTONE):], flush=True)
+    return offset + len(chunk[:end].encode())
 
 
 def wave_decided(results: dict, failures: dict, pending: dict, solved) -> bool:
