@@ -304,3 +304,12 @@ def test_trainer_run_refuses_bad_stops():
     for kw in ({"stop_after": -1}, {"stop_after": 0}, {"budget_s": float("nan")}, {"budget_s": -1}):
         with pytest.raises(TrainConfigError):
             tr.run(**kw)
+
+
+def test_checkpoint_metadata_that_is_not_an_object_is_refused(tmp_path):
+    from wtc.dt import checkpoint
+    from wtc.errors import CheckpointError
+    checkpoint.save(_frozen_dt(), tmp_path / "m")
+    (tmp_path / "m" / "model.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="JSON object"):
+        checkpoint.load(tmp_path / "m")

@@ -8,7 +8,8 @@ JSON, and the new JSON is then still complete under <path>.json.tmp, so read() f
 
 Integrity: the JSON holds a sha256 digest of every tensor (key "_sha256"), checked on read, so one
 flipped bit in a weight is a CheckpointError naming the tensor, not a silently different model.
-Pairs written before digests existed are read without the check.
+Pairs written before digests existed are read without the check. (The JSON metadata itself has
+no digest yet: an edited config loads if it is consistent with the tensors.)
 """
 from __future__ import annotations
 
@@ -76,9 +77,12 @@ def exists(path: Path) -> bool:
 
 def _json(f: Path) -> dict:
     try:
-        return json.loads(f.read_text())
+        meta = json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"corrupt checkpoint metadata {f}: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"corrupt checkpoint metadata {f}: a JSON object was expected, got {type(meta).__name__}")
+    return meta
 
 
 def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
