@@ -8,9 +8,14 @@ Model: 2-layer transformer, d_model 128, 4 heads, d_mlp 512, vocab 512, over 64 
 - closed form: the unembedding (all d_model x vocab weights);
 - KL: torch eager (float64 log_softmax) vs wtc._C.kl_rows on (A, N, V) ablated logits; on a GPU
   (--device cuda) the Triton kl_rows vs torch eager and against a device copy's bandwidth.
-Writes bench/results/ablation.csv and prints a markdown table.
+- generic path (--section generic; any nn.Module with a readout, e.g. Hugging Face models):
+  the naive loop vs the scan before (FORCE="vmap": parameter copies through torch.func.vmap, the
+  only generic method until 2026-12) vs now (wtc.scan.generic's choice), interleaved rounds,
+  medians; see generic_section.
+Writes bench/results/ablation.csv (ablation_generic.csv for the generic rows) and prints a
+markdown table.
 
-    python -m bench.ablation [--threads 2] [--naive 16] [--sample 192] [--params a,b]
+    python -m bench.ablation [--threads 2] [--naive 16] [--sample 192] [--params a,b] [--section all|wtc|generic]
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import argparse
 import time
 
 import torch
+from torch import nn
 
 from bench.common import append_rows, machine, stamp
 from wtc import _native
@@ -51,8 +57,12 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (on a GPU the scan runs its torch path; "
                     "the native KL rows are CPU-only and skipped)")
     ap.add_argument("--params", default=None, help="comma-separated subset of the exact rows (default: all)")
+    ap.add_argument("--section", default="all", choices=["all", "wtc", "generic"])
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the generic section (medians)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.section == "generic":
+        return generic_section(args)
     cfg = TransformerConfig(n_layers=2, d_model=128, n_heads=4, d_head=32, d_mlp=512, d_vocab=512, n_ctx=128)
     model = Transformer(cfg, seed=0).eval().to(args.device)
     tokens = torch.randint(0, cfg.d_vocab, (64, 128), generator=torch.Generator().manual_seed(0)).to(args.device)
@@ -203,6 +213,164 @@ def main() -> None:
     for r in rows:
         ratio = f"{r['speedup']}x" if r["speedup"] != "" else "-"
         print(f"| {r['what']} | {r['naive_w_per_s']} | {r['fast_w_per_s']} | {ratio} |")
+    print(f"\n(appended to {path})")
+    if args.section == "all":
+        generic_section(args)
+
+
+# ----------------------------------------------------------------------------- generic path
+class MLP2(nn.Module):
+    """Two weight matrices: one-hot tokens -> Linear(V, H) -> tanh -> Linear(H, V), logits centred
+    (so the head is not the closed-form unembedding: both matrices take the generic path)."""
+
+    def __init__(self, V, H):
+        super().__init__()
+        torch.manual_seed(0)
+        self.V = V
+        self.fc1, self.fc2 = nn.Linear(V, H), nn.Linear(H, V)
+
+    def forward(self, ids):
+        z = self.fc2(torch.tanh(self.fc1(torch.nn.functional.one_hot(ids, self.V).to(self.fc1.weight.dtype))))
+        return z - z.mean(-1, keepdim=True)
+
+
+def _gpt2(d, layers, heads, vocab, ctx):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_embd=d, n_layer=layers, n_head=heads, vocab_size=vocab, n_positions=ctx)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def generic_cases():
+    """(row name, model, tokens, readout, params, (weights timed per parameter: naive, scan) or
+    None for a whole scan of every weight of the parameters, one-time costs included: the issue's
+    comparison)."""
+    g = torch.Generator().manual_seed(0)
+    cases = [("MLP2 V13 H24, 8x16 tokens: whole scan of fc1 + fc2 (624 weights), one-time costs in",
+              MLP2(13, 24).eval(), torch.randint(0, 13, (8, 16), generator=g), None,
+              ["fc1.weight", "fc2.weight"], None),
+             ("MLP2 V512 H512, 64x128 tokens (compute-bound)", MLP2(512, 512).eval(),
+              torch.randint(0, 512, (64, 128), generator=g), None, ["fc1.weight", "fc2.weight"], ((6, 1), (16, 1)))]
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("transformers is not installed: no GPT-2 rows (python -m pip install transformers)")
+    else:
+        readout = lambda out: out.logits                               # noqa: E731
+        for title, (d, layers, vocab, B, T), sizes in [
+                ("GPT2LMHeadModel (random GPT2Config) d64 2 layers 4 heads V512, 8x32 tokens", (64, 2, 512, 8, 32),
+                 ((16, 1), (256, 1))),
+                ("GPT2LMHeadModel d32 5 layers 4 heads V1000 (the shape of Hugging Face's tiny test GPT-2), 8x32 tokens",
+                 (32, 5, 1000, 8, 32), ((16, 1), (256, 1))),
+                ("GPT2LMHeadModel d128 2 layers 4 heads V512, 64x128 tokens (compute-bound)", (128, 2, 512, 64, 128),
+                 ((6, 1), (12, 1)))]:
+            model = _gpt2(d, layers, 4, vocab, T)
+            mats = [n for n, p in model.named_parameters() if p.ndim >= 2]     # every matrix (wte is also the head)
+            cases.append((title, model, torch.randint(0, vocab, (B, T), generator=g), readout, mats, sizes))
+    cfg = TransformerConfig(n_layers=2, d_model=128, n_heads=4, d_head=32, d_mlp=512, d_vocab=512, n_ctx=128)
+    cases.append(("wtc Transformer d128 (the bench model) through the generic path, 64x128 tokens (raw parameters: no rows)",
+                  Transformer(cfg, seed=0).eval(), torch.randint(0, 512, (64, 128), generator=g), lambda out: out + 0.0,
+                  ["blocks.0.mlp.W_in", "blocks.1.attn.W_O"], ((6, 1), (12, 1))))
+    small = TransformerConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=16, n_ctx=16)
+    cases.append(("wtc Transformer d16 through the generic path, 8x16 tokens (no rows: vmap vs naive)",
+                  Transformer(small, seed=0).eval(), torch.randint(0, 16, (8, 16), generator=g), lambda out: out + 0.0,
+                  ["blocks.0.mlp.W_in", "blocks.1.attn.W_O"], ((16, 1), (256, 1))))
+    return cases
+
+
+def _sample(p, n):
+    """A run of n consecutive weights from a random start (batched as in a scan of the whole parameter)."""
+    g = torch.Generator().manual_seed(1)
+    start = int(torch.randint(0, max(1, p.numel() - n), (1,), generator=g))
+    mask = torch.zeros(p.numel(), dtype=torch.bool)
+    mask[start:start + n] = True
+    return mask.reshape(p.shape), list(range(start, start + n))
+
+
+def generic_section(args) -> None:
+    """The generic path against the naive loop, side by side in one process. Every round times each
+    method on each case, the methods in a rotating order; figures are medians over rounds. Rates are
+    marginal, (n - m) / (t(n weights) - t(m weights)) per parameter, so each method's one-time work
+    (clean pass, trace and probe, the per-parameter check and clean-prefix pass) is left out, as in
+    a scan of whole parameters; a case's row is a whole scan of its parameters derived from them
+    (sum of size / rate). The first case times a whole scan, everything included."""
+    import statistics
+    from wtc.scan import generic as G
+    methods = {"naive": None, "before": "vmap", "now": None}
+    times, info = {}, {}                # (case, method, name, n) -> [seconds]; (case, name) -> (method, copies)
+
+    def run(method, model, tokens, readout, name, n):
+        p = dict(model.named_parameters())[name]
+        mask, idx = (torch.ones_like(p, dtype=torch.bool), list(range(p.numel()))) if n is None else _sample(p, n)
+        t = time.perf_counter()
+        if method == "naive":
+            naive_position_kl(model, tokens, name, readout, flat_indices=idx)
+            return time.perf_counter() - t, None
+        G.FORCE = methods[method]
+        try:
+            res = scan(model, tokens, params=[name], readout=readout or (lambda out: out), progress=False,
+                       keep_positions=False, weights={name: mask})
+        finally:
+            G.FORCE = None
+        seconds = time.perf_counter() - t
+        made = G.LAST() if G.LAST is not None else None
+        del res
+        return seconds, (None if made is None else (made.method.get(name), made.copies_per_forward(name)))
+
+    cases = generic_cases()
+    for r in range(args.rounds):
+        for c, (title, model, tokens, readout, params, sizes) in enumerate(cases):
+            order = list(methods)[r % 3:] + list(methods)[:r % 3]
+            for method in order:
+                plan = [None] if sizes is None else list(sizes[0] if method == "naive" else sizes[1])
+                for name in params:
+                    for n in plan:
+                        dt, got = run(method, model, tokens, readout, name, n)
+                        times.setdefault((c, method, name, n), []).append(dt)
+                        if got is not None and method == "now" and n != 1:
+                            info[(c, name)] = got
+            print(f"round {r + 1}/{args.rounds}: {title}", flush=True)
+
+    rows, detail = [], []
+    for c, (title, model, tokens, readout, params, sizes) in enumerate(cases):
+        numel = {n: dict(model.named_parameters())[n].numel() for n in params}
+        rate = {}                        # method -> name -> weights / s
+        for method in methods:
+            rate[method] = {}
+            for name in params:
+                if sizes is None:
+                    sec = statistics.median(times[(c, method, name, None)])
+                    rate[method][name] = numel[name] / sec
+                else:
+                    n, m = sizes[0] if method == "naive" else sizes[1]
+                    sec = statistics.median(a - b for a, b in zip(times[(c, method, name, n)], times[(c, method, name, m)]))
+                    rate[method][name] = (n - m) / max(sec, 1e-9)
+        total = {method: sum(numel.values()) / sum(numel[n] / rate[method][n] for n in params) for method in methods}
+
+        def how(name):
+            method, copies = info.get((c, name), ("?", None))
+            return f"{method}" + (f" x{copies}" if method == "rows" and copies else "")
+        rows.append({"what": title, "naive_w_per_s": round(total["naive"], 2), "before_w_per_s": round(total["before"], 2),
+                     "now_w_per_s": round(total["now"], 2), "before_vs_naive": round(total["before"] / total["naive"], 2),
+                     "now_vs_naive": round(total["now"] / total["naive"], 2),
+                     "now_vs_before": round(total["now"] / total["before"], 2),
+                     "chosen": "; ".join(sorted({how(n) for n in params}))})
+        for name in params:
+            detail.append({"what": f"{title} :: {name}", "naive_w_per_s": round(rate["naive"][name], 2),
+                           "before_w_per_s": round(rate["before"][name], 2), "now_w_per_s": round(rate["now"][name], 2),
+                           "before_vs_naive": round(rate["before"][name] / rate["naive"][name], 2),
+                           "now_vs_naive": round(rate["now"][name] / rate["naive"][name], 2),
+                           "now_vs_before": round(rate["now"][name] / rate["before"][name], 2), "chosen": how(name)})
+    for r in rows + detail:
+        r.update({"date": stamp(), "machine": machine(), "threads": args.threads, "device": args.device,
+                  "rounds": args.rounds})
+    path = append_rows("ablation_generic", rows + detail)
+    for table in (rows, detail):
+        print("\n| generic path | naive w/s | before (vmap) w/s | now w/s | before / naive | now / naive | now / before | method now |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in table:
+            print(f"| {r['what']} | {r['naive_w_per_s']} | {r['before_w_per_s']} | {r['now_w_per_s']} | "
+                  f"{r['before_vs_naive']}x | {r['now_vs_naive']}x | {r['now_vs_before']}x | {r['chosen']} |")
     print(f"\n(appended to {path})")
 
 

@@ -409,3 +409,256 @@ def test_scan_counts_kl_only_at_the_chosen_positions():
         torch.testing.assert_close(res.total_kl[name].flatten(), want.sum(-1), rtol=1e-5, atol=1e-9)
     with pytest.raises(ValueError, match="positions"):
         scan(model, tokens, params=names, positions=torch.ones(3, 5, dtype=torch.bool), progress=False)
+
+
+# ----------------------------------------------------------------------------- the generic path
+# (wtc.scan.generic: "rows" = one forward of A copies of the tokens with per-copy corrections by
+# hooks, "vmap" = parameter copies through torch.func, "naive" = zero, forward, restore; the scan
+# chooses). Every method against the naive loop, in float64, on fresh random weights and tokens.
+
+from wtc.scan import generic as G                              # noqa: E402
+
+
+class TupleLM(nn.Module):
+    """Hugging Face-like: returns a tuple (logits, hidden); token and position embeddings (positions
+    (1, T), broadcast over the batch, as GPT-2's), a LayerNorm module called twice, nn.Linear maps
+    with and without bias, token mixing by a causal mean, RMSNorm, a head tied to the embedding."""
+
+    def __init__(self, V=9, D=6, T=5, gen=None):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, D), nn.Embedding(T, D)
+        self.ln = nn.LayerNorm(D)
+        self.mix = nn.Linear(D, D, bias=False)
+        self.up, self.down = nn.Linear(D, 10), nn.Linear(10, D)
+        self.norm = nn.RMSNorm(D)
+        self.head = nn.Linear(D, V, bias=False)
+        self.head.weight = self.wte.weight
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * (0.3 if p.ndim == 1 else 0.6) + (p.ndim == 1))
+
+    def forward(self, ids):
+        T = ids.shape[1]
+        h = self.wte(ids) + self.wpe(torch.arange(T, device=ids.device)[None])
+        h = h + self.mix(self.ln(h)).cumsum(1) / torch.arange(1, T + 1, device=ids.device)[:, None]
+        h = h + self.down(torch.nn.functional.gelu(self.up(self.ln(h))))
+        return self.head(self.norm(h)), h
+
+
+def _generic_vs_naive(model, tokens, names, readout, force, rtol=1e-6, atol=1e-10):
+    """Scan under FORCE=force against wtc.scan.reference on every weight; returns the Generic."""
+    G.FORCE = force
+    try:
+        res = scan(model, tokens, params=names, readout=readout, progress=False, batch=5)
+    finally:
+        G.FORCE = None
+    for name in names:
+        want = naive_position_kl(model, tokens, name, readout)
+        p = dict(model.named_parameters())[name]
+        got = torch.stack([res.position_kl(name, flat) for flat in range(p.numel())])
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+        torch.testing.assert_close(res.total_kl[name].flatten(), want.sum(-1), rtol=rtol, atol=atol)
+    return res
+
+
+def _methods(model, tokens, readout, names):
+    """The method the generic path picks for each parameter (one batch of each through Generic)."""
+    with torch.no_grad():
+        clean = readout(model(tokens))
+    g = G.Generic(model, tokens, readout, clean, budget=2**25)
+    params = dict(model.named_parameters())
+    for name in names:
+        idx = (params[name].detach().flatten() != 0).nonzero().flatten()[:4]
+        g.ablated_logits(name, params[name], idx)
+    return g
+
+
+@pytest.mark.parametrize("force", [None, "rows", "vmap", "naive"])
+def test_generic_methods_equal_the_naive_loop(rng, force):
+    model = TupleLM(gen=rng).double().eval()
+    tokens = torch.randint(0, 9, (3, 5), generator=rng)
+    names = [n for n, _ in model.named_parameters()]            # 1-D ones (biases, norm weights) too
+    _generic_vs_naive(model, tokens, names, lambda out: out[0], force)
+
+
+def test_generic_rows_is_chosen_where_it_applies(rng):
+    model = TupleLM(gen=rng).double().eval()
+    tokens = torch.randint(0, 9, (3, 5), generator=rng)
+    names = [n for n, _ in model.named_parameters()]
+    g = _methods(model, tokens, lambda out: out[0], names)
+    assert g.method == {n: "rows" for n in names}               # the tied head included
+    assert g.checked == set(names)                              # each agreed with the naive loop
+
+
+class Awkward(nn.Module):
+    """What the rows method must refuse: a raw parameter in an einsum, a Linear weight also read
+    outside its module, a module with a caller's hook, an Embedding with max_norm, attention
+    through nn.MultiheadAttention (its out_proj weight is read by the attention function)."""
+
+    def __init__(self, V=7, D=4, gen=None):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.capped = nn.Embedding(V, D, max_norm=10.0)
+        self.raw = nn.Parameter(torch.randn(D, D, generator=gen))
+        self.lin = nn.Linear(D, D)
+        self.hooked = nn.Linear(D, D)
+        self.attn = nn.MultiheadAttention(D, 2, batch_first=True)
+        self.head = nn.Linear(D, V)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        self.hooked.register_forward_hook(lambda m, args, out: 1.5 * out)
+
+    def forward(self, ids):
+        h = self.emb(ids) + self.capped(ids)
+        h = h + torch.tanh(torch.einsum("btd,de->bte", h, self.raw))
+        h = h + self.lin(h) + 0.1 * h @ self.lin.weight
+        h = torch.tanh(self.hooked(h))
+        h = h + self.attn(h, h, h, need_weights=False)[0]
+        return {"logits": self.head(h) * 1.0}
+
+
+def test_generic_falls_back_where_rows_cannot_be_exact(rng):
+    model = Awkward(gen=rng).double().eval()
+    tokens = torch.randint(0, 7, (3, 5), generator=rng)
+    names = ["emb.weight", "capped.weight", "raw", "lin.weight", "lin.bias", "hooked.weight",
+             "attn.in_proj_weight", "attn.out_proj.weight", "head.bias"]
+    readout = lambda out: out["logits"]                         # noqa: E731
+    g = _methods(model, tokens, readout, names)
+    rows = {n for n, m in g.method.items() if m == "rows"}
+    assert rows == {"emb.weight", "lin.bias", "head.bias"}
+    assert set(g.method) == set(names) and all(m in ("vmap", "naive") for n, m in g.method.items() if n not in rows)
+    _generic_vs_naive(model, tokens, names, readout, None)
+    _generic_vs_naive(model, tokens, names, readout, "rows")    # where rows does not apply, it falls back
+
+
+class BatchMixer(nn.Module):
+    """Batch rows not independent (a norm over the batch): the rows method's probe must refuse it."""
+
+    def __init__(self, gen=None):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(7, 4), nn.Linear(4, 7)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen))
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        return self.head(torch.tanh(h - h.mean(0, keepdim=True)))
+
+
+def test_generic_rows_refuses_a_model_that_mixes_batch_rows(rng):
+    model = BatchMixer(gen=rng).double().eval()
+    tokens = torch.randint(0, 7, (3, 5), generator=rng)
+    readout = lambda out: out + 0.0                             # noqa: E731  (not the closed form)
+    g = _methods(model, tokens, readout, ["emb.weight", "head.bias"])
+    assert g._independent is False and set(g.method.values()) <= {"vmap", "naive"}
+    _generic_vs_naive(model, tokens, ["emb.weight", "head.weight", "head.bias"], readout, "rows")
+
+
+def test_generic_float32_rows_matches_the_naive_loop(rng):
+    model = TupleLM(gen=rng).eval()
+    tokens = torch.randint(0, 9, (4, 5), generator=rng)
+    names = ["wte.weight", "up.weight", "ln.weight", "down.bias"]
+    _generic_vs_naive(model, tokens, names, lambda out: out[0], "rows", rtol=5e-3, atol=2e-6)
+
+
+def test_generic_copies_per_forward_double_while_it_pays():
+    for per_weight, best in [({1: 1.0, 2: 0.6, 4: 0.4, 8: 0.42, 16: 0.5}, 4),      # 16 clearly worse
+                             ({1: 1.0, 2: 0.6, 4: 0.4, 8: 0.43, 16: 0.41}, 4),     # two in a row not better
+                             ({1: 1.0, 2: 0.6, 4: 0.4, 8: 0.42, 16: 0.3, 32: 0.2, 64: 0.1}, 64)]:  # the cap
+        s = G._Sizes(cap=64)
+        for _ in range(20):
+            a, timed = s.next(64, 64)
+            if s.settled is not None:
+                break
+            assert timed
+            s.record(a, per_weight[a] * a)
+        assert s.settled == best and s.next(64, 64) == (best, False)
+    small = G._Sizes(cap=64)                                  # the scan's batches hold 3 weights
+    for _ in range(8):
+        a, timed = small.next(3, 3)
+        if timed:
+            small.record(a, 0.1 * a ** 0.5)
+    assert small.settled == 2
+    assert G._Sizes(cap=1).next(10, 10) == (1, True)
+
+
+def test_gpt2_architecture_scans_exactly(rng):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_embd=8, n_layer=2, n_head=2, vocab_size=11, n_positions=6, n_inner=12)
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    model = transformers.GPT2LMHeadModel(cfg).double().eval()
+    with torch.no_grad():                                    # non-trivial norm parameters and biases
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.3 * torch.randn(p.shape, generator=rng, dtype=p.dtype))
+    tokens = torch.randint(0, 11, (3, 6), generator=rng)
+    readout = lambda out: out.logits                         # noqa: E731
+    names = [n for n, _ in model.named_parameters()]         # wte (tied to the head), wpe, Conv1D, LN
+    g = _methods(model, tokens, readout, names)
+    assert g.method == {n: "rows" for n in names}
+    _generic_vs_naive(model, tokens, names, readout, None)
+
+
+class Aliased(nn.Module):
+    """A Linear weight also read through a tensor sharing its memory (invisible to a trace and to
+    torch.func): only the naive loop sees both uses, and the first batch's check must show it."""
+
+    def __init__(self, gen=None):
+        super().__init__()
+        self.emb, self.lin, self.head = nn.Embedding(7, 4), nn.Linear(4, 4), nn.Linear(4, 7)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen))
+
+    def make_alias(self):
+        self.alias = [self.lin.weight.detach()]                  # not a parameter: no name, no owner
+        return self
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        h = torch.tanh(self.lin(h) + h @ self.alias[0].T)
+        return self.head(h) * 1.0
+
+
+def test_generic_checks_each_parameter_against_the_naive_loop(rng):
+    model = Aliased(gen=rng).double().eval().make_alias()
+    tokens = torch.randint(0, 7, (3, 5), generator=rng)
+    readout = lambda out: out + 0.0                             # noqa: E731
+    g = _methods(model, tokens, readout, ["lin.weight", "emb.weight"])
+    assert g.method == {"lin.weight": "naive", "emb.weight": "rows"}
+    _generic_vs_naive(model, tokens, ["lin.weight", "emb.weight", "head.weight"], readout, None)
+
+
+class InPlaceLM(nn.Module):
+    """In-place writes downstream into module outputs that a scan reuses from its clean pass (the
+    first layer's output for the second layer's weights; the weight's own module's output)."""
+
+    def __init__(self, gen=None):
+        super().__init__()
+        self.emb, self.a, self.b, self.head = nn.Embedding(7, 5), nn.Linear(5, 5), nn.Linear(5, 5), nn.Linear(5, 7)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen))
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        u = self.a(h)
+        u += h
+        v = self.b(torch.tanh(u))
+        v.mul_(0.5)
+        return self.head(torch.tanh(v + u))
+
+
+@pytest.mark.parametrize("force", [None, "rows"])
+def test_generic_rows_reuses_the_clean_prefix_exactly(rng, force):
+    model = InPlaceLM(gen=rng).double().eval()
+    tokens = torch.randint(0, 7, (3, 5), generator=rng)
+    readout = lambda out: out - out.mean(-1, keepdim=True)     # noqa: E731  (not the closed form)
+    names = [n for n, _ in model.named_parameters()]
+    g = _methods(model, tokens, readout, names)
+    assert g.method == {n: "rows" for n in names}
+    prefix = {n: [type(c.module).__name__ for c in g._prefix_calls(n)] for n in ["b.weight", "head.bias"]}
+    assert prefix == {"b.weight": ["Linear", "Embedding", "Linear"], "head.bias": ["Linear", "Embedding", "Linear", "Linear"]}
+    _generic_vs_naive(model, tokens, names, readout, force)

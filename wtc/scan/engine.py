@@ -10,8 +10,10 @@ How each parameter is evaluated (all exact, never estimated):
   blocks from the cached residual stream entering their block;
 - TransformerLens HookedTransformers that a wtc Transformer can express are scanned through
   their wtc twin (same parameter names; used only when its logits match on the tokens);
-- any other nn.Module (other TransformerLens models included): batches of A copies of the parameter,
-  each with one weight zeroed, through torch.func.vmap(functional_call(model, ...)), then the readout.
+- any other nn.Module (other TransformerLens models included): wtc.scan.generic chooses per parameter
+  between one forward of A copies of the tokens with the zeroed weights applied by hooks on the
+  modules holding the parameter (nn.Linear, nn.Embedding, norms, GPT-2's Conv1D), A copies of the
+  parameter through torch.func.vmap(functional_call(model, ...)), and the naive loop; then the readout.
 Results stream to a SQLite store chunk by chunk (wtc.scan.store), so a killed scan resumes.
 With torch.distributed initialised, chunks are shared round-robin across ranks and merged.
 """
@@ -32,6 +34,7 @@ from tqdm.auto import tqdm
 from wtc.hooks import has_hooks, hook_modules
 from wtc.errors import ScanError, UnknownName
 from wtc.scan.inputs import architecture, as_tokens, positive_int, readout_identity
+from wtc.scan.generic import Generic
 from wtc.scan.kl import importance_positions, kl_rows, kl_unembed
 from wtc.scan.result import ScanResult
 from wtc.scan.store import ScanStore
@@ -143,6 +146,8 @@ class _Evaluator:
     # ----------------------------------------------------------------- batched exact ablation
     def ablated_logits(self, name: str, param: torch.Tensor, flat_idx: torch.Tensor):
         """(A, N, V) logits with each weight zeroed in its own copy (biases, norm weights, other models)."""
+        if not self.is_wtc:                          # any other nn.Module: the method wtc.scan.generic chooses
+            return self.generic().ablated_logits(name, param, flat_idx).reshape(len(flat_idx), -1, self.V)
         A = len(flat_idx)
         copies = param.detach().reshape(1, -1).repeat(A, 1)
         copies[torch.arange(A, device=param.device), flat_idx.to(param.device)] = 0
@@ -160,12 +165,16 @@ class _Evaluator:
             else:
                 def run(p):
                     return functional_call(self.model, {name: p}, (self.tokens,))
-        else:
-            def run(p):
-                return self.readout(functional_call(self.model, {name: p}, (self.tokens,)))
         with torch.no_grad():
             logits = vmap(run)(copies)
         return logits.reshape(A, -1, self.V)
+
+    def generic(self) -> Generic:
+        """The generic path's method chooser (wtc.scan.generic), made on first use."""
+        if getattr(self, "_generic", None) is None:
+            budget = GPU_ACTIVATION_BUDGET if self.logits.is_cuda else ACTIVATION_BUDGET
+            self._generic = Generic(self.model, self.tokens, self.readout, self.logits, budget)
+        return self._generic
 
 
 def _batch_size(ev: _Evaluator, batch: int | None) -> int:
