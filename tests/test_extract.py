@@ -7,7 +7,8 @@ import torch
 
 import wtc
 from wtc.dt import DTConfig, DiscreteTransformer
-from wtc.dt.train import Attempt, polish, refit_head
+from wtc.dt.attempt import Attempt
+from wtc.dt.finish import polish, refit_head
 from wtc.extraction import extract, verify
 from wtc.extraction.program import Line, build_source, expression_ast
 

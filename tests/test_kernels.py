@@ -208,7 +208,7 @@ def test_mlp_bank_rejects_bad_input():
 def _trajectory(monkeypatch, mode, steps=4):
     """Parameters after `steps` training steps (2 annealing with Gumbel noise and the redundancy
     penalty, 2 hard straight-through) of a small DT with pointer, aggregate and sub-MLP heads."""
-    from wtc.dt.train import Attempt
+    from wtc.dt.attempt import Attempt
     task = wtc.tasks.get("parity_last2")
     cfg = DTConfig(batch_size=4, replicas=2, n_heads=2, n_agg_heads=1, n_mlps=2, steps=2, hard_steps=2)
     calls = {"route": 0, "mlp_bank": 0}
@@ -260,7 +260,7 @@ def test_hooks_force_the_reference_path(monkeypatch):
 
 def test_device_is_validated():
     from wtc.dt.config import ConfigError
-    from wtc.dt.train import Attempt
+    from wtc.dt.attempt import Attempt
     with pytest.raises(ConfigError, match="device"):
         DTConfig(device="gpu")
     if not torch.cuda.is_available():

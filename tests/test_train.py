@@ -7,7 +7,8 @@ import torch
 
 import wtc
 from wtc.dt import DTConfig, checkpoint
-from wtc.dt.train import Attempt, tau_at, train
+from wtc.dt.attempt import Attempt, tau_at
+from wtc.dt.train import train
 
 TINY = DTConfig(n_layers=1, n_heads=1, n_mlps=1, mlp_hidden=8, steps=20, hard_steps=5, polish_iters=5,
                 replicas=2, max_attempts=1, batch_size=16, eval_sequences=64, precision_iters=10)

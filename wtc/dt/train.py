@@ -14,15 +14,12 @@ import time
 from pathlib import Path
 
 from wtc import tasks as task_registry
-from wtc.dt.attempt import Attempt, tau_at
 from wtc.dt.config import ConfigTypeError, DTConfig
-from wtc.dt.finish import polish, refit_head
 from wtc.dt.ladder import check_budget, climb
 from wtc.dt.workers import run_wave, task_reference, worker_count
 from wtc.errors import TrainingError
 
-# Attempt, tau_at, refit_head and polish were defined here first; callers still import them from here
-__all__ = ["train", "Attempt", "tau_at", "refit_head", "polish"]
+__all__ = ["train"]
 
 JOB = "wtc.dt.attempt:TrainJob"
 
