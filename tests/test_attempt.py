@@ -8,6 +8,7 @@ import pytest
 import sympy as sp
 
 import wtc
+from wtc import checkpoint_io
 from wtc.discovery import plain_json, program_from_dict, program_to_dict
 from wtc.dt import DTConfig
 from wtc.dt.attempt import Attempt
@@ -107,15 +108,16 @@ def test_resume_refuses_another_runs_results(tmp_path):
     with pytest.raises(CheckpointError, match=r"different DTConfig \(steps=20, now 21\)"):
         train("sum_last2", TINY.replace(steps=21), seed=0, progress=False, checkpoint_dir=tmp_path, resume=True)
     # another result file copied in as attempt 0 of this run: the attempt recorded in it differs
-    meta = json.loads((tmp_path / "attempt0_result.json").read_text())
+    # (rewritten through checkpoint_io, so its digests are those of a file another run wrote)
+    tensors, meta = checkpoint_io.read(tmp_path / "attempt0_result")
     meta["train_info"]["attempt"] = 3
-    (tmp_path / "attempt0_result.json").write_text(json.dumps(meta))
+    checkpoint_io.write_atomic(tmp_path / "attempt0_result", tensors, meta)
     with pytest.raises(CheckpointError, match="attempt 3, not 0"):
         train("sum_last2", TINY, seed=0, progress=False, checkpoint_dir=tmp_path, resume=True)
     # the ladder's own fields may change on resume (they do not change what an attempt computes);
     # a kept result that solved settles the wave, so attempt 1 does not run
     meta["train_info"]["attempt"], meta["key"][0] = 0, True
-    (tmp_path / "attempt0_result.json").write_text(json.dumps(meta))
+    checkpoint_io.write_atomic(tmp_path / "attempt0_result", tensors, meta)
     model, _ = train("sum_last2", TINY.replace(workers=2, max_attempts=2), seed=0, progress=False,
                      checkpoint_dir=tmp_path, resume=True)
     assert model.train_info["task"] == "sum_last2" and not list(tmp_path.glob("attempt1*"))

@@ -31,7 +31,7 @@ def checkpoint(tmp_path_factory):
     (d / "garbage").mkdir()
     (d / "garbage" / "scan.sqlite").write_bytes(b"this is not a database" * 100)
     (d / "broken").mkdir()
-    (d / "broken" / "config.json").write_text("{")
+    (d / "broken" / "model.json").write_text("{")
     (d / "broken" / "model.safetensors").write_bytes(b"junk")
     return d
 
@@ -43,7 +43,7 @@ CASES = {
     "steps 0": (["train", "prev2", "--steps", "0"], "positive"),
     "seed text": (["train", "prev2", "--seed", "abc"], "not a seed"),
     "missing checkpoint": (["scan", "{d}/nowhere", "--tokens", "{d}/tokens.npy", "--out", "{d}/o1"], "not a wtc transformer"),
-    "broken checkpoint": (["scan", "{d}/broken", "--tokens", "{d}/tokens.npy", "--out", "{d}/o2"], "config.json"),
+    "broken checkpoint": (["scan", "{d}/broken", "--tokens", "{d}/tokens.npy", "--out", "{d}/o2"], "corrupt checkpoint"),
     "unknown params": (["scan", "{d}/model", "--tokens", "{d}/tokens.npy", "--params", "nope.*", "--out", "{d}/o3"],
                        "no parameter matches"),
     "negative tokens": (["scan", "{d}/model", "--tokens", "{d}/neg.npy", "--out", "{d}/o4"], "negative token id"),

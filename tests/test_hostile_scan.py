@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from wtc import checkpoint_io
 from wtc.errors import CheckpointError, ScanError, WtcError
 from wtc.models import Transformer, TransformerConfig
 from wtc.models.io import load, load_tokens, save
@@ -102,15 +103,25 @@ def test_token_files(tmp_path):
 def test_bad_checkpoints_are_checkpoint_errors(tmp_path):
     d = save(tiny(), tmp_path / "m")
     assert isinstance(load(d), Transformer)
-    (d / "config.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match="not valid JSON"):
+    meta = json.loads((d / "model.json").read_text())
+    meta["config"]["act_fn"] = "relu" if meta["config"]["act_fn"] != "relu" else "gelu"
+    (d / "model.json").write_text(json.dumps(meta))             # an edit that fits the weights: refused
+    with pytest.raises(CheckpointError, match="metadata does not match"):
         load(d)
-    (d / "config.json").write_text(json.dumps({"kind": "wtc.models.Transformer", "config": {"n_layers": 0}}))
+    (d / "model.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="corrupt checkpoint metadata"):
+        load(d)
+    d3 = save(tiny(), tmp_path / "m3")
+    tensors, meta = checkpoint_io.read(d3 / "model")
+    checkpoint_io.write_atomic(d3 / "model", tensors, {**meta, "config": {"n_layers": 0}})
     with pytest.raises(CheckpointError, match="TransformerConfig"):
-        load(d)
+        load(d3)
+    checkpoint_io.write_atomic(d3 / "model", tensors, {**meta, "kind": "something else"})
+    with pytest.raises(CheckpointError, match="is not a wtc.models.Transformer"):
+        load(d3)
     d2 = save(tiny(), tmp_path / "m2")
     (d2 / "model.safetensors").write_bytes((d2 / "model.safetensors").read_bytes()[:100])
-    with pytest.raises(CheckpointError, match="cannot be read"):
+    with pytest.raises(CheckpointError, match="corrupt checkpoint tensors"):
         load(d2)
     with pytest.raises(CheckpointError, match="not a wtc transformer checkpoint"):
         load(tmp_path / "nowhere")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import wtc
+from wtc import checkpoint_io
 from wtc.dt import DTConfig, checkpoint
 from wtc.dt.attempt import Attempt, tau_at
 from wtc.dt.train import train
@@ -89,8 +90,14 @@ def test_corrupt_checkpoints_are_reported(tmp_path):
         checkpoint.load(tmp_path / "m")
     checkpoint.save(model, tmp_path / "m")
     meta = json.loads((tmp_path / "m" / "model.json").read_text())
+    meta["config"]["mlp_activation"] = "relu" if meta["config"]["mlp_activation"] != "relu" else "silu"
+    (tmp_path / "m" / "model.json").write_text(json.dumps(meta))      # fits the tensors, computes another function
+    with pytest.raises(checkpoint.CheckpointError, match="metadata does not match its recorded sha256"):
+        checkpoint.load(tmp_path / "m")
+    checkpoint.save(model, tmp_path / "m")
+    tensors, meta = checkpoint_io.read(tmp_path / "m" / "model")     # a consistent pair that does not fit
     meta["config"]["n_heads"] = [3]
-    (tmp_path / "m" / "model.json").write_text(json.dumps(meta))
+    checkpoint_io.write_atomic(tmp_path / "m" / "model", tensors, meta)
     with pytest.raises(checkpoint.CheckpointError, match="do not match"):
         checkpoint.load(tmp_path / "m")
     (tmp_path / "m" / "model.json").write_text("{not json")

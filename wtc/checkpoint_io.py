@@ -8,8 +8,9 @@ JSON, and the new JSON is then still complete under <path>.json.tmp, so read() f
 
 Integrity: the JSON holds a sha256 digest of every tensor (key "_sha256"), checked on read, so one
 flipped bit in a weight is a CheckpointError naming the tensor, not a silently different model.
-Pairs written before digests existed are read without the check. (The JSON metadata itself has
-no digest yet: an edited config loads if it is consistent with the tensors.)
+The metadata is covered too (key "_meta_sha256", over its canonical JSON): an edited config that
+happens to fit the tensors (another activation, another task) would load as a different model, so
+an edit is refused. Pairs written before digests existed are read without the checks.
 """
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ from wtc.errors import CheckpointError
 
 _PAIR = "_pair"
 _DIGESTS = "_sha256"
+_META_DIGEST = "_meta_sha256"
+
+
+def meta_digest(meta: dict) -> str:
+    """sha256 of the metadata's canonical JSON (sorted keys, the pair id and digests left out)."""
+    body = {k: v for k, v in meta.items() if k not in (_PAIR, _META_DIGEST)}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def digest(t: torch.Tensor) -> str:
@@ -63,7 +71,9 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> No
     tmp_t, tmp_j = path.with_suffix(".safetensors.tmp"), path.with_suffix(".json.tmp")
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     save_file(tensors, str(tmp_t), metadata={_PAIR: pair})
-    tmp_j.write_text(json.dumps({**meta, _PAIR: pair, _DIGESTS: digests(tensors)}, indent=1))
+    meta = {**meta, _DIGESTS: digests(tensors)}
+    meta = json.loads(json.dumps(meta))             # what a reader gets back (tuples -> lists, ...)
+    tmp_j.write_text(json.dumps({**meta, _PAIR: pair, _META_DIGEST: meta_digest(meta)}, indent=1))
     os.replace(tmp_t, path.with_suffix(".safetensors"))
     os.replace(tmp_j, path.with_suffix(".json"))
 
@@ -106,5 +116,9 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         else:
             raise CheckpointError(f"checkpoint {tfile} and {jfile} are from different saves; delete them")
     meta.pop(_PAIR, None)
+    recorded = meta.pop(_META_DIGEST, None)
+    if recorded is not None and recorded != meta_digest(meta):
+        raise CheckpointError(f"{jfile}: the metadata does not match its recorded sha256 (the file was edited "
+                              f"or corrupted after it was written)")
     check_digests(tensors, meta.pop(_DIGESTS, None), tfile)
     return tensors, meta

@@ -1,53 +1,43 @@
-"""Save and load token transformers (safetensors + JSON config) and token files (.npy / .pt)."""
+"""Save and load token transformers (a wtc.checkpoint_io pair: model.safetensors + model.json) and token files (.npy / .pt)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
-from wtc.checkpoint_io import check_digests, digests
+from wtc import checkpoint_io
+from wtc.checkpoint_io import write_atomic
 from wtc.errors import CheckpointError, CheckpointNotFound, ScanError
 from wtc.models.transformer import Transformer, TransformerConfig
 from wtc.scan.inputs import as_tokens
 
 
+KIND = "wtc.models.Transformer"
+
+
 def save(model: Transformer, directory, extra: dict | None = None) -> Path:
-    """directory/model.safetensors + directory/config.json (TransformerConfig and `extra`)."""
+    """directory/model.safetensors + directory/model.json (TransformerConfig and `extra`), written as
+    one atomic pair with digests of every tensor and of the metadata (wtc.checkpoint_io)."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(d / "model.safetensors"))
-    meta = {"kind": "wtc.models.Transformer", "config": dataclasses.asdict(model.cfg), "extra": extra or {},
-            "sha256": digests(state)}
-    (d / "config.json").write_text(json.dumps(meta, indent=2))
+    write_atomic(d / "model", state, {"kind": KIND, "config": dataclasses.asdict(model.cfg), "extra": extra or {}})
     return d
 
 
 def load(directory) -> Transformer:
     """The Transformer saved in `directory`; any way the files can be bad is a CheckpointError."""
     d = Path(directory)
-    if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
-        raise CheckpointNotFound(f"{d}: not a wtc transformer checkpoint (needs config.json and model.safetensors)")
-    try:
-        meta = json.loads((d / "config.json").read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{d}/config.json is not valid JSON: {exc}") from None
-    if not isinstance(meta, dict) or meta.get("kind") != "wtc.models.Transformer":
-        kind = meta.get("kind") if isinstance(meta, dict) else type(meta).__name__
-        raise CheckpointError(f"{d}/config.json: kind {kind!r} is not a wtc.models.Transformer")
+    if not checkpoint_io.exists(d / "model"):
+        raise CheckpointNotFound(f"{d}: not a wtc transformer checkpoint (needs model.json and model.safetensors)")
+    state, meta = checkpoint_io.read(d / "model")
+    if meta.get("kind") != KIND:
+        raise CheckpointError(f"{d}/model.json: kind {meta.get('kind')!r} is not a {KIND}")
     try:
         cfg = TransformerConfig(**meta["config"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{d}/config.json: bad TransformerConfig: {exc}") from None
-    try:
-        state = load_file(str(d / "model.safetensors"))
-    except Exception as exc:   # safetensors raises its own SafetensorError for truncated / corrupt files
-        raise CheckpointError(f"{d}/model.safetensors cannot be read: {exc}") from None
-    check_digests(state, meta.get("sha256"), d / "model.safetensors")   # older checkpoints have none
+        raise CheckpointError(f"{d}/model.json: bad TransformerConfig: {exc}") from None
     floats = [v.dtype for v in state.values() if v.is_floating_point()]
     if not floats:
         raise CheckpointError(f"{d}/model.safetensors holds no floating-point tensors")
