@@ -580,6 +580,102 @@ def _env(name: str, value: str):
             os.environ[name] = old
 
 
+# ---------------------------------------------------------------------- before vs now, side by side
+VERSUS_OUT = RESULTS / "dt_step_versus.json"
+
+
+def versus_worker() -> None:
+    """Internal (--versus-worker): hold one attempt per (task, rung, phase) and answer stdin lines
+    'task rung phase steps' with the mean seconds of that many steps (after one warm-up step)."""
+    torch.set_num_threads(1)
+    runs = {}
+    print("ready", os.path.dirname(os.path.abspath(wtc.__file__)), flush=True)
+    for line in sys.stdin:
+        task_name, rung, phase, steps = line.split()
+        key = (task_name, int(rung), phase)
+        if key not in runs:
+            task = running_sum_t20() if task_name == "running_sum_t20" else wtc.tasks.get(task_name)
+            runs[key] = make_attempt(task, DTConfig().rung(int(rung))[1], phase)
+        run = runs[key]
+        run.train_step()
+        t0 = time.perf_counter()
+        for _ in range(int(steps)):
+            run.train_step()
+        print((time.perf_counter() - t0) / int(steps), flush=True)
+
+
+def _baseline_tree(rev: str, where: str) -> str:
+    """The package as it was at git revision `rev` in a temporary directory (the worker runs this
+    file with that copy first on sys.path), with this checkout's
+    built wtc._C copied in (native code only gains functions, so the old Python finds what it calls)."""
+    import shutil
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    archive = subprocess.run(["git", "-C", root, "archive", rev, "wtc", "bench"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", where], input=archive, check=True)
+    from wtc import _native
+    mod = _native.cpu_module()
+    if mod is not None:
+        shutil.copy(mod.__file__, os.path.join(where, "wtc"))
+    return where
+
+
+def versus(rev: str, cases: list[tuple[str, int]], rounds: int, steps: int, out: str) -> dict:
+    """Step time of `rev` (a git revision, run from a temporary copy), this checkout with
+    WTC_KERNELS=reference (the torch path) and this checkout as it chooses, one worker process
+    each (1 thread), interleaved round by round; medians of the per-round means."""
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        old = _baseline_tree(rev, tmp)
+        variants = {f"before ({rev})": (old, {}),
+                    "now, reference": (os.path.dirname(here), {"WTC_KERNELS": "reference"}),
+                    "now": (os.path.dirname(here), {})}
+        procs = {}
+        for name, (tree, extra) in variants.items():
+            env = {k: v for k, v in os.environ.items() if k != "WTC_KERNELS"}
+            env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(tree, "bench") + os.pathsep + tree, **extra)
+            # an editable install's import redirect would win over PYTHONPATH: drop it in the worker
+            boot = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in "
+                    "type(f).__module__]; sys.argv = [sys.argv[1], '--versus-worker']; "
+                    "runpy.run_path(sys.argv[0], run_name='__main__')")
+            procs[name] = subprocess.Popen([sys.executable, "-c", boot, os.path.abspath(__file__)],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
+            ready = procs[name].stdout.readline().split()
+            if ready[:1] != ["ready"] or ready[1] != os.path.join(tree, "wtc"):
+                raise RuntimeError(f"{name}: the worker imported wtc from {ready[1:]}, not {tree}")
+        report = {"date": stamp(), "machine": machine(), "torch": torch.__version__, "baseline": rev,
+                  "load_avg_at_start": [round(x, 2) for x in os.getloadavg()], "rounds": rounds,
+                  "steps_per_round": steps, "threads": 1, "cases": []}
+        try:
+            for task_name, rung in cases:
+                for phase in ("anneal", "hard"):
+                    times = {name: [] for name in procs}
+                    for _ in range(rounds):
+                        for name, proc in procs.items():
+                            proc.stdin.write(f"{task_name} {rung} {phase} {steps}\n")
+                            proc.stdin.flush()
+                            times[name].append(float(proc.stdout.readline()))
+                    ms = {name: round(med(t) * 1e3, 2) for name, t in times.items()}
+                    base = ms[f"before ({rev})"]
+                    row = {"task": task_name, "rung": rung, "phase": phase, "ms": ms,
+                           "speedup_vs_before": {name: round(base / v, 2) for name, v in ms.items()},
+                           "rounds_ms": {name: [round(x * 1e3, 2) for x in t] for name, t in times.items()},
+                           "load_avg": [round(x, 2) for x in os.getloadavg()]}
+                    report["cases"].append(row)
+                    print(f"| {task_name} | {rung} | {phase} | " + " | ".join(f"{v:.1f}" for v in ms.values())
+                          + f" | {base / ms['now']:.2f} |", flush=True)
+        finally:
+            for proc in procs.values():
+                proc.stdin.close()
+                proc.wait()
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+    return report
+
+
 # ---------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -591,9 +687,20 @@ def main() -> None:
     ap.add_argument("--modes", default="default", help="inductor modes, comma-separated (extra ones: first case)")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--probe", help=argparse.SUPPRESS)   # internal: one compile in a new process (_probe)
+    ap.add_argument("--versus", metavar="REV", help="only: step time of git revision REV vs now, side by side")
+    ap.add_argument("--versus-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.probe:
         return probe_main(args.probe)
+    if args.versus_worker:
+        return versus_worker()
+    if args.versus:
+        cases = [("parity_last2", 0)] if args.quick else [("parity_last2", r) for r in (0, 1, 2, 3)] + [("running_sum_t20", 0)]
+        print(f"| task | rung | phase | before ({args.versus}) ms | now, reference ms | now ms | speedup |")
+        print("|---|---|---|---|---|---|---|")
+        versus(args.versus, cases, args.rounds or 5, args.steps or 10,
+               args.out if args.out != str(OUT) else str(VERSUS_OUT))
+        return print(f"wrote {args.out if args.out != str(OUT) else VERSUS_OUT}")
     rounds = args.rounds or (3 if args.quick else 5)
     steps = args.steps or (5 if args.quick else 10)
     compile_cases = args.compile_cases or ("first" if args.quick else "default")

@@ -37,15 +37,31 @@ def pointer_scores(zq, zk, W, u, rel, abs_, scale, content, pad: int) -> torch.T
     zq (R, B, H, T) and zk (R, B, H, L) on [0, 1]; W (R, H, N, N), u (R, H, N); rel, abs_ (R, H, L)
     per offset i + pad - j and per key position; scale (R, H) > 0; content (R,) 0/1.
     """
-    T, L, N = zq.shape[-1], zk.shape[-1], W.shape[-1]
-    enc_q, enc_k = ple_uniform(zq, N), ple_uniform(zk, N)                # (R, B, H, T|L, N)
-    proj = enc_q @ W[:, None] + u[:, None, :, None, :]                   # (R, B, H, T, N)
-    s = (proj @ enc_k.transpose(-1, -2)) * content[:, None, None, None, None]
+    T, L = zq.shape[-1], zk.shape[-1]
+    s = content_scores(zq, zk, W, u, content)                            # (R, B, H, T, L)
     i = torch.arange(T, device=zq.device)[:, None] + pad
     j = torch.arange(L, device=zq.device)[None, :]
     s = s + rel[:, None][..., (i - j).clamp(min=0)] + abs_[:, None, :, None, :]
     s = s * scale[:, None, :, None, None]
     return s.masked_fill(j > i, float("-inf"))
+
+
+def content_scores(zq, zk, W, u, content) -> torch.Tensor:
+    """content * (PLE(zq) W + u) . PLE(zk): (R, B, H, T, L), computed only for the replicas with
+    content != 0 (position-only replicas get exact zeros, what 0 * score was): the encodings and
+    bilinear products of the others would be thrown away."""
+    N = W.shape[-1]
+    on = torch.nonzero(content).squeeze(1)
+    every = on.numel() == content.numel()
+    if not every:
+        zq, zk, W, u = zq[on], zk[on], W[on], u[on]
+    enc_q, enc_k = ple_uniform(zq, N), ple_uniform(zk, N)                # (R', B, H, T|L, N)
+    proj = enc_q @ W[:, None] + u[:, None, :, None, :]                   # (R', B, H, T, N)
+    s = (proj @ enc_k.transpose(-1, -2)) * content[on][:, None, None, None, None]
+    if every:
+        return s
+    full = s.new_zeros((content.numel(), *s.shape[1:]))
+    return full.index_copy(0, on, s)
 
 
 def relax(s: torch.Tensor, sampling: Sampling, seed: int | None) -> torch.Tensor:
