@@ -5,7 +5,8 @@ named module (position `position` of a sequence output) through float64 Gramians
 top of their balanced SVD. validate(...) patches the layer's output in a forward hook: keep =
 mu + P (h - mu), remove = h - P (h - mu), flip = h - 2 P (h - mu), with P the core projector.
 Hooks go on a named module through wtc.hooks.hook_modules, so wtc models, any nn.Module, Hugging
-Face models (tuple outputs: element 0) and TransformerLens models (module names such as
+Face models (tuple outputs: element 0; a model output with `.logits` reaches the readout as its
+logits; wtc.models.hf adds TL-style names) and TransformerLens models (module names such as
 "blocks.0.hook_resid_post") work alike. Models must treat batch elements independently (no batch
 norm in training mode): per-input Jacobians come from one backward pass per readout output over a
 whole chunk.
@@ -61,6 +62,15 @@ class Core:
         return (h.double() - self.mean) @ Q
 
 
+def _logits(out):
+    """A model's output as the readout sees it: a tensor as is; a Hugging Face ModelOutput (or any
+    output with a `.logits` tensor) by its logits."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    return logits if isinstance(logits, torch.Tensor) else out
+
+
 def _select(act: torch.Tensor, position) -> torch.Tensor:
     """The samples of a module output: (B, D) as is; one position of (B, T, D); or, for
     position="all", every position as its own sample ((B*T, D))."""
@@ -81,7 +91,7 @@ def activations_and_jacobians(model, inputs, layer: str, readout, position: int 
         return act
 
     with hook_modules(model, [(layer, grab)]), torch.enable_grad():
-        y = readout(model(inputs))
+        y = readout(_logits(model(inputs)))
         if position == "all":
             y = y.reshape(-1, y.shape[-1])                       # (B*T, K): position t reads act[:, t]
         if y.ndim != 2:
@@ -201,7 +211,7 @@ def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | N
     hits = 0
     with _patched(model, core, mode, rank, projector) if mode != "clean" else contextlib.nullcontext():
         for start in range(0, len(inputs), chunk):
-            pred = readout(model(inputs[start:start + chunk])).argmax(-1)
+            pred = readout(_logits(model(inputs[start:start + chunk]))).argmax(-1)
             lab = labels[start:start + chunk]
             hits += int(((pred == lab) & (lab >= 0)).sum())          # label -1: not scored
     return hits / int((labels >= 0).sum())
@@ -216,9 +226,9 @@ def keep_kl(model, inputs, core: Core, rank: int, readout=None, chunk: int = 204
     total, count = 0.0, 0
     for start in range(0, len(inputs), chunk):
         x = inputs[start:start + chunk]
-        clean = torch.log_softmax(readout(model(x)).double(), -1)
+        clean = torch.log_softmax(readout(_logits(model(x))).double(), -1)
         with _patched(model, core, "keep", rank, projector):
-            kept = torch.log_softmax(readout(model(x)).double(), -1)
+            kept = torch.log_softmax(readout(_logits(model(x))).double(), -1)
         kl = (clean.exp() * (clean - kept)).sum(-1)
         total += float(kl.sum())
         count += kl.numel()
@@ -233,7 +243,7 @@ def validate(core: Core, model, inputs, labels, readout=None, tolerance: float =
     labels = torch.as_tensor(labels)
     _check_labels(labels, inputs, core)
     with torch.no_grad():
-        K = (readout or _default_readout(core.position))(model(inputs[:1])).shape[-1]
+        K = (readout or _default_readout(core.position))(_logits(model(inputs[:1]))).shape[-1]
     if int(labels.max()) >= K:
         raise AceError(f"label {int(labels.max())} is not a class of the readout's {K} outputs")
     if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not 0 <= tolerance < 1:
