@@ -22,7 +22,7 @@ def make(seed=0, **kw):
     return Transformer(TransformerConfig(**{**SHAPE, **kw}), seed=seed)
 
 
-def trainer(model, path, cfg=None, gen_seed=0, identity=None, **kw):
+def trainer(model, path, cfg=None, gen_seed=0, identity=None, decay=lambda n, p: p.ndim >= 2, **kw):
     """A trainer exercising every moving part: decay groups, warmup + cosine, clipping, a post-step
     hook that changes the weights, batches from a numpy Generator drawn in order, a loss that
     draws from a torch Generator and from torch's global RNG, and two Evals."""
@@ -48,7 +48,7 @@ def trainer(model, path, cfg=None, gen_seed=0, identity=None, **kw):
     evals = (T.Eval("norm", lambda t: {"w": float(model.unembed.W_U.detach().norm())}, every=2, at={0}),
              T.Eval("last", lambda t: {"n": len(t.history["loss"])}, at={cfg.steps}))
     return T.Trainer(model, cfg, batch_fn, loss_fn, path=path, identity=identity or {"data": "x"},
-                     decay=lambda n, p: p.ndim >= 2, post_step=shrink, evals=evals, rngs={"rng": rng, "noise": noise},
+                     decay=decay, post_step=shrink, evals=evals, rngs={"rng": rng, "noise": noise},
                      checkpoint_every=4, progress=False, **kw)
 
 
@@ -117,6 +117,10 @@ def test_a_resume_of_another_config_is_refused_by_field(tmp_path):
         trainer(make(), tmp_path / "s", identity={"data": "y"}).run()
     with pytest.raises(CheckpointError, match="model.d_mlp"):
         trainer(make(d_mlp=48), tmp_path / "s").run()
+    with pytest.raises(CheckpointError, match=r"weight decay applies to other parameters.*b_in"):
+        trainer(make(), tmp_path / "s", decay=lambda n, p: True).run()       # biases decayed now
+    with pytest.raises(CheckpointError, match="weight decay applies to other parameters"):
+        trainer(make(), tmp_path / "s", decay=None).run()
     (tmp_path / "s.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="corrupt"):
         trainer(make(), tmp_path / "s").run()

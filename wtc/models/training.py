@@ -136,6 +136,7 @@ class TrainState:
     metrics: dict[str, list]
     rng_torch: dict[str, torch.Tensor]   # "torch" (the global RNG) and each registered torch Generator
     rng_numpy: dict[str, dict]
+    no_decay: list[str] | None = None    # parameters weight decay skipped (None: not recorded)
 
 
 @dataclass
@@ -193,7 +194,8 @@ def read_state(path) -> TrainState:
         return TrainState(step=int(meta["step"]), seconds=float(meta["seconds"]), config=meta["config"],
                           identity=meta["identity"], model_config=meta["model"], model_state=model_state,
                           optimizer={"state": opt_state, "param_groups": meta["param_groups"]}, history=history,
-                          metrics=meta["metrics"], rng_torch=rng, rng_numpy=meta["rng_numpy"])
+                          metrics=meta["metrics"], rng_torch=rng, rng_numpy=meta["rng_numpy"],
+                          no_decay=meta.get("no_decay"))
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: corrupt training state ({type(exc).__name__}: {exc}); delete it to "
                               "start afresh") from exc
@@ -244,12 +246,14 @@ class Trainer:
         self.post_step, self.evals, self.rngs = post_step, tuple(evals), dict(rngs or {})
         self.checkpoint_every, self.checkpoint_at = checkpoint_every, frozenset(checkpoint_at)
         self.threads, self.progress, self.desc, self.leave = threads, progress, desc, leave
+        named = list(model.named_parameters())
+        decayed = {n: True if decay is None else bool(decay(n, p)) for n, p in named}
+        self.no_decay = sorted(n for n, d in decayed.items() if not d)   # recorded: a resume must agree
         if decay is None:
             groups = [{"params": list(model.parameters())}]
         else:
-            named = list(model.named_parameters())
-            groups = [{"params": [p for n, p in named if decay(n, p)], "weight_decay": cfg.weight_decay},
-                      {"params": [p for n, p in named if not decay(n, p)], "weight_decay": 0.0}]
+            groups = [{"params": [p for n, p in named if decayed[n]], "weight_decay": cfg.weight_decay},
+                      {"params": [p for n, p in named if not decayed[n]], "weight_decay": 0.0}]
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                            weight_decay=cfg.weight_decay)
         self.step = 0
@@ -284,7 +288,7 @@ class Trainer:
         meta = {"format": FORMAT, "step": self.step, "seconds": self.seconds,
                 "config": _jsonable(dataclasses.asdict(self.cfg)), "identity": self.identity,
                 "model": model_config(self.model), "param_groups": _jsonable(opt["param_groups"]),
-                "history_columns": list(self.history), "metrics": self.metrics,
+                "history_columns": list(self.history), "metrics": self.metrics, "no_decay": self.no_decay,
                 "rng_numpy": {n: g.bit_generator.state for n, g in self.rngs.items()
                               if isinstance(g, np.random.Generator)}}
         checkpoint_io.write_atomic(path, tensors, meta)
@@ -337,6 +341,11 @@ class Trainer:
             raise CheckpointError(f"{self.path}: cannot resume, the recorded config differs in {diff} (saved "
                                   f"{[was.get(k) for k in diff]}, now {[now.get(k) for k in diff]}); use another "
                                   "directory or delete the checkpoint")
+        if st.no_decay is not None and st.no_decay != self.no_decay:
+            moved = sorted(set(st.no_decay) ^ set(self.no_decay))
+            raise CheckpointError(f"{self.path}: cannot resume, weight decay applies to other parameters than "
+                                  f"in the checkpoint (decay= differs for {moved[:5]}); use another directory "
+                                  "or delete the checkpoint")
         self._restore(st, self.path, everything=True)
         self.loaded = "resumed"
         return True
