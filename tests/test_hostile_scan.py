@@ -84,6 +84,33 @@ def test_resume_refuses_another_architecture_or_readout(tmp_path):
     assert again.weights_scanned == 0
 
 
+def test_resume_refuses_an_edited_or_damaged_store(tmp_path):
+    import sqlite3
+
+    model = tiny()
+    first = scan(model, TOKENS, params="blocks.0.mlp.W_in", out=tmp_path / "a", progress=False, chunk=7)
+    first.store.close()
+    db = tmp_path / "a" / "scan.sqlite"
+    with sqlite3.connect(str(db)) as conn:                     # one total edited
+        conn.execute("UPDATE weights SET total = total * 2 WHERE idx = 3")
+    with pytest.raises(ScanError, match=r"rows of blocks.0.mlp.W_in \[0, 7\) do not match"):
+        scan(model, TOKENS, params="blocks.0.mlp.W_in", out=tmp_path / "a", progress=False, chunk=7)
+    b = scan(model, TOKENS, params="blocks.0.mlp.W_in", out=tmp_path / "b", progress=False, chunk=7)
+    b.store.close()
+    with sqlite3.connect(str(tmp_path / "b" / "scan.sqlite")) as conn:   # rows lost, marker kept
+        conn.execute("DELETE FROM weights WHERE idx >= 7 AND idx < 14")
+    with pytest.raises(ScanError, match=r"\[7, 14\) do not match"):
+        scan(model, TOKENS, params="blocks.0.mlp.W_in", out=tmp_path / "b", progress=False, chunk=7)
+    c = scan(model, TOKENS, params="blocks.0.mlp.W_in", out=tmp_path / "c", progress=False, chunk=7)
+    c.store.close()
+    with sqlite3.connect(str(tmp_path / "c" / "scan.sqlite")) as conn:   # a marker lost, its rows kept
+        conn.execute("DELETE FROM chunks WHERE start = 0")
+    with pytest.raises(ScanError, match="outside every finished chunk"):
+        scan(model, TOKENS, params="blocks.0.mlp.W_in", out=tmp_path / "c", progress=False, chunk=7)
+    again = scan(model, TOKENS, params="blocks.0.mlp.W_in", out=tmp_path / "d", progress=False, chunk=7)
+    torch.testing.assert_close(again.total_kl["blocks.0.mlp.W_in"], first.total_kl["blocks.0.mlp.W_in"])
+
+
 def test_token_files(tmp_path):
     np.save(tmp_path / "u64.npy", np.array([[1, 2], [2**63 + 5, 1]], np.uint64))
     with pytest.raises(ScanError, match="beyond int64"):

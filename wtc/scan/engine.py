@@ -303,6 +303,7 @@ def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, pr
     path = ":memory:" if directory is None else directory / (f"scan.rank{rank}.sqlite" if world > 1 else "scan.sqlite")
     store = ScanStore(path)
     store.bind(meta)
+    store.verify()                       # what a resume keeps must be what was written
     A = _batch_size(ev, batch)
     t0 = time.perf_counter()
     todo = []       # (param, chunk start, chunk stop)

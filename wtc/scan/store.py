@@ -4,11 +4,16 @@ Each chunk of weights is committed in one transaction together with its "done" m
 killed scan loses at most the chunk in flight, never half of one, and a resumed scan skips every
 committed chunk (nothing computed twice). A scan refuses to resume into a store made for another
 model, token set or configuration, naming the field that differs.
+
+Each chunk's marker carries a sha256 of its rows, checked on resume and when a result is read,
+so an edited, truncated or half-copied store is an error naming the chunk, not wrong numbers.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +23,7 @@ from wtc.errors import ScanError
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS chunks (param TEXT NOT NULL, start INTEGER NOT NULL, stop INTEGER NOT NULL,
-                                   PRIMARY KEY (param, start));
+                                   sha256 TEXT NOT NULL, PRIMARY KEY (param, start));
 CREATE TABLE IF NOT EXISTS weights (param TEXT NOT NULL, idx INTEGER NOT NULL, total REAL NOT NULL,
                                     positions BLOB NOT NULL, position_kl BLOB, PRIMARY KEY (param, idx));
 """
@@ -35,8 +40,11 @@ class ScanStore:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
+            columns = {r[1] for r in self.db.execute("PRAGMA table_info(chunks)")}
         except sqlite3.Error as exc:   # not a database, a directory, a store of another program
             raise ScanError(f"{self.path} is not a usable scan store ({exc}); use a new output directory") from None
+        if "sha256" not in columns:
+            raise ScanError(f"{self.path}: a scan store from an older wtc (no chunk digests); use a new output directory")
 
     def close(self) -> None:
         self.db.close()
@@ -71,17 +79,32 @@ class ScanStore:
         rows = []
         for i, (w, total, pos) in enumerate(zip(idx.tolist(), totals.tolist(), positions)):
             full = None if position_kl is None else position_kl[i].astype(np.float32).tobytes()
-            rows.append((param, w, total, np.asarray(pos, np.int32).tobytes(), full))
+            rows.append((param, w, float(total), np.asarray(pos, np.int32).tobytes(), full))
         with self.db:                                    # one transaction: rows + marker, or nothing
             self.db.executemany("INSERT OR REPLACE INTO weights VALUES (?, ?, ?, ?, ?)", rows)
-            self.db.execute("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?)", (param, start, stop))
+            self.db.execute("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?)",
+                            (param, start, stop, _rows_digest(r[1:] for r in rows)))
+
+    def verify(self) -> None:
+        """ScanError naming the first chunk whose rows differ from its digest, or rows outside any chunk."""
+        counted = 0
+        for param, start, stop, digest in self.db.execute("SELECT * FROM chunks ORDER BY param, start").fetchall():
+            rows = self.db.execute("SELECT idx, total, positions, position_kl FROM weights WHERE param = ? AND "
+                                   "idx >= ? AND idx < ? ORDER BY idx", (param, start, stop)).fetchall()
+            counted += len(rows)
+            if _rows_digest(rows) != digest:
+                raise ScanError(f"{self.path}: the rows of {param} [{start}, {stop}) do not match their recorded "
+                                f"sha256 (the store was edited or damaged); use a new output directory")
+        if counted != self.count():
+            raise ScanError(f"{self.path}: {self.count() - counted} weight rows lie outside every finished chunk "
+                            f"(the store was edited or damaged); use a new output directory")
 
     def merge_from(self, other: "ScanStore") -> None:
         """Copy another store's chunks and weights (shards of a distributed scan) into this one."""
         with self.db:
             self.db.executemany("INSERT OR REPLACE INTO weights VALUES (?, ?, ?, ?, ?)",
                                 other.db.execute("SELECT * FROM weights"))
-            self.db.executemany("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?)",
+            self.db.executemany("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?)",
                                 other.db.execute("SELECT * FROM chunks"))
 
     # -- reading
@@ -105,3 +128,13 @@ class ScanStore:
 
     def top(self, k: int) -> list[tuple[str, int, float]]:
         return list(self.db.execute("SELECT param, idx, total FROM weights ORDER BY total DESC LIMIT ?", (k,)))
+
+
+def _rows_digest(rows) -> str:
+    """sha256 of (idx, total, positions, per-position KL) rows in idx order."""
+    h = hashlib.sha256()
+    for idx, total, positions, full in sorted(rows, key=lambda r: r[0]):
+        h.update(struct.pack("<qdq", idx, total, len(positions)))
+        h.update(positions)
+        h.update(b"-" if full is None else full)
+    return h.hexdigest()
