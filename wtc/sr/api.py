@@ -7,12 +7,14 @@ import numpy as np
 import sympy as sp
 
 from wtc.sr import search
-from wtc.sr.data import TOL_FACTOR, check_inputs, prepare
+from wtc.sr.data import TOL_FACTOR, check_inputs, check_tol, prepare
 from wtc.sr.expr import evaluate, to_str
 from wtc.sr.pareto import Row, boolean_canonical, choose, equation_str, sympy_form, sympy_size, table
 from wtc.errors import SRError
 
 DEFAULT_MAX_COMPLEXITY = 20
+MAX_COMPLEXITY = 60  # the screen's tables grow with it; no enumeration reaches past ~15 nodes a term
+MAX_TIME_LIMIT = 7 * 24 * 3600.0
 
 
 @dataclass
@@ -60,7 +62,7 @@ class Fit:
         if X.ndim != 2 or X.shape[1] != len(self.names):
             raise SRError(f"X must have shape (n, {len(self.names)}), got {X.shape}")
         syms = tuple(sp.Symbol(s) for s in self.names)
-        f = sp.lambdify(syms, self.expr, modules="numpy")
+        f = sp.lambdify(syms, self.expr, modules="numpy", dummify=True)
         with np.errstate(all="ignore"):
             out = f(*[X[:, i] for i in range(X.shape[1])])
         return np.broadcast_to(np.asarray(out, dtype=np.float64), (len(X),)).copy()
@@ -75,10 +77,8 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
         operators=None, time_limit: float | None = None, random_state: int | None = 0) -> Fit:
     """Find the simplest formula y = f(X) within the tolerance. See ``wtc.sr`` for details."""
     X, y, names = check_inputs(X, y, names)
-    if not isinstance(max_complexity, (int, np.integer)) or max_complexity < 1:
-        raise SRError(f"max_complexity must be a positive integer, got {max_complexity!r}")
-    if time_limit is not None and not time_limit > 0:
-        raise SRError(f"time_limit must be positive seconds or None, got {time_limit!r}")
+    check_options(max_complexity=max_complexity, time_limit=time_limit, random_state=random_state, tol=tol,
+                  operators=operators)
     rng = np.random.default_rng(random_state)
     X_user, y_user = X, y
     scales = _decade_scales(X, y)
@@ -110,21 +110,64 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
     with np.errstate(over="ignore"):   # at |y| ~ 1e300 the squares are inf: r2 is then nan, not an error
         sst = float(np.sum((y - y.mean()) ** 2))
         sse = float(np.sum(resid**2))
-    exact = bool(best.passes) and not data.warning
-    note = data.warning or ("" if exact else
-                            f"no formula up to complexity {max_complexity} reaches the tolerance "
-                            f"(rmse <= {data.thr:.3g}); this is the best trade-off found")
+    thr = data.thr * sy
+    max_err = float(np.max(np.abs(resid)))
+    rmse = float(np.sqrt(sse / len(y)))
+    # judged again on every point in the user's units (the search saw at most MAX_FIT_POINTS)
+    on_all = rmse <= thr * (1 + 1e-9) and max_err <= data.max_err_allowed * sy * (1 + 1e-9)
+    exact = bool(best.passes) and on_all and not data.warning
+    if data.warning:
+        note = data.warning
+    elif exact:
+        note = ""
+    elif best.passes:
+        note = (f"the formula is within the tolerance on the fitting points but not on all points "
+                f"(rmse {rmse:.3g}, max |err| {max_err:.3g}; allowed {thr:.3g} and {data.max_err_allowed * sy:.3g})")
+    else:
+        note = (f"no formula up to complexity {max_complexity} reaches the tolerance "
+                f"(rmse <= {thr:.3g} and |err| <= {data.max_err_allowed * sy:.3g} on every point); "
+                "this is the best trade-off found")
+    if data.note:
+        note = (note + "; " if note else "") + data.note
     if log.timed_out:
         note = (note + "; " if note else "") + f"time limit ({time_limit} s) reached: search incomplete"
     return Fit(
         expr=expr, equation=equation_str(expr), exact=exact, complexity=complexity,
-        loss=sse / len(y), rmse=float(np.sqrt(sse / len(y))),
-        max_abs_err=float(np.max(np.abs(resid))), r2=1.0 - sse / sst if sst > 0 else float(sse == 0),
-        tolerance=data.thr * sy, noise=data.sigma if data.sigma_method != "tol" else data.sigma * TOL_FACTOR,
+        loss=sse / len(y), rmse=rmse,
+        max_abs_err=max_err, r2=1.0 - sse / sst if sst > 0 else float(sse == 0),
+        tolerance=thr, noise=data.sigma if data.sigma_method != "tol" else data.sigma * TOL_FACTOR,
         noise_method=data.sigma_method, candidates=rows,
         names=names, operators=log.levels_tried[-1] if log.levels_tried else levels[0],
         seconds=log.seconds, timed_out=log.timed_out, note=note, tree=tree,
     )
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_options(*, max_complexity, time_limit, random_state, tol, operators) -> None:
+    """Refuse search options that cannot be used, naming the argument and the allowed range."""
+    if not _is_int(max_complexity) or not 1 <= max_complexity <= MAX_COMPLEXITY:
+        raise SRError(f"max_complexity must be an integer in [1, {MAX_COMPLEXITY}], got {max_complexity!r}")
+    if time_limit is not None and (not _is_real(time_limit) or not 0 < time_limit <= MAX_TIME_LIMIT):
+        raise SRError(f"time_limit must be None or seconds in (0, {MAX_TIME_LIMIT:.0f}], got {time_limit!r}")
+    if random_state is not None and (not _is_int(random_state) or random_state < 0):
+        raise SRError(f"random_state must be None or a non-negative integer, got {random_state!r}")
+    if tol is not None:
+        check_tol(tol)
+    if operators is not None and not isinstance(operators, str):
+        try:
+            ops = list(operators)
+        except TypeError:
+            raise SRError(f"operators must be None, 'auto' or a list of operator names, got {operators!r}") from None
+        bad = [o for o in ops if not isinstance(o, str)]
+        if bad:
+            raise SRError(f"operators must be names (strings), got {bad[0]!r} in {operators!r}")
 
 
 # Magnitudes the enumeration handles directly; beyond them the data are rescaled by powers of ten

@@ -25,6 +25,22 @@ N_OFF = 24
 TOL_FACTOR = 1.3  # a formula passes when its rmse <= TOL_FACTOR * noise estimate (+ floor)
 REL_FLOOR = 1e-9  # noise-free data: rmse below REL_FLOOR * rms(y) counts as exact
 MAX_REL_NOISE = 0.1  # estimated noise above this fraction of rms(y): nothing can be certified
+# A passing formula must also be close on every point, not only in rms: |y_i - f(x_i)| at most
+# MAX_ERR_FACTOR * tolerance (Gaussian noise of std sigma stays below ~4.5 sigma over 20000 points;
+# the tolerance is 1.3 sigma). A formula that misses a few points by more is not certified.
+MAX_ERR_FACTOR = 6.0
+QUANTISED_SIGMA = 0.05  # a local noise estimate above this many lattice steps is the lattice itself
+STAIRCASE_STEPS = 2.0  # ... when neighbours differ by at most this many steps (median)
+# Names a formula may print (sympy text, Python source, numpy code): a variable of that name would
+# be read as the function or constant (names=("sin",) printed sin(sin)), so they are refused.
+RESERVED_NAMES = frozenset({
+    "sin", "cos", "tan", "tanh", "exp", "log", "sqrt", "Abs", "abs", "Max", "Min", "max", "min",
+    "Mod", "mod", "floor", "ceiling", "FloorDiv", "Ge", "Eq", "Piecewise", "Heaviside", "sign",
+    "pi", "E", "e", "I", "S", "N", "O", "Q", "oo", "zoo", "nan", "inf", "true", "false",
+    "Integer", "Float", "Rational", "Symbol", "Function", "math", "numpy", "np", "sympy", "sp",
+    "mpmath", "builtins", "float", "int", "bool", "complex", "round", "pow", "sum", "divmod",
+    "lambda", "relu", "sq", "neg", "select", "where", "greater_equal", "equal", "floor_divide",
+})
 
 
 def check_inputs(X, y, names=None, max_inputs: int = MAX_INPUTS) -> tuple[np.ndarray, np.ndarray, tuple]:
@@ -37,6 +53,10 @@ def check_inputs(X, y, names=None, max_inputs: int = MAX_INPUTS) -> tuple[np.nda
             if isinstance(e, SRError):
                 raise
             raise SRError(f"{what} must be a numeric array: {e}") from None
+    for what, v in (("X", X), ("y", y)):
+        kind = getattr(getattr(v, "dtype", None), "kind", "")
+        if kind in "mMUSV" and kind:
+            raise SRError(f"{what} must be numeric, got an array of dtype {v.dtype}")
     try:
         X = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError) as e:
@@ -62,7 +82,7 @@ def check_inputs(X, y, names=None, max_inputs: int = MAX_INPUTS) -> tuple[np.nda
         raise SRError(f"at most {max_inputs} inputs are supported here, X has k = {k}"
                          + (" (backend='pysr' takes more)" if max_inputs == MAX_INPUTS else ""))
     if n < MIN_POINTS:
-        raise SRError(f"too few points: got n = {n}, need at least {MIN_POINTS}")
+        raise SRError(f"too few points: got n_samples = {n}, need at least {MIN_POINTS}")
     bad_x = ~np.isfinite(X)
     if bad_x.any():
         r, c = np.argwhere(bad_x)[0]
@@ -71,17 +91,81 @@ def check_inputs(X, y, names=None, max_inputs: int = MAX_INPUTS) -> tuple[np.nda
     if bad_y.any():
         raise SRError(f"y contains {int(bad_y.sum())} non-finite values (NaN/inf), first at row "
                          f"{int(np.flatnonzero(bad_y)[0])}")
+    names = check_names(names, k)
+    return X, y, names
+
+
+def check_names(names, k: int) -> tuple:
+    """Variable names: None (x or x0, x1, ...), or k distinct identifiers that no formula prints
+    as a function or constant; one name may be given as a plain string when k = 1."""
     if names is None:
-        names = tuple(f"x{i}" for i in range(k)) if k > 1 else ("x",)
+        return tuple(f"x{i}" for i in range(k)) if k > 1 else ("x",)
+    if isinstance(names, str):
+        if k != 1:
+            raise SRError(f"names must be a sequence of {k} strings (one per column of X), got the single string {names!r}")
+        names = (names,)
+    try:
+        names = tuple(names)
+    except TypeError:
+        raise SRError(f"names must be a sequence of strings, one per column of X (k = {k}), got {names!r}") from None
+    for s in names:
+        if not isinstance(s, str):
+            raise SRError(f"variable names must be strings, got {s!r} ({type(s).__name__})")
     names = tuple(str(s) for s in names)
     if len(names) != k:
         raise SRError(f"names has {len(names)} entries but X has k = {k} columns")
     for s in names:
         if not s.isidentifier() or keyword.iskeyword(s):
             raise SRError(f"variable name {s!r} is not a valid identifier")
+        if s in RESERVED_NAMES or s.startswith("_"):
+            raise SRError(f"variable name {s!r} is reserved (a function, constant or module name that "
+                          "formulas are printed with, or a leading underscore); rename the variable")
     if len(set(names)) != k:
         raise SRError(f"variable names must be distinct, got {names}")
-    return X, y, names
+    return names
+
+
+def lattice_step(y: np.ndarray) -> float | None:
+    """The step q when every value of y is y0 + an integer multiple of q (a staircase, counts,
+    indicators), else None. Rounded measurements are lattices too, with q far below their
+    local variation; the caller tells the two apart."""
+    u = np.unique(y)
+    if len(u) < 2:
+        return None
+    d = np.diff(u)
+    q = float(d.min())
+    top = float(np.max(np.abs(u)))
+    if not q > 1e-9 * top:
+        return None
+    r = (u - u[0]) / q
+    if r[-1] > 1e6:
+        return None
+    return q if float(np.max(np.abs(r - np.round(r)))) <= 1e-6 else None
+
+
+def neighbour_steps(X: np.ndarray, y: np.ndarray, q: float, rng: np.random.Generator,
+                    n_query: int = 400) -> float:
+    """Median |y_i - y_j| in lattice steps q, j the nearest neighbour of i in X (scaled per
+    column). A staircase moves by 0, 1 or 2 steps between neighbours; smooth data rounded to a fine
+    lattice (measurements to 4 decimals) by many."""
+    n = len(X)
+    scale = X.std(axis=0)
+    scale[scale == 0] = 1.0
+    Z = X / scale
+    idx = rng.choice(n, size=min(n_query, n), replace=False)
+    steps = []
+    for chunk in np.array_split(idx, max(1, len(idx) // 100)):
+        d2 = ((Z[chunk, None, :] - Z[None, :, :]) ** 2).sum(-1)
+        d2[d2 == 0] = np.inf  # itself and exact repeats
+        j = np.argmin(d2, axis=1)
+        ok = np.isfinite(d2[np.arange(len(chunk)), j])
+        steps.append(np.abs(y[chunk] - y[j])[ok] / q)
+    s = np.concatenate(steps)
+    return float(np.median(s)) if s.size else 0.0
+
+
+def integer_valued(v: np.ndarray) -> bool:
+    return bool(np.all(np.abs(v) < 2.0**31) and np.all(v == np.round(v)))
 
 
 @dataclass
@@ -102,6 +186,14 @@ class Data:
     thr: float  # absolute rmse a formula must reach to pass
     binary: tuple  # indices of inputs whose values are all in {0, 1}
     warning: str = ""  # why no formula can be certified exact, when that is known up front
+    ylo: np.ndarray | None = None  # (M,) smallest and largest y of the points behind each fit point
+    yhi: np.ndarray | None = None
+    integer: bool = False  # integer inputs and an integer-valued target: integer operators apply
+    note: str = ""  # how the tolerance was decided, when the reader should know
+
+    @property
+    def max_err_allowed(self) -> float:
+        return MAX_ERR_FACTOR * self.thr
 
     @property
     def k(self) -> int:
@@ -116,6 +208,17 @@ class Data:
         r = self.yf - pred
         return float(np.sqrt((np.dot(self.wf * r, r) + self.ssw) / self.W))
 
+    def max_err(self, pred: np.ndarray) -> float:
+        """Largest |y_i - prediction| over the points behind the fitting points."""
+        with np.errstate(all="ignore"):
+            e = np.maximum(self.yhi - pred, pred - self.ylo)
+        return float(np.max(e)) if np.all(np.isfinite(e)) else np.inf
+
+    def passes(self, pred: np.ndarray, rmse: float | None = None) -> bool:
+        """Within the tolerance: rms error at most thr and no point off by more than MAX_ERR_FACTOR thr."""
+        r = self.rmse(pred) if rmse is None else rmse
+        return bool(r <= self.thr and self.max_err(pred) <= self.max_err_allowed)
+
 
 def prepare(X: np.ndarray, y: np.ndarray, names: tuple, tol: float | None,
             rng: np.random.Generator) -> Data:
@@ -126,9 +229,14 @@ def prepare(X: np.ndarray, y: np.ndarray, names: tuple, tol: float | None,
         wf = counts.astype(np.float64)
         yf = np.bincount(inv, weights=y) / counts
         ssw = float(np.sum((y - yf[inv]) ** 2))
+        ylo = np.full(len(uniq), np.inf)
+        yhi = np.full(len(uniq), -np.inf)
+        np.minimum.at(ylo, inv, y)
+        np.maximum.at(yhi, inv, y)
     else:
         idx = rng.choice(n, MAX_FIT_POINTS, replace=False) if n > MAX_FIT_POINTS else np.arange(n)
         Xf, yf, wf, ssw = X[idx], y[idx], np.ones(len(idx)), 0.0
+        ylo = yhi = yf
     M = len(Xf)
     screen = np.sort(rng.choice(M, N_SCREEN, replace=False)) if M > N_SCREEN else np.arange(M)
     # make sure the screen sees each input's extremes (kinks and ranges matter for dedup)
@@ -136,18 +244,36 @@ def prepare(X: np.ndarray, y: np.ndarray, names: tuple, tol: float | None,
     screen = np.union1d(screen, extremes)
     probes = np.vstack([Xf[screen], off_distribution_points(X, N_OFF, rng)])
     y_rms = float(np.sqrt(np.mean(y**2)))
+    note = ""
     if tol is not None:
-        if not (np.isfinite(tol) and tol >= 0):
-            raise SRError(f"tol must be a non-negative finite number (relative rms error), got {tol!r}")
+        tol = check_tol(tol)
         sigma, method = tol * y_rms / TOL_FACTOR, "tol"
     else:
         est = estimate_sigma(X, y, rng)
         sigma, method = est["sigma"], est["method"]
+        q = lattice_step(y) if method == "local-quadratic" and sigma > 0 else None
+        if q is not None and sigma >= QUANTISED_SIGMA * q and neighbour_steps(X, y, q, rng) <= STAIRCASE_STEPS:
+            # the local "noise" is the lattice's own steps (floor(x/3) on integers reads as noise
+            # of std ~0.4 to a local quadratic): continuous noise would not leave y on a lattice,
+            # so the data are taken as exact and a formula must match every point
+            note = (f"y lies on a lattice of step {q:.6g} and varies by whole steps between neighbours: "
+                    "treated as exact data (no noise); pass tol to allow an error")
+            sigma, method = 0.0, "lattice"
     thr = TOL_FACTOR * sigma + REL_FLOOR * max(y_rms, 1e-300)
     binary = tuple(i for i in range(k) if np.all((X[:, i] == 0) | (X[:, i] == 1)))
     warning = ""
     if tol is None and sigma > MAX_REL_NOISE * y_rms:
         warning = (f"the estimated noise ({sigma:.3g}) is {100 * sigma / y_rms:.0f}% of rms(y): y looks "
                    "like noise, so no formula is certified (pass tol to decide yourself)")
+    integer = integer_valued(X) and (integer_valued(yf) if method != "tol" else
+                                     float(np.sqrt(np.mean((y - np.round(y)) ** 2))) <= thr)
     return Data(X, y, names, Xf, yf, wf, ssw, float(wf.sum()), screen, probes, y_rms,
-                float(sigma), method, float(thr), binary, warning)
+                float(sigma), method, float(thr), binary, warning, ylo, yhi, integer, note)
+
+
+def check_tol(tol) -> float:
+    if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, (int, float, np.integer, np.floating)):
+        raise SRError(f"tol must be None or a non-negative finite number (relative rms error), got {tol!r}")
+    if not (np.isfinite(tol) and tol >= 0):
+        raise SRError(f"tol must be a non-negative finite number (relative rms error), got {tol!r}")
+    return float(tol)

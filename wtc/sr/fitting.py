@@ -41,6 +41,7 @@ class Candidate:
     dl: float  # description length: complexity + digits of the constants (tie-breaker)
     source: str = "linear"
     terms: tuple = field(default=(), repr=False)  # the library terms it was built from
+    max_err: float = 0.0  # largest |y_i - f(x_i)| over the points behind the fitting points
 
     @property
     def loss(self) -> float:
@@ -69,10 +70,14 @@ def snap_coefficients(F: np.ndarray, data: Data, *, base_size: int = 0, bound: i
     y, w = (data.yf, data.wf) if transform is None else (transform.z, transform.w)
     back = (lambda z: z) if transform is None else transform.back
 
-    def rmse(z):
+    def errs(z):
+        """(rmse, max error) of the prediction z (in the fitted units) on y."""
         with np.errstate(all="ignore"):
             pred = back(z)
-        return data.rmse(pred) if np.all(np.isfinite(pred)) else np.inf
+        if not np.all(np.isfinite(pred)):
+            return np.inf, np.inf
+        return data.rmse(pred), data.max_err(pred)
+
     floor = REL_FLOOR * max(data.y_rms, 1e-300)
     p = F.shape[1]
     fixed: dict[int, nb.Num] = {}
@@ -89,13 +94,19 @@ def snap_coefficients(F: np.ndarray, data: Data, *, base_size: int = 0, bound: i
             theta[free], cov[np.ix_(free, free)] = sol
         for j, v in fixed.items():
             theta[j] = v.value
-        return theta, cov, rmse(F @ theta)
+        return theta, cov, errs(F @ theta)
 
     out = refit()
-    if out is None or not np.isfinite(out[2]):
+    if out is None or not np.isfinite(out[2][0]):
         return None
-    theta, cov, r0 = out
-    accept = data.thr if r0 <= data.thr else r0 * 1.01 + floor
+    theta, cov, (r0, m0) = out
+    passing = r0 <= data.thr and m0 <= data.max_err_allowed
+    # a snap is kept while the formula still passes (rms and every point), else while the rms
+    # stays within 1% of the unsnapped fit
+    accept = data.thr if passing else r0 * 1.01 + floor
+
+    def acceptable(e):
+        return e[0] <= accept and (not passing or e[1] <= data.max_err_allowed)
     sig, z = snap_width(data, r0)
     if bound is not None:
         # cheap estimate of the snapped complexity: a coefficient costs 2 nodes unless it can be
@@ -118,7 +129,7 @@ def snap_coefficients(F: np.ndarray, data: Data, *, base_size: int = 0, bound: i
             for opt in options[j][:-1]:  # the simple options; the rounded float is the fallback
                 fixed[j] = opt
                 trial = refit()
-                if trial is not None and trial[2] <= accept:
+                if trial is not None and acceptable(trial[2]):
                     theta, cov, _ = trial
                     accepted = True
                     break
@@ -130,7 +141,7 @@ def snap_coefficients(F: np.ndarray, data: Data, *, base_size: int = 0, bound: i
                 fixed[j] = options[j][-1]
             break
     theta = np.array([fixed[j].value for j in range(p)])
-    return [fixed[j] for j in range(p)], rmse(F @ theta)
+    return [fixed[j] for j in range(p)], errs(F @ theta)
 
 
 def linear_tree(nums: list, terms: list) -> tuple:
@@ -173,7 +184,7 @@ def fit_terms(terms: list, data: Data, source: str = "linear", memo: dict | None
     snapped = snap_coefficients(np.stack(F, 1), data, base_size=base, bound=bound, transform=transform)
     if snapped is None:
         return None
-    nums, rmse = snapped
+    nums, (rmse, max_err) = snapped
     if not np.isfinite(rmse):
         return None
     tree = linear_tree(nums, list(terms))
@@ -181,4 +192,5 @@ def fit_terms(terms: list, data: Data, source: str = "linear", memo: dict | None
         tree = transform.wrap(tree)
         source = f"{source}+{transform.name}"
     c = size(tree)
-    return Candidate(tree, c, rmse, rmse <= data.thr, c + 0.1 * const_cost(tree), source, tuple(terms))
+    passes = rmse <= data.thr and max_err <= data.max_err_allowed
+    return Candidate(tree, c, rmse, passes, c + 0.1 * const_cost(tree), source, tuple(terms), max_err)

@@ -296,7 +296,7 @@ def _snap_inner(tree, c, J, prob: _Problem, others, data: Data, fit) -> Candidat
     if raw is None:
         return None
     r0 = raw.rmse
-    if r0 > data.thr:  # cannot pass: not worth the snapping search, keep it as a table row
+    if not raw.passes:  # cannot pass: not worth the snapping search, keep it as a table row
         return raw
     accept = data.thr
     sig, z = snap_width(data, r0)
@@ -320,7 +320,7 @@ def _snap_inner(tree, c, J, prob: _Problem, others, data: Data, fit) -> Candidat
                 c_try, _, J_try = levenberg_marquardt(prob, c_try, free=rest, iters=10)
             trial = _candidate(tree, {**fixed, j: opt, **{i: nb.rounded(c_try[i], 0) for i in rest}},
                                others, data, fit)
-            if trial is not None and trial.rmse <= accept:
+            if trial is not None and trial.rmse <= accept and trial.passes:
                 key = (trial.complexity, trial.dl, trial.rmse)
                 if best is None or key < best[0]:
                     best = (key, opt, c_try, J_try)
