@@ -8,7 +8,7 @@ import sympy as sp
 
 from wtc.sr import search
 from wtc.sr.data import TOL_FACTOR, check_inputs, check_tol, prepare
-from wtc.sr.expr import evaluate, to_str
+from wtc.sr.expr import evaluate, to_str, uses_integer_ops
 from wtc.sr.pareto import Row, boolean_canonical, choose, equation_str, sympy_form, sympy_size, table
 from wtc.errors import SRError
 
@@ -86,7 +86,7 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
     if scales:           # fit in units of powers of ten, map the formula back exactly (below)
         X, y = X / np.array([float(v) for v in scales[0]]), y / sy
     data = prepare(X, y, names, tol, rng)
-    levels = search.op_levels(operators)  # validates the operator names before any work
+    levels = search.op_levels(operators, data.integer)  # validates the operator names before any work
     cands, log = search.run(data, max_complexity=int(max_complexity), operators=operators,
                             time_limit=time_limit, rng=rng)
     best = choose(cands, int(max_complexity))
@@ -94,9 +94,10 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
     binary = [syms[i] for i in data.binary]
     expr = sympy_form(best.tree, syms, binary)
     complexity = best.complexity
-    if len(binary) == len(syms):  # on bits: the multilinear canonical form, counted as written
-        expr = boolean_canonical(expr, syms)
-        complexity = sympy_size(expr)
+    if len(binary) == len(syms):  # on bits: the multilinear canonical form, counted as written,
+        canon = boolean_canonical(expr, syms)   # unless an integer reading is smaller (a + b + c >= 2)
+        if not (uses_integer_ops(best.tree) and best.complexity < sympy_size(canon)):
+            expr, complexity = canon, sympy_size(canon)
     rows = table(cands, syms, binary, int(max_complexity))
     tree = best.tree
     if scales:

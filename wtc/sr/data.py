@@ -265,8 +265,11 @@ def prepare(X: np.ndarray, y: np.ndarray, names: tuple, tol: float | None,
     if tol is None and sigma > MAX_REL_NOISE * y_rms:
         warning = (f"the estimated noise ({sigma:.3g}) is {100 * sigma / y_rms:.0f}% of rms(y): y looks "
                    "like noise, so no formula is certified (pass tol to decide yourself)")
-    integer = integer_valued(X) and (integer_valued(yf) if method != "tol" else
-                                     float(np.sqrt(np.mean((y - np.round(y)) ** 2))) <= thr)
+    # integer operators apply on integer inputs when y is integer-valued (within the tolerance
+    # when one is given) or on a lattice (0.5 * (x // 3) + 0.25)
+    integer = integer_valued(X) and (
+        (integer_valued(yf) or lattice_step(yf) is not None) if method != "tol"
+        else float(np.sqrt(np.mean((y - np.round(y)) ** 2))) <= thr)
     return Data(X, y, names, Xf, yf, wf, ssw, float(wf.sum()), screen, probes, y_rms,
                 float(sigma), method, float(thr), binary, warning, ylo, yhi, integer, note)
 

@@ -44,7 +44,7 @@ def off_distribution_points(X: np.ndarray, n: int, rng: np.random.Generator) -> 
 
 def enumerate_library(probes: np.ndarray, n_data: int, ops: tuple[str, ...], *, max_size: int,
                       max_terms: int, max_raw: float = 3e6, const_leaf: bool = True,
-                      target: np.ndarray | None = None,
+                      target: np.ndarray | None = None, int_consts: tuple = (),
                       rng: np.random.Generator | None = None) -> Library:
     """Enumerate expressions over the k probe columns of ``probes`` (P, k) using ``ops``.
 
@@ -55,7 +55,11 @@ def enumerate_library(probes: np.ndarray, n_data: int, ops: tuple[str, ...], *, 
     P, k = probes.shape
     proj = rng.standard_normal((P, 2))  # two random projections make a collision-free hash key
     unary = [OPS[o] for o in ops if OPS[o].arity == 1 and OPS[o].level < 99]
-    binary = [OPS[o] for o in ops if OPS[o].arity == 2 and OPS[o].level < 99]
+    binary = [OPS[o] for o in ops if OPS[o].arity == 2 and OPS[o].level < 99 and OPS[o].rhs != "const"]
+    with_const = [OPS[o] for o in ops if OPS[o].arity == 2 and OPS[o].level < 99 and OPS[o].rhs != "any"]
+    from wtc.sr import numbers as _nb
+    consts = [("k", _nb.integer(int(c))) for c in int_consts] if with_const else []
+    const_vals = np.array([np.full(P, float(c)) for c in int_consts]) if consts else np.empty((0, P))
 
     lib = Library(n_data=n_data)
     seen: set = set()
@@ -100,6 +104,8 @@ def enumerate_library(probes: np.ndarray, n_data: int, ops: tuple[str, ...], *, 
     with np.errstate(all="ignore"):
         for s in range(2, max_size + 1):
             raw = sum(len(by_size[s - 1][0]) for _ in unary)
+            if s >= 3:
+                raw += len(with_const) * len(consts) * len(by_size[s - 2][0])
             for s1 in range(1, s - 1):
                 n1, n2 = len(by_size[s1][0]), len(by_size[s - 1 - s1][0])
                 raw += len(binary) * n1 * n2
@@ -131,6 +137,17 @@ def enumerate_library(probes: np.ndarray, n_data: int, ops: tuple[str, ...], *, 
                                     (op.name, ta[a0 + ii[r]], tb[jj[r]]), s)
                         trees_s += t
                         vals_s.append(v)
+            for op in with_const:  # s = size(a) + the operator + the constant
+                tp, vp = by_size[s - 2] if s >= 3 else ([], None)
+                if not tp or not consts:
+                    continue
+                block = op.fn(vp[:, None, :], const_vals[None, :, :])  # (na, nc, P)
+                nc = len(consts)
+                ii, jj = np.divmod(np.arange(len(tp) * nc), nc)
+                t, v = keep(block.reshape(-1, P), lambda r, ii=ii, jj=jj, op=op, tp=tp:
+                            (op.name, tp[ii[r]], consts[jj[r]]), s)
+                trees_s += t
+                vals_s.append(v)
             for op in unary:
                 tp, vp = by_size[s - 1]
                 if not tp:

@@ -25,9 +25,99 @@ class Op:
     arity: int
     fn: Callable  # numpy, elementwise, broadcasting
     sym: Callable  # sympy builder
-    level: int  # operator sets are widened level by level (1, 2, 3)
+    level: int  # operator sets are widened level by level (1, 2, 3; INT for integer data)
     commutative: bool = False
     nonlinear: bool = False  # a constant inside its argument changes the function class
+    rhs: str = "any"  # integer operators: "const" takes only a small integer constant on the
+    # right (x % 3, x // 2), "both" any term or such a constant (a >= b, a + b + c >= 2)
+
+
+# ---------------------------------------------------------------------------------- integer ops
+# Printed as plain Python: x % 3 (sympy's Mod), x // 3 and indicators (a >= b), (a == b) that
+# are 1 or 0. Each printer (str, Python source, numpy for lambdify) has its own method, so the
+# formula text, wtc's extracted programs and Fit.predict agree.
+def _paren(printer, arg, prec):
+    from sympy.printing.precedence import precedence
+    text = printer._print(arg)
+    return f"({text})" if precedence(arg) < prec else text
+
+
+class FloorDiv(sp.Function):
+    """a // b (floor division, Python semantics: rounds towards -inf)."""
+    nargs = 2
+    precedence = 50  # sympy's PRECEDENCE["Mul"]: parenthesised inside powers, not inside sums
+
+    @classmethod
+    def eval(cls, a, b):
+        if a.is_Number and b.is_Number and b != 0:
+            return sp.floor(a / b)
+        return None
+
+    def _sympystr(self, printer):
+        a, b = self.args
+        return f"{_paren(printer, a, 50)} // {_paren(printer, b, 51)}"
+
+    def _pythoncode(self, printer):
+        a, b = self.args
+        return f"({printer._print(a)} // {printer._print(b)})"
+
+    _lambdacode = _pythoncode
+
+    def _numpycode(self, printer):
+        a, b = self.args
+        return f"{printer._module_format('numpy.floor_divide')}({printer._print(a)}, {printer._print(b)})"
+
+
+class _Indicator(sp.Function):
+    """1 when the comparison holds, else 0 (Iverson bracket); printed (a >= b)."""
+    nargs = 2
+    _op = ""
+    _np = ""
+    _py: Callable = None  # type: ignore[assignment]
+
+    @classmethod
+    def eval(cls, a, b):
+        if a.is_Number and b.is_Number:
+            return sp.Integer(1) if cls._py(float(a), float(b)) else sp.Integer(0)
+        return None
+
+    def _sympystr(self, printer):
+        a, b = self.args
+        return f"({printer._print(a)} {self._op} {printer._print(b)})"
+
+    def _pythoncode(self, printer):
+        a, b = self.args
+        return f"(1 if {printer._print(a)} {self._op} {printer._print(b)} else 0)"
+
+    _lambdacode = _pythoncode
+
+    def _numpycode(self, printer):
+        a, b = self.args
+        return f"(1.0*{printer._module_format('numpy.' + self._np)}({printer._print(a)}, {printer._print(b)}))"
+
+
+class Ge(_Indicator):
+    """(a >= b): 1 or 0."""
+    _op, _np = ">=", "greater_equal"
+    _py = staticmethod(lambda a, b: a >= b)
+
+
+class Eq(_Indicator):
+    """(a == b): 1 or 0."""
+    _op, _np = "==", "equal"
+    _py = staticmethod(lambda a, b: a == b)
+
+
+def _ge(a, b):
+    return np.greater_equal(a, b).astype(np.float64)
+
+
+def _eq(a, b):
+    return np.equal(a, b).astype(np.float64)
+
+
+INT = 10  # the level of the integer operators: used on integer data only (search.op_levels)
+INT_COMPANIONS = ("max", "min", "abs")  # tried with them: chained min/max, |a - b| on integers
 
 
 def _relu_sym(a):
@@ -51,19 +141,29 @@ OPS: dict[str, Op] = {o.name: o for o in [
     Op("sin", 1, np.sin, sp.sin, 3, nonlinear=True),
     Op("cos", 1, np.cos, sp.cos, 3, nonlinear=True),
     Op("tanh", 1, np.tanh, sp.tanh, 3, nonlinear=True),
+    # comparisons first: of two forms equal on the data the first generated is kept, and a 0/1
+    # target reads better as (a + b + c >= 2) than as (a + b + c) // 2
+    Op("ge", 2, _ge, Ge, INT, rhs="both"),
+    Op("eq", 2, _eq, Eq, INT, commutative=True, rhs="both"),
+    Op("mod", 2, np.mod, sp.Mod, INT, rhs="const"),
+    Op("floordiv", 2, np.floor_divide, FloorDiv, INT, rhs="const"),
     # x ** c with a fitted exponent; only created by the inner-constant pass (never enumerated)
     Op("pow", 2, np.power, lambda a, b: a**b, 99, nonlinear=True),
 ]}
 
 # Friendly aliases accepted in user operator lists.
 ALIASES = {"+": "add", "-": "sub", "*": "mul", "/": "div", "square": "sq", "maximum": "max",
-           "minimum": "min", "negate": "neg", "^": "pow", "**": "pow"}
+           "minimum": "min", "negate": "neg", "^": "pow", "**": "pow", "%": "mod", "//": "floordiv",
+           ">=": "ge", "==": "eq", "step": "ge"}
 
 LEVELS = (1, 2, 3)
 
 
 def level_ops(level: int) -> tuple[str, ...]:
-    """All enumerable operators up to ``level`` (cumulative)."""
+    """All enumerable operators up to ``level`` (cumulative); INT: level 1, the integer operators
+    and their companions."""
+    if level == INT:
+        return (*level_ops(1), *INT_COMPANIONS, *(n for n, o in OPS.items() if o.level == INT))
     return tuple(n for n, o in OPS.items() if o.level <= level)
 
 
@@ -169,6 +269,12 @@ def renumber(t, start: int = 0):
     return out, counter[0] - start
 
 
+def uses_integer_ops(t) -> bool:
+    if t[0] in OPS:
+        return OPS[t[0]].level == INT or any(uses_integer_ops(ch) for ch in t[1:])
+    return False
+
+
 # ---------------------------------------------------------------------------------- printing
 def to_sympy(t, symbols: Sequence[sp.Symbol], params=None):
     head = t[0]
@@ -195,7 +301,8 @@ def to_str(t, names: Sequence[str]) -> str:
     if head == "k":
         return t[1].text
     args = [to_str(ch, names) for ch in t[1:]]
-    infix = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
+    infix = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "mod": "%", "floordiv": "//",
+             "ge": ">=", "eq": "=="}
     if head in infix:
         return f"({args[0]} {infix[head]} {args[1]})"
     if head == "sq":

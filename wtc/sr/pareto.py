@@ -130,12 +130,20 @@ def _decimalise(e: sp.Expr) -> sp.Expr:
     return e.xreplace(reps) if reps else e
 
 
+class _Printer(StrPrinter):
+    """sympy's text, with Mod written as Python writes it: x % 3."""
+
+    def _print_Mod(self, expr):
+        a, b = expr.args
+        return f"{self.parenthesize(a, 50)} % {self.parenthesize(b, 51)}"
+
+
 def equation_str(e: sp.Expr) -> str:
     """Readable text: short decimals (4.905) instead of 981/200, floats at their own precision."""
     try:
-        return StrPrinter({"full_prec": False}).doprint(_decimalise(e))
+        return _Printer({"full_prec": False}).doprint(_decimalise(e))
     except ValueError:   # a constant with thousands of digits (e.g. exp of a large rational)
-        return StrPrinter({"full_prec": False}).doprint(e.xreplace({n: sp.Float(n, 6) for n in e.atoms(sp.Rational)}))
+        return _Printer({"full_prec": False}).doprint(e.xreplace({n: sp.Float(n, 6) for n in e.atoms(sp.Rational)}))
 
 
 def max_abs_err(pred: np.ndarray, y: np.ndarray) -> float:

@@ -20,7 +20,7 @@ import numpy as np
 from wtc.sr import transforms
 from wtc.sr.data import Data
 from wtc.sr.enumeration import enumerate_library
-from wtc.sr.expr import LEVELS, OPS, level_ops, resolve_ops
+from wtc.sr.expr import INT, LEVELS, OPS, evaluate, level_ops, resolve_ops
 from wtc.sr.fitting import Candidate, fit_terms
 from wtc.sr.inner_search import inner_pass
 from wtc.sr.screen import prepare_columns, screen, sse_threshold
@@ -49,14 +49,29 @@ class _Deadline:
         return self.limit is not None and time.perf_counter() - self.t0 > self.limit
 
 
-def op_levels(operators) -> list[tuple[str, ...]]:
-    """Operator sets to try in order: staged ('auto'/None) or the user's list as one level."""
+def op_levels(operators, integer: bool = False) -> list[tuple[str, ...]]:
+    """Operator sets to try in order: staged ('auto'/None) or the user's list as one level. On
+    integer data (integer inputs, integer-valued target) the integer operators come second, before
+    the smooth ones: x % 2 must be found before cos(pi*x) or a saturated tanh."""
     if operators is None or (isinstance(operators, str) and operators == "auto"):
-        return [level_ops(lv) for lv in LEVELS]
+        levels = [level_ops(lv) for lv in LEVELS]
+        if integer:
+            levels.insert(1, level_ops(INT))
+        return levels
     if isinstance(operators, str):
         raise SRError(f"operators must be None, 'auto' or a list of operator names, got {operators!r}")
     ops = tuple(o for o in resolve_ops(operators) if o != "pow")
     return [tuple(dict.fromkeys(("add", "sub", "mul", *ops)))]
+
+
+BITS_TRY_INT = 7  # on 0/1 inputs the integer operators are tried when the polynomial is larger
+INT_CONST_MAX = 10  # moduli, divisors and thresholds 2..10 (and 0)
+
+
+def integer_constants(data: Data) -> tuple:
+    """Right operands of the integer operators: 0 and 2..K, K from the inputs' range."""
+    top = int(min(INT_CONST_MAX, max(3, np.max(np.abs(data.Xf)) + 1))) if data.integer else INT_CONST_MAX
+    return (0, *range(2, top + 1))
 
 
 def run(data: Data, *, max_complexity: int, operators=None, time_limit: float | None = None,
@@ -71,7 +86,10 @@ def run(data: Data, *, max_complexity: int, operators=None, time_limit: float | 
     if const is not None:
         cands.append(const)
     # on 0/1 inputs every operator set can express every function: the first that passes is it
+    # (on integer data the integer operators are still tried: a + b + c >= 2 beats its polynomial)
     simple_enough = SIMPLE_ENOUGH if len(data.binary) < data.k else 10**9
+    levels = op_levels(operators, data.integer)
+    int_consts = integer_constants(data)
 
     def best_passing():
         ok = [c for c in cands if c.passes and c.complexity <= max_complexity]
@@ -84,15 +102,25 @@ def run(data: Data, *, max_complexity: int, operators=None, time_limit: float | 
     screens = []  # (ops, (library, kept, screen)) per level, for the later passes
     if not done():
         # 1. linear combinations of enumerated terms, operator level by level
-        for ops in op_levels(operators):
+        for li, ops in enumerate(levels):
+            if deadline.over():
+                break
+            if li > 0 and simple_enough > SIMPLE_ENOUGH and best_passing() is not None:
+                if not (data.integer and "ge" in ops and best_passing().complexity > BITS_TRY_INT):
+                    break
             log.levels_tried.append(ops)
+            if data.integer and "ge" in ops and len(data.Xf) <= TABLE_CELLS:
+                _table_pass(data, ops, int_consts, cands, fit, max_complexity, rng)
             last = None
             for budget in TERM_BUDGETS:
                 if deadline.over():
                     break
                 lib = enumerate_library(data.probes, len(data.screen), ops, max_size=max_complexity,
-                                        max_terms=budget, target=data.yf[data.screen], rng=rng)
+                                        max_terms=budget, target=data.yf[data.screen], rng=rng,
+                                        int_consts=int_consts)
                 last = _linear(lib, data, None, cands, fit, best_passing, deadline, max_complexity)
+                if budget == TERM_BUDGETS[0] and ("ge" in ops or (li == 0 and not data.integer and len(np.unique(data.yf)) == 2)):
+                    _threshold_pass(lib, data, cands, fit, max_complexity)
                 log.library_sizes.append((len(lib), len(last[1]), lib.complete_size))
                 b = best_passing()
                 if b is not None and b.complexity <= lib.complete_size + 1:
@@ -101,7 +129,7 @@ def run(data: Data, *, max_complexity: int, operators=None, time_limit: float | 
                     break
             if last is not None:
                 screens.append((ops, last))
-            if done():
+            if done() and simple_enough <= SIMPLE_ENOUGH:
                 break
     # 2. the same libraries against a transformed target (1/y, y^2): cheap, so tried unless what
     # passed is already smaller than what a transform can give
@@ -120,6 +148,85 @@ def run(data: Data, *, max_complexity: int, operators=None, time_limit: float | 
     log.timed_out = deadline.over()
     log.seconds = time.perf_counter() - deadline.t0
     return cands, log
+
+
+TABLE_CELLS = 64  # inputs with at most this many distinct rows get the exact-table pass
+TABLE_TERMS = 20000
+TABLE_REFITS = 8
+
+
+def _table_pass(data: Data, ops, int_consts, cands, fit, max_complexity, rng) -> None:
+    """Few distinct inputs: enumerate terms by their values on the whole table only (two forms
+    equal on every cell are one; the smallest is kept), so far deeper than the general library,
+    and accept a + b * term only where it is exact on every cell (rmse and every point within the
+    tolerance, checked by fit_terms): the simplest such reading of the table."""
+    M = len(data.Xf)
+    lib = enumerate_library(data.Xf, M, ops, max_size=max_complexity, max_terms=TABLE_TERMS,
+                            max_raw=2e7, target=data.yf, rng=rng, int_consts=int_consts)
+    if not len(lib):
+        return
+    w = data.wf
+    W = w.sum()
+    V = lib.vals[:, :M]
+    with np.errstate(all="ignore"):
+        Vc = V - (V @ w)[:, None] / W
+        yc = data.yf - np.dot(w, data.yf) / W
+        gg = (Vc * Vc) @ w
+        gy = Vc @ (w * yc)
+        sse = float(np.dot(w * yc, yc)) - gy**2 / gg
+    allowed = (data.thr**2) * W * 1.5 + 1e-12 * float(np.dot(w * yc, yc))
+    ok = np.flatnonzero(np.isfinite(sse) & (gg > 1e-12) & (sse <= allowed))
+    sizes = np.asarray(lib.sizes)
+    for i in ok[np.argsort(sizes[ok], kind="stable")][:TABLE_REFITS]:
+        c = fit_terms([lib.trees[i]], data, source="table", memo=fit["memo"], cols=fit["cols"])
+        if c is not None:
+            cands.append(c)
+
+
+THRESHOLD_TERMS = 300  # the smallest library terms get a fitted threshold: (s >= c)
+
+
+def _threshold_pass(lib, data: Data, cands, fit, max_complexity) -> None:
+    """y = a + b * (s >= c) for a library term s and the best threshold c: for each of the
+    smallest terms every split of its sorted values is scored at once (cumulative sums). A split
+    that is exact within the tolerance gives c = the simplest number in (last value below, first
+    value above] (an integer when there is one), and the candidate is refit by fit_terms."""
+    from wtc.sr import numbers as nb
+    w, yv = data.wf, data.yf
+    W = float(w.sum())
+    tot = float(np.dot(w, yv))
+    sst = float(np.dot(w, yv * yv)) - tot**2 / W
+    allowed = (data.thr**2) * W * 1.5 + 1e-12 * max(sst, 0.0)
+    found = 0
+    for i, t in enumerate(lib.trees[:THRESHOLD_TERMS]):
+        if lib.sizes[i] + 2 > max_complexity:
+            break
+        sv = np.broadcast_to(evaluate(t, fit["cols"], memo=fit["memo"]), yv.shape)
+        if not np.all(np.isfinite(sv)):
+            continue
+        order = np.argsort(sv, kind="stable")
+        s_sorted, w_s, y_s = sv[order], w[order], yv[order]
+        cut = np.flatnonzero(np.diff(s_sorted) > 0)  # split after position cut
+        if not cut.size:
+            continue
+        cw, cy, cyy = np.cumsum(w_s), np.cumsum(w_s * y_s), np.cumsum(w_s * y_s * y_s)
+        w1, y1, yy1 = cw[cut], cy[cut], cyy[cut]
+        w2, y2, yy2 = W - w1, tot - y1, cyy[-1] - yy1
+        sse = (yy1 - y1**2 / w1) + (yy2 - y2**2 / w2)
+        j = int(np.argmin(sse))
+        if not sse[j] <= allowed:
+            continue
+        lo, hi = float(s_sorted[cut[j]]), float(s_sorted[cut[j] + 1])
+        c = next((nb.integer(v) for v in range(int(np.floor(lo)) + 1, int(np.floor(hi)) + 1)), None)
+        if c is None:
+            c = nb.simplest_in(np.nextafter(lo, np.inf), hi, hi) or nb.rounded(hi, 0)
+        term = ("ge", t[1], t[2]) if t[0] == "sub" and c.value == 0 else ("ge", t, ("k", c))  # a - b >= 0
+        cand = fit_terms([term], data, source="threshold", memo=fit["memo"], cols=fit["cols"])
+        if cand is not None:
+            cands.append(cand)
+            found += 1
+            if found >= 4:
+                break
 
 
 def _linear(lib, data: Data, tr, cands, fit, best_passing, deadline, max_complexity):
