@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from wtc import arguments
 from wtc.errors import WtcError
 
 
@@ -241,7 +242,7 @@ def _argument(convert, ok, what: str):
 
 
 _integer = _argument(int, lambda v: True, "an integer")
-_seed = _argument(int, lambda v: 0 <= v < 2**63, "a seed (a non-negative integer)")
+_seed = _argument(int, lambda v: 0 <= v < arguments.SEED_LIMIT, "a seed (a non-negative integer)")
 _positive = _argument(int, lambda v: v >= 1, "a positive integer")
 # nan, inf, 0 and negative budgets never stop or never start
 _seconds = _argument(float, lambda v: math.isfinite(v) and v > 0, "a budget: a finite positive number of seconds")

@@ -25,9 +25,10 @@ from pathlib import Path
 import numpy as np
 import sympy as sp
 
+from wtc import arguments
 from wtc import tasks as task_registry
 from wtc.dt.attempt import Attempt, load_result, rank_key, run_attempt, save_result, take_replica
-from wtc.dt.config import ConfigTypeError, DTConfig
+from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
 from wtc.dt.ladder import check_budget, climb
 from wtc.dt.workers import milestone, run_wave, task_reference, worker_count
 from wtc.errors import CheckpointError
@@ -119,6 +120,7 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
     """
     task = task_registry.get(task)
     budget = DEFAULT_BUDGET_S if budget_s is None else check_budget(budget_s)
+    seed = arguments.seed(seed, error=ConfigError)
     if config is not None and not isinstance(config, DTConfig):
         raise ConfigTypeError(f"config must be a wtc.DTConfig or None, got {type(config).__name__} {config!r}")
     base = DTConfig() if config is None else config

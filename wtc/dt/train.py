@@ -13,8 +13,9 @@ import math
 import time
 from pathlib import Path
 
+from wtc import arguments
 from wtc import tasks as task_registry
-from wtc.dt.config import ConfigTypeError, DTConfig
+from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
 from wtc.dt.ladder import check_budget, climb
 from wtc.dt.workers import run_wave, task_reference, worker_count
 from wtc.errors import TrainingError
@@ -47,6 +48,7 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
         raise ConfigTypeError(f"config must be a wtc.DTConfig, got {type(config).__name__}")
     budget_s = check_budget(budget_s)
     task_ref = task_reference(task)
+    seed = arguments.seed(seed, error=ConfigError)
     workers = worker_count(config, task_ref, cap=config.max_attempts)
     opts = {"checkpoint_dir": str(checkpoint_dir) if checkpoint_dir is not None else None,
             "resume": bool(resume), "progress": bool(progress)}

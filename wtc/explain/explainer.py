@@ -27,10 +27,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from wtc import arguments
+from wtc.errors import ScanError, UnknownName
 from wtc.explain import predicate_search
 from wtc.explain import sandbox
 from wtc.explain.conditional import conditional_kl, is_local, is_matrix
 from wtc.scan.engine import scan
+from wtc.scan.inputs import as_tokens
 
 
 @dataclass
@@ -58,6 +61,7 @@ def sample_weights(model, n: int, params=None, seed: int = 0) -> list[tuple[str,
     named = {k: p for k, p in model.named_parameters() if is_matrix(k) and (params is None or k in params)}
     if params is not None and set(params) - set(named):
         raise KeyError(f"not weight matrices of this model: {sorted(set(params) - set(named))}")
+    n, seed = arguments.positive_int(n, "sample"), arguments.seed(seed)
     names = sorted(named)
     counts = np.array([int((named[k] != 0).sum()) for k in names])
     if counts.sum() == 0:
@@ -127,6 +131,24 @@ def _external(proposer, contexts: list[str], timeout_s: float) -> list[str]:
     return list(out)
 
 
+def _given_weights(model, weights) -> list[tuple[str, tuple[int, ...]]]:
+    """[(name, index tuple)] checked against the model's parameters (UnknownName / IndexError)."""
+    params, out = dict(model.named_parameters()), []
+    for item in weights:
+        try:
+            name, idx = item
+            idx = (int(idx),) if isinstance(idx, (int, np.integer)) else tuple(int(i) for i in idx)
+        except (TypeError, ValueError):
+            raise TypeError(f"weights must be (name, index) pairs, got {item!r}") from None
+        if name not in params:
+            raise UnknownName(f"weights: {name!r} is not a parameter of this model")
+        shape = tuple(params[name].shape)
+        if len(idx) != len(shape) or any(not 0 <= i < n for i, n in zip(idx, shape)):
+            raise IndexError(f"weights: index {idx} out of range for {name} {shape}")
+        out.append((name, idx))
+    return out
+
+
 def explain(model, search_tokens, slices: list, sample: int = 100, params=None, seed: int = 0, proposer=None,
             threshold: float = 0.75, max_coverage: float = 0.5, candidates: int = 5, beam: int = 10,
             max_atoms: int = 3, progress: bool = True, proposer_timeout_s: float = 60.0, weights=None,
@@ -135,16 +157,19 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
     slice (n_k, T) are byte tokens of held-out text; weights: explain these [(name, index), ...]
     instead of a sample; builtin=False: only the external proposer's candidates compete.
     Returns {"weights": [Explanation...], "summary": {...}}."""
-    search = torch.as_tensor(np.asarray(search_tokens)).long()
-    slices = [torch.as_tensor(np.asarray(s)).long() for s in slices]
-    if search.ndim != 2 or not slices or any(s.ndim != 2 for s in slices):
-        raise ValueError("search_tokens and every slice must be (n, T) token arrays, with at least one slice")
-    if not 0 < max_coverage <= 1 or not 0 < threshold <= 1:
-        raise ValueError(f"need 0 < max_coverage <= 1 and 0 < threshold <= 1, got {max_coverage}, {threshold}")
+    search = as_tokens(search_tokens, model, name="search_tokens")      # integers only: floats are not truncated
+    if isinstance(slices, (str, bytes)) or not hasattr(slices, "__len__") or len(slices) == 0:
+        raise ScanError(f"slices must be a non-empty list of (n, T) token arrays, got {type(slices).__name__}")
+    slices = [as_tokens(s, model, name=f"slices[{k}]") for k, s in enumerate(slices)]
+    max_coverage, threshold = arguments.fraction(max_coverage, "max_coverage"), arguments.fraction(threshold, "threshold")
+    candidates, beam = arguments.positive_int(candidates, "candidates"), arguments.positive_int(beam, "beam")
+    max_atoms = arguments.positive_int(max_atoms, "max_atoms", upper=16)
+    proposer_timeout_s = arguments.positive_seconds(proposer_timeout_s, "proposer_timeout_s")
+    if proposer is not None and not callable(proposer) and not (isinstance(proposer, str) and proposer.strip()):
+        raise TypeError(f"proposer must be None, a callable or a shell command (a non-empty str), got {proposer!r}")
     t0 = time.perf_counter()
     model.eval()
-    weights = sample_weights(model, sample, params, seed) if weights is None else \
-        [(n, tuple(int(i) for i in idx)) for n, idx in weights]
+    weights = sample_weights(model, sample, params, seed) if weights is None else _given_weights(model, weights)
     search_scorer = Scorer(model, search)
     slice_scorers = [Scorer(model, s) for s in slices]
     search_np = search.numpy()

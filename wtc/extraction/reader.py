@@ -20,6 +20,7 @@ import numpy as np
 import sympy as sp
 
 from wtc import sr
+from wtc import arguments
 from wtc import tasks as task_registry
 from wtc.extraction.compose import snap_output
 from wtc.extraction.program import POSITION, Line, Program, build_source
@@ -86,6 +87,7 @@ def _route_name(rule, source: str, var: str) -> str:
 def extract(model, task, *, n: int = 2048, seed: int = 0) -> Program:
     """Read `model` (a frozen single-replica DiscreteTransformer trained on `task`) as a Program."""
     task = task_registry.get(task)
+    n, seed = arguments.positive_int(n, "n"), arguments.seed(seed)
     if getattr(model, "R", 1) != 1:
         raise ValueError(f"extract() reads one model; this one holds {model.R} replicas (use model.replica(i))")
     if not bool(model.frozen):

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wtc import arguments
 from wtc import tasks as task_registry
 from wtc.tasks.task import REAL_TOLERANCE
 
@@ -36,8 +37,10 @@ def agreement(task, a: np.ndarray, b: np.ndarray) -> float:
 def verify(program, task, n: int = 10000, seed: int | None = None, model=None) -> Verification:
     """Score `program` (anything callable on (n, T[, k]) arrays) on n fresh sequences of `task`."""
     task = task_registry.get(task)
+    n = arguments.positive_int(n, "n")
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**32))
+    seed = arguments.seed(seed)
     x, y = task.batch(np.random.default_rng(seed), n)
     pred = np.asarray(program(x), dtype=np.float64)
     score = task.score(pred, y)

@@ -1,0 +1,80 @@
+"""Hostile inputs to the Python API (issue 15, second probe): seeds, explain() arguments, user
+callbacks; each case asserts the error type and that the message names the problem."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import wtc
+from wtc import arguments
+from wtc.dt.config import ConfigError
+from wtc.errors import ScanError, UnknownName, WtcError
+from wtc.explain.explainer import explain, sample_weights
+from wtc.models import Transformer, TransformerConfig
+
+BAD_SEEDS = [-1, 1.5, "3", True, 2**63, None]
+
+
+@pytest.mark.parametrize("bad", BAD_SEEDS)
+def test_seed_checks(bad):
+    with pytest.raises(ValueError, match="seed must be a seed"):
+        arguments.seed(bad)
+    assert arguments.seed(np.int64(7)) == 7 and arguments.seed(0) == 0
+
+
+@pytest.mark.parametrize("bad", [-1, 2.0, True])
+def test_train_and_discover_refuse_bad_seeds_before_any_work(bad):
+    for run in (lambda: wtc.train("prev2", seed=bad, progress=False), lambda: wtc.discover("prev2", seed=bad)):
+        with pytest.raises(ConfigError, match="seed"):
+            run()
+
+
+@pytest.mark.parametrize("bad", [-3, 0.5, False])
+def test_verify_refuses_bad_seeds_and_sizes(bad):
+    with pytest.raises(ValueError, match="seed"):
+        wtc.extraction.verify(lambda x: x[..., 0], "prev2", seed=bad)
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        wtc.extraction.verify(lambda x: x[..., 0], "prev2", n=bad)
+
+
+def _lm():
+    cfg = TransformerConfig(n_layers=1, d_model=8, n_heads=1, d_head=8, d_mlp=8, d_vocab=256, n_ctx=16)
+    return Transformer(cfg, seed=0)
+
+
+TOKENS = np.random.default_rng(0).integers(0, 256, (4, 12))
+
+
+@pytest.mark.parametrize("kw, err, match", [
+    ({"search_tokens": TOKENS.astype(np.float32) + 0.7}, ScanError, "search_tokens must be an integer"),
+    ({"slices": [TOKENS.astype(np.float64)]}, ScanError, r"slices\[0\] must be an integer"),
+    ({"slices": []}, ScanError, "non-empty list"),
+    ({"search_tokens": TOKENS + 300}, ScanError, "vocabulary"),
+    ({"proposer": 3}, TypeError, "proposer must be None, a callable or a shell command"),
+    ({"proposer": "  "}, TypeError, "proposer"),
+    ({"proposer_timeout_s": float("inf")}, ValueError, "proposer_timeout_s must be a finite positive"),
+    ({"proposer_timeout_s": 0}, ValueError, "proposer_timeout_s"),
+    ({"threshold": float("nan")}, ValueError, "threshold must be a number in"),
+    ({"max_coverage": 0}, ValueError, "max_coverage"),
+    ({"beam": 0}, ValueError, "beam must be a positive integer"),
+    ({"max_atoms": 10**9}, ValueError, "max_atoms must be a positive integer <= 16"),
+    ({"seed": -1}, ValueError, "seed"),
+    ({"sample": 0}, ValueError, "sample must be a positive integer"),
+    ({"weights": [("nope", (0, 0))]}, UnknownName, "'nope' is not a parameter"),
+    ({"weights": [("embed.W_E", (999, 0))]}, IndexError, "out of range for embed.W_E"),
+    ({"weights": [3]}, TypeError, r"\(name, index\) pairs"),
+])
+def test_explain_refuses_bad_arguments(kw, err, match):
+    args = {"search_tokens": TOKENS, "slices": [TOKENS], "sample": 2, "progress": False, **kw}
+    with pytest.raises(err, match=match):
+        explain(_lm(), args.pop("search_tokens"), args.pop("slices"), **args)
+
+
+def test_sample_weights_refuses_bad_counts():
+    with pytest.raises(ValueError, match="sample must be a positive integer"):
+        sample_weights(_lm(), -2)
+
+
+def test_argument_errors_derive_from_the_callers_type():
+    with pytest.raises(ConfigError):
+        arguments.positive_int(0, "steps", error=ConfigError)
+    assert issubclass(ConfigError, WtcError) and issubclass(ScanError, WtcError)

@@ -1,0 +1,42 @@
+"""Checks for the arguments of public functions, shared by the Python API and the CLI: each returns
+the value normalised (a numpy integer becomes an int) or raises the caller's error type with a
+message naming the argument, the value and what was expected."""
+from __future__ import annotations
+
+import math
+import numbers
+
+SEED_LIMIT = 2**63          # numpy and torch both take seeds in [0, 2**63)
+
+
+def _error(error, name: str, value, what: str):
+    return error(f"{name} must be {what}, got {value!r}")
+
+
+def seed(value, name: str = "seed", error=ValueError) -> int:
+    """A seed: an integer in [0, 2**63) (bools and floats refused, not rounded)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < SEED_LIMIT:
+        raise _error(error, name, value, "a seed (an integer in [0, 2**63))")
+    return int(value)
+
+
+def positive_int(value, name: str, error=ValueError, upper: int | None = None) -> int:
+    """An integer >= 1 (and <= upper when given)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1 or \
+            (upper is not None and int(value) > upper):
+        raise _error(error, name, value, "a positive integer" + ("" if upper is None else f" <= {upper}"))
+    return int(value)
+
+
+def positive_seconds(value, name: str, error=ValueError) -> float:
+    """A finite number of seconds > 0 (nan, inf, 0 and negatives never stop or never start)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise _error(error, name, value, "a finite positive number of seconds")
+    return float(value)
+
+
+def fraction(value, name: str, error=ValueError) -> float:
+    """A number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
+        raise _error(error, name, value, "a number in (0, 1]")
+    return float(value)
