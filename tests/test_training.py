@@ -209,3 +209,54 @@ def test_a_pair_torn_between_its_renames_is_completed_or_refused(tmp_path):
     (tmp_path / "other.safetensors").replace(path.with_suffix(".safetensors"))
     with pytest.raises(CheckpointError, match="different saves"):
         checkpoint_io.read(path)
+
+
+@pytest.mark.parametrize("where", ["batch_fn", "loss_fn", "post_step", "eval"])
+def test_a_callback_that_raises_is_named_and_the_checkpoint_kept(tmp_path, where):
+    model = make()
+    calls = {"n": 0}
+
+    def boom(*_):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise KeyError("boom")
+
+    batch = (lambda step: boom() or torch.zeros(2, 8, dtype=torch.long)) if where == "batch_fn" else \
+        (lambda step: torch.zeros(2, 8, dtype=torch.long))
+
+    def loss(tokens):
+        if where == "loss_fn":
+            boom()
+        return F.cross_entropy(model(tokens)[:, :-1].reshape(-1, 11), tokens[:, 1:].reshape(-1))
+
+    evals = (T.Eval("e", lambda t: boom() or {"x": 1.0}, every=1),) if where == "eval" else ()
+    t = T.Trainer(model, T.TrainConfig(steps=8, lr=1e-3), batch, loss, path=tmp_path / "s", checkpoint_every=1,
+                  post_step=(lambda tr: boom()) if where == "post_step" else None, evals=evals, progress=False)
+    name = {"eval": "Eval 'e'"}.get(where, where)
+    with pytest.raises(TrainingError, match=rf"{name} raised KeyError at step \d: 'boom'; the last checkpoint"):
+        t.run()
+    assert T.read_state(tmp_path / "s").step >= 2
+
+
+@pytest.mark.parametrize("bad, match", [(lambda t: 3.0, "must return a scalar tensor"),
+                                        (lambda t: torch.ones(2, requires_grad=True).sum() * torch.ones(2),
+                                         "must return a scalar tensor")])
+def test_a_loss_that_is_not_a_scalar_tensor_is_named(bad, match):
+    t = T.Trainer(make(), T.TrainConfig(steps=2, lr=1e-3), lambda s: None, bad, progress=False)
+    with pytest.raises(TrainingError, match=match):
+        t.run()
+
+
+def test_callbacks_must_return_dicts():
+    model = make()
+    tokens = torch.zeros(2, 8, dtype=torch.long)
+
+    def loss(b):
+        return F.cross_entropy(model(tokens)[:, :-1].reshape(-1, 11), tokens[:, 1:].reshape(-1))
+
+    with pytest.raises(TrainingError, match="post_step must return a dict or None, got list"):
+        T.Trainer(model, T.TrainConfig(steps=2, lr=1e-3), lambda s: None, loss, post_step=lambda t: [1],
+                  progress=False).run()
+    with pytest.raises(TrainingError, match="Eval 'e' must return a dict or None, got float"):
+        T.Trainer(model, T.TrainConfig(steps=2, lr=1e-3), lambda s: None, loss,
+                  evals=(T.Eval("e", lambda t: 1.0, every=1),), progress=False).run()

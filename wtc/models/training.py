@@ -36,7 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from wtc import checkpoint_io
-from wtc.errors import CheckpointError, TrainConfigError, TrainingError
+from wtc.errors import CheckpointError, TrainConfigError, TrainingError, WtcError
 from wtc.threads import torch_threads
 
 FORMAT = "wtc.training/1"
@@ -363,9 +363,11 @@ class Trainer:
     def _record(self, ev: Eval) -> dict | None:
         self.model.eval()
         try:
-            rec = ev.fn(self)
+            rec = self._call(f"Eval {ev.name!r}", ev.fn, self)
         finally:
             self.model.train()
+        if rec is not None and not isinstance(rec, dict):
+            raise TrainingError(f"{self.desc}: Eval {ev.name!r} must return a dict or None, got {type(rec).__name__}")
         if rec is not None:
             rec = {"step": self.step, **rec}
             self.metrics[ev.name].append(rec)
@@ -379,12 +381,26 @@ class Trainer:
             if len(col) == n:
                 col.append(math.nan)
 
+    def _call(self, what: str, fn, *args):
+        """A user callback; what it raises becomes a TrainingError naming it and the step (chained,
+        so the traceback is still there), with the checkpoints already written left intact."""
+        try:
+            return fn(*args)
+        except (WtcError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            where = "" if self.path is None else f"; the last checkpoint in {self.path} is intact"
+            raise TrainingError(f"{self.desc}: {what} raised {type(exc).__name__} at step {self.step}: {exc}{where}") from exc
+
     def _update(self) -> tuple[float, dict]:
         """One optimiser step (module doc); returns the loss and post_step's values."""
         lr = lr_at(self.step, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss = self.loss_fn(self.batch_fn(self.step))
+        loss = self._call("loss_fn", self.loss_fn, self._call("batch_fn", self.batch_fn, self.step))
+        if not torch.is_tensor(loss) or loss.numel() != 1 or not loss.requires_grad:
+            raise TrainingError(f"{self.desc}: loss_fn must return a scalar tensor with a gradient, got "
+                                f"{type(loss).__name__}{tuple(loss.shape) if torch.is_tensor(loss) else ''}")
         if not torch.isfinite(loss):
             where = "" if self.path is None else f"; the last checkpoint in {self.path} is intact"
             raise TrainingError(f"{self.desc}: loss is {loss.item()} at step {self.step} (lr {lr:.3g}){where}")
@@ -395,7 +411,9 @@ class Trainer:
         self.optimizer.step()
         value = loss.item()
         self.step += 1
-        extra = (self.post_step(self) if self.post_step else None) or {}
+        extra = (self._call("post_step", self.post_step, self) if self.post_step else None) or {}
+        if not isinstance(extra, dict):
+            raise TrainingError(f"{self.desc}: post_step must return a dict or None, got {type(extra).__name__}")
         self._push({"step": self.step, "loss": value, "lr": lr, **extra})
         return value, extra
 
