@@ -78,3 +78,20 @@ def test_argument_errors_derive_from_the_callers_type():
     with pytest.raises(ConfigError):
         arguments.positive_int(0, "steps", error=ConfigError)
     assert issubclass(ConfigError, WtcError) and issubclass(ScanError, WtcError)
+
+
+def test_a_sampler_that_changes_rank_is_refused():
+    from wtc.tasks import Task, TaskError
+
+    calls = {"n": 0}
+
+    def sample(rng, n):
+        calls["n"] += 1
+        x = rng.integers(0, 10, (n, 6)).astype(float)
+        return x if calls["n"] % 2 else x[..., None]
+
+    task = Task("switching", sample, lambda x: x[..., 0] if x.ndim == 3 else x, seq_len=6)
+    with pytest.raises(TaskError, match="sample returned a 2-d array now but a 3-d one before|"
+                                        "3-d array now but a 2-d one before"):
+        for seed in range(3):
+            task.batch(np.random.default_rng(seed), 4)

@@ -69,6 +69,11 @@ class Task:
             x = self.sample(rng, int(n))
         except Exception as exc:  # a user callable that throws
             raise TaskError(f"task {self.name!r}: sample(rng, {n}) raised {type(exc).__name__}: {exc}") from exc
+        if self.n_inputs == 1 and np.ndim(x) in (2, 3) and np.ndim(x) != self._sample_ndim():
+            # target(x) gets batches in the form sample gave first; a sampler that switches would
+            # hand it the other form without a word
+            raise TaskError(f"task {self.name!r}: sample returned a {np.ndim(x)}-d array now but a "
+                            f"{self._sample_ndim()}-d one before; it must return one form, (n, T) or (n, T, 1)")
         return self.check_inputs(x, n=int(n), source="sample")
 
     def check_inputs(self, x, n: int | None = None, source: str = "inputs") -> np.ndarray:
