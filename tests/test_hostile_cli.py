@@ -61,6 +61,9 @@ CASES = {
     "garbage store": (["scan", "{d}/model", "--tokens", "{d}/tokens.npy", "--out", "{d}/garbage"], "not a usable scan store"),
     "lm-train heads 0": (["lm-train", "--heads", "0", "--out", "{d}/lm"], "positive"),
     "lm-train d_model 0": (["lm-train", "--d-model", "0", "--out", "{d}/lm"], "positive"),
+    "out is a file": (["discover", "prev2", "--out", "{d}/tokens.npy"], "is a file, not a directory"),
+    "out under a file": (["discover", "prev2", "--out", "{d}/tokens.npy/sub"], "cannot write there"),
+    "out read-only": (["study", "markov", "--quick", "--out", "/proc/wtc-out"], "cannot write there"),
 }
 
 

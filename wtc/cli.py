@@ -221,6 +221,20 @@ class CLIError(WtcError, ValueError):
     """Command-line arguments that do not fit together."""
 
 
+def _check_writable(out: Path) -> None:
+    """CLIError unless `out` is (or can be made) a directory this process can write files in."""
+    import tempfile
+
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {out} is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".wtc-write-check-"):
+            pass
+    except OSError as exc:
+        raise CLIError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: `wtc train: error: ...` and a pointer to --help (exit 2)."""
 
@@ -335,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("WTC_DEBUG", "") not in ("", "0")
     try:
+        if getattr(args, "out", None):
+            _check_writable(Path(args.out))       # before the work, not after it
         return args.func(args)
     except (WtcError, OSError) as exc:
         if debug:
