@@ -8,7 +8,9 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "dt_route.h"
 #include "gramian.h"
 #include "kl.h"
 #include "noise.h"
@@ -290,6 +292,101 @@ int64_t gramian_update(py::array h, py::array J, py::array mean, py::array m2, p
   return n_prev + n;
 }
 
+
+// ---- fused DT routing (dt_route.cpp): shapes checked here, names in the errors as in Python
+struct DtRouteArgs {
+  farr zq, zk, val, W, u, rel, abs_, scale, content;
+  wtc::DtRouteShapes s;
+  wtc::DtRouteInputs in;
+};
+
+DtRouteArgs dt_route_args(farr zq, farr zk, farr val, farr W, farr u, farr rel, farr abs_, farr scale,
+                          farr content, int pad, double tau, bool hard, int64_t seed) {
+  expect_dims(zq, 4, "zq", "(R, B, H, T)");
+  expect_dims(zk, 4, "zk", "(R, B, H, L)");
+  expect_dims(val, 4, "val", "(R, B, H, L)");
+  expect_dims(W, 4, "W", "(R, H, N, N)");
+  expect_dims(u, 3, "u", "(R, H, N)");
+  expect_dims(rel, 3, "rel", "(R, H, L)");
+  expect_dims(abs_, 3, "abs", "(R, H, L)");
+  expect_dims(scale, 2, "scale", "(R, H)");
+  expect_dims(content, 1, "content", "(R,)");
+  const int64_t R = zq.shape(0), B = zq.shape(1), H = zq.shape(2), T = zq.shape(3), L = zk.shape(3);
+  const int64_t N = W.shape(2);
+  if (pad < 0 || L != T + pad) throw py::value_error("route: keys L must equal T + pad (pad >= 0)");
+  if (T < 1 || N < 1) throw py::value_error("route: T and the PLE bins N must be >= 1");
+  if (!(tau > 0)) throw py::value_error("route: tau must be > 0");
+  if (seed < -1 || seed > 0xFFFFFFFFLL) throw py::value_error("route: seed must be -1 (no noise) or in [0, 2^32)");
+  if (R * B * H > 0xFFFFFFFFLL || T * L > 0xFFFFFFFFLL)
+    throw py::value_error("route: R * B * H and T * L must each fit in 32 bits (the noise counters)");
+  for (int ax = 0; ax < 3; ++ax) {
+    expect_dim(zk.shape(ax), zq.shape(ax), "zk", ax);
+    expect_dim(val.shape(ax), zq.shape(ax), "val", ax);
+  }
+  expect_dim(val.shape(3), L, "val", 3);
+  const py::array* per_head[] = {&W, &u, &rel, &abs_, &scale};
+  const char* names[] = {"W", "u", "rel", "abs", "scale"};
+  for (int k = 0; k < 5; ++k) {
+    expect_dim(per_head[k]->shape(0), R, names[k], 0);
+    expect_dim(per_head[k]->shape(1), H, names[k], 1);
+  }
+  expect_dim(W.shape(3), N, "W", 3);
+  expect_dim(u.shape(2), N, "u", 2);
+  expect_dim(rel.shape(2), L, "rel", 2);
+  expect_dim(abs_.shape(2), L, "abs", 2);
+  expect_dim(content.shape(0), R, "content", 0);
+  DtRouteArgs a{zq, zk, val, W, u, rel, abs_, scale, content, {R, B, H, T, L, N, pad}, {}};
+  a.in = {a.zq.data(), a.zk.data(), a.val.data(), a.W.data(), a.u.data(), a.rel.data(), a.abs_.data(),
+          a.scale.data(), a.content.data(), static_cast<float>(1.0 / tau), hard, seed >= 0,
+          static_cast<uint32_t>(seed < 0 ? 0 : seed)};
+  return a;
+}
+
+py::tuple dt_route_forward(farr zq, farr zk, farr val, farr W, farr u, farr rel, farr abs_, farr scale,
+                           farr content, int pad, double tau, bool hard, int64_t seed, bool overlap,
+                           int threads) {
+  DtRouteArgs a = dt_route_args(zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, seed);
+  if (overlap && hard) throw py::value_error("route: overlaps are defined for soft routing only (hard=False)");
+  const auto& s = a.s;
+  py::array_t<float> out({s.R, s.B, s.H, s.T});
+  py::array_t<float> o_rows(overlap ? std::vector<int64_t>{s.R, s.B, s.H, s.H, s.T} : std::vector<int64_t>{0});
+  {
+    py::gil_scoped_release nogil;
+    wtc::dt_route_forward(s, a.in, out.mutable_data(), overlap ? o_rows.mutable_data() : nullptr, threads);
+  }
+  return py::make_tuple(out, o_rows);
+}
+
+py::tuple dt_route_backward(farr zq, farr zk, farr val, farr W, farr u, farr rel, farr abs_, farr scale,
+                            farr content, int pad, double tau, bool hard, int64_t seed, farr dout,
+                            py::object c, bool score_grads, int threads) {
+  DtRouteArgs a = dt_route_args(zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, seed);
+  const auto& s = a.s;
+  expect_dims(dout, 4, "dout", "(R, B, H, T)");
+  for (int ax = 0; ax < 4; ++ax) expect_dim(dout.shape(ax), zq.shape(ax), "dout", ax);
+  farr cg;
+  const bool has_c = !c.is_none();
+  if (has_c) {
+    if (hard) throw py::value_error("route: overlaps are defined for soft routing only (hard=False)");
+    cg = farr::ensure(c);
+    if (!cg) throw py::value_error("c must be a float32 array (R, B, H, H, T)");
+    expect_dims(cg, 5, "c", "(R, B, H, H, T)");
+    const int64_t want[] = {s.R, s.B, s.H, s.H, s.T};
+    for (int ax = 0; ax < 5; ++ax) expect_dim(cg.shape(ax), want[ax], "c", ax);
+  }
+  py::array_t<float> dzq({s.R, s.B, s.H, s.T}), dzk({s.R, s.B, s.H, s.L}), dval({s.R, s.B, s.H, s.L});
+  py::array_t<float> dW({s.R, s.H, s.N, s.N}), du({s.R, s.H, s.N}), drel({s.R, s.H, s.L});
+  py::array_t<float> dabs({s.R, s.H, s.L}), dscale({s.R, s.H});
+  wtc::DtRouteGrads g{dzq.mutable_data(), dzk.mutable_data(), dval.mutable_data(), dW.mutable_data(),
+                      du.mutable_data(), drel.mutable_data(), dabs.mutable_data(), dscale.mutable_data()};
+  {
+    py::gil_scoped_release nogil;
+    wtc::dt_route_backward(s, a.in, dout.data(), has_c ? cg.data() : nullptr, score_grads, g, threads);
+  }
+  if (!score_grads) return py::make_tuple(py::none(), py::none(), dval, py::none(), py::none(), py::none(),
+                                          py::none(), py::none());
+  return py::make_tuple(dzq, dzk, dval, dW, du, drel, dabs, dscale);
+}
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -300,6 +397,17 @@ PYBIND11_MODULE(_C, m) {
         "Argmax routing of G heads over N sequences -> (index int64, value, margin), each (G, N, Lq).");
   m.def("gumbel_hash", &gumbel_hash, py::arg("seed"), py::arg("streams"), py::arg("T"), py::arg("L"),
         "Counter-based Gumbel noise (streams, T, L), float32: the bits of wtc.dt.noise.gumbel_hash");
+  m.def("dt_route_forward", &dt_route_forward, py::arg("zq"), py::arg("zk"), py::arg("val"), py::arg("W"),
+        py::arg("u"), py::arg("rel"), py::arg("abs"), py::arg("scale"), py::arg("content"), py::arg("pad"),
+        py::arg("tau"), py::arg("hard"), py::arg("seed"), py::arg("overlap"), py::arg("threads"),
+        "Fused DT pointer-head routing (seed -1: no noise) -> (out (R, B, H, T), overlaps (R, B, H, H, T) "
+        "or empty); see csrc/dt_route.h.");
+  m.def("dt_route_backward", &dt_route_backward, py::arg("zq"), py::arg("zk"), py::arg("val"), py::arg("W"),
+        py::arg("u"), py::arg("rel"), py::arg("abs"), py::arg("scale"), py::arg("content"), py::arg("pad"),
+        py::arg("tau"), py::arg("hard"), py::arg("seed"), py::arg("dout"), py::arg("c"), py::arg("score_grads"),
+        py::arg("threads"),
+        "Gradients of dt_route_forward by recomputation -> (dzq, dzk, dval, dW, du, drel, dabs, dscale); "
+        "all but dval None without score_grads. c: symmetrised overlap gradients or None.");
   m.def("kl_rows", &kl_rows, py::arg("logp"), py::arg("logits"),
         "Per-position KL(p || softmax(logits)): logp (N, V) float64, logits (A, N, V) -> (A, N) float64.");
   m.def("kl_rank1", &kl_rank1, py::arg("logp"), py::arg("logits"), py::arg("delta"), py::arg("direction"),

@@ -10,4 +10,7 @@ namespace wtc {
 // key = fmix32(stream * 0x9E3779B9 + seed) (uint32 arithmetic).
 void gumbel_hash_cpu(uint32_t seed, int64_t streams, int64_t T, int64_t L, float* out);
 
+// One stream's values c = 0 .. count-1 (c = i * L + j), the same as gumbel_hash_cpu's row `stream`.
+void gumbel_stream_cpu(uint32_t seed, int64_t stream, int64_t count, float* row);
+
 }  // namespace wtc

@@ -38,3 +38,193 @@ def test_content_scores_skip_positional_replicas(rng, content):
     gb = torch.autograd.grad(ref, leaves, g)
     for a, b in zip(ga, gb):
         assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------- native routing (wtc.kernels.cpu.route)
+import numpy as np  # noqa: E402
+
+from wtc import _native  # noqa: E402
+from wtc.dt.attention import route_reference  # noqa: E402
+
+C = _native.cpu_module()
+needs_native = pytest.mark.skipif(C is None, reason="wtc._C not built")
+TOL = 1e-5
+
+ROUTE_SHAPES = [  # R, B, H, T, pad, bins
+    (2, 3, 2, 5, 4, 5),
+    (1, 2, 3, 19, 18, 16),    # keys past one padded block of 16
+    (1, 2, 1, 1, 0, 1),       # T = L = 1, one bin
+    (2, 1, 2, 7, 0, 3),       # no pads
+    (3, 5, 3, 10, 9, 16),     # the default DT's shape (smaller batch), mixed content
+    (2, 2, 2, 6, 11, 7),      # more pads than positions, odd bins
+]
+ROUTE_MODES = {  # hard, straight_through, noise, overlap
+    "soft": (False, False, False, False),
+    "soft+noise": (False, False, True, False),
+    "soft+noise+overlap": (False, False, True, True),
+    "hard-straight-through": (True, True, False, False),
+    "hard-straight-through+noise": (True, True, True, False),
+    "hard-eval": (True, False, False, False),
+}
+
+
+def rel_err(got, ref):
+    got, ref = got.detach().double(), ref.detach().double()
+    assert torch.isfinite(got).all()
+    return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def close(got, ref64, ref32) -> bool:
+    """float32 op vs the float64 reference, allowing what float32 itself costs on these inputs."""
+    return rel_err(got, ref64) <= max(TOL, 4 * rel_err(ref32, ref64))
+
+
+def route_inputs(rng, R, B, H, T, pad, N):
+    L = T + pad
+    f = lambda *s: torch.as_tensor(rng.standard_normal(s), dtype=torch.float64)  # noqa: E731
+    u01 = lambda *s: torch.as_tensor(rng.random(s), dtype=torch.float64)  # noqa: E731
+    content = torch.as_tensor(rng.random(R) < 0.6, dtype=torch.float64)
+    content[-1] = 1.0
+    return [u01(R, B, H, T), u01(R, B, H, L), f(R, B, H, L), 0.3 * f(R, H, N, N), 0.3 * f(R, H, N), f(R, H, L),
+            f(R, H, L), u01(R, H) + 0.5, content]
+
+
+def route_run(op, inputs, kw, weights, dtype):
+    leaves = [x.to(dtype).requires_grad_() for x in inputs[:8]]
+    out, o_rows = op(*leaves, inputs[8].to(dtype), **kw)
+    loss = (out * weights[0].to(dtype)).sum()
+    if o_rows is not None:
+        loss = loss + (o_rows * weights[1].to(dtype)).sum()
+    return out, o_rows, torch.autograd.grad(loss, leaves, allow_unused=True)
+
+
+@needs_native
+@pytest.mark.parametrize("mode", list(ROUTE_MODES))
+@pytest.mark.parametrize("shape", ROUTE_SHAPES, ids=lambda s: "R{}B{}H{}T{}P{}N{}".format(*s))
+def test_native_route_matches_float64_reference(rng, shape, mode):
+    from wtc.kernels import cpu
+
+    hard, st, noise, overlap = ROUTE_MODES[mode]
+    R, B, H, T, pad, N = shape
+    if overlap and H < 2:
+        pytest.skip("overlaps need two heads")
+    inputs = route_inputs(rng, *shape)
+    kw = dict(pad=pad, tau=float(rng.uniform(0.3, 2.0)), hard=hard, straight_through=st,
+              seed=int(rng.integers(2**31 - 1)) if noise else None, overlap=overlap)
+    weights = [torch.as_tensor(rng.standard_normal((R, B, H, T))), torch.as_tensor(rng.standard_normal((R, B, H, H, T)))]
+    ref_out, ref_o, ref_grads = route_run(route_reference, inputs, kw, weights, torch.float64)
+    out32, o32, grads32 = route_run(route_reference, inputs, kw, weights, torch.float32)
+    out, o_rows, grads = route_run(cpu.route, inputs, kw, weights, torch.float32)
+    assert out.shape == (R, B, H, T) and out.dtype == torch.float32
+    assert close(out, ref_out, out32)
+    if overlap:
+        assert close(o_rows, ref_o, o32)
+    else:
+        assert o_rows is None
+    for name, g, r, r32 in zip(["zq", "zk", "val", "W", "u", "rel", "abs", "scale"], grads, ref_grads, grads32):
+        if r is None:                  # hard eval: no gradient reaches the scores
+            assert g is None or float(g.abs().max()) == 0.0, name
+            continue
+        assert g is not None, name
+        if float(r.abs().max()) == 0.0:
+            assert float(g.abs().max()) == 0.0, name
+        else:
+            assert close(g, r, r32), name
+
+
+@needs_native
+def test_native_route_is_the_same_for_any_thread_count(rng):
+    from wtc.kernels import cpu
+
+    inputs = [x.float() for x in route_inputs(rng, 3, 7, 3, 10, 9, 16)]
+    kw = dict(pad=9, tau=0.7, hard=False, straight_through=False, seed=1234, overlap=True)
+    weights = [torch.randn(3, 7, 3, 10), torch.randn(3, 7, 3, 3, 10)]
+    runs = []
+    for threads in (1, 2, 3):
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            runs.append(route_run(cpu.route, inputs, kw, weights, torch.float32))
+        finally:
+            torch.set_num_threads(old)
+    for other in runs[1:]:
+        assert torch.equal(other[0], runs[0][0]) and torch.equal(other[1], runs[0][1])
+        assert all(torch.equal(a, b) for a, b in zip(other[2], runs[0][2]))
+
+
+@needs_native
+def test_native_route_noise_is_the_counter_based_hash(rng):
+    """With the scores all equal, the hard pointer is the argmax of the noise: the same bits as
+    wtc.dt.gumbel.gumbel_hash (what the reference and the Triton kernel use)."""
+    from wtc.dt.gumbel import gumbel_hash
+    from wtc.kernels import cpu
+
+    R, B, H, T, pad, N = 2, 3, 2, 6, 5, 4
+    L = T + pad
+    z = torch.zeros
+    val = torch.arange(L, dtype=torch.float32).expand(R, B, H, L).contiguous()
+    out, _ = cpu.route(z(R, B, H, T), z(R, B, H, L), val, z(R, H, N, N), z(R, H, N), z(R, H, L), z(R, H, L),
+                       torch.ones(R, H), torch.ones(R), pad=pad, tau=1.0, hard=True, straight_through=False, seed=99)
+    g = gumbel_hash(99, (R, B, H, T, L), native=False)
+    causal = torch.arange(L)[None, :] <= torch.arange(T)[:, None] + pad
+    want = g.masked_fill(~causal, float("-inf")).argmax(-1).float()
+    assert torch.equal(out, want)
+
+
+@needs_native
+def test_native_route_rejects_bad_input():
+    from wtc.kernels import cpu
+
+    z = torch.rand(1, 1, 1, 3)
+    k = torch.rand(1, 1, 1, 5)
+    params = [torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2), torch.zeros(1, 1, 5), torch.zeros(1, 1, 5),
+              torch.ones(1, 1), torch.ones(1)]
+    with pytest.raises(ValueError, match="tau"):
+        cpu.route(z, k, k, *params, pad=2, tau=0.0, hard=False, straight_through=False, seed=None)
+    with pytest.raises(ValueError, match="T \\+ pad"):
+        cpu.route(z, k, k, *params, pad=1, tau=1.0, hard=False, straight_through=False, seed=None)
+    with pytest.raises(ValueError, match="soft"):
+        cpu.route(z, k, k, *params, pad=2, tau=1.0, hard=True, straight_through=True, seed=1, overlap=True)
+    with pytest.raises(ValueError, match="val: size 4 on axis 3"):
+        cpu.route(z, k, k[..., :4], *params, pad=2, tau=1.0, hard=False, straight_through=False, seed=None)
+    bad = list(params)
+    bad[0] = torch.zeros(1, 2, 2, 2)
+    with pytest.raises(ValueError, match="W: size 2 on axis 1"):
+        cpu.route(z, k, k, *bad, pad=2, tau=1.0, hard=False, straight_through=False, seed=None)
+
+
+# ---------------------------------------------------------------- whole training steps
+@needs_native
+@pytest.mark.parametrize("config", ["default", "straight-through"])
+def test_training_trajectory_native_matches_reference(monkeypatch, config):
+    """The same attempt trained twice side by side, once with the native ops and once with the
+    torch reference (WTC_KERNELS=reference: the torch Gumbel expression too); after every step
+    (anneal, with the 1-in-10 logging steps, then hard) the parameters agree to float32 noise."""
+    import wtc
+    from wtc.dt import DTConfig
+    from wtc.dt.attempt import Attempt
+    from wtc.kernels import cpu
+
+    calls, native_route = [], cpu.route
+    monkeypatch.setattr(cpu, "route", lambda *a, **k: calls.append(1) or native_route(*a, **k))
+    cfg = DTConfig(steps=25, hard_steps=8, batch_size=32, straight_through=config == "straight-through")
+    task = wtc.tasks.get("parity_last2")
+    ref, run = Attempt(task, cfg, seed=3, attempt=0), Attempt(task, cfg, seed=3, attempt=0)
+    worst = 0.0
+    for step in range(cfg.steps + cfg.hard_steps):
+        monkeypatch.setenv("WTC_KERNELS", "reference")
+        n = len(calls)
+        ref.train_step()
+        assert len(calls) == n
+        monkeypatch.delenv("WTC_KERNELS")
+        phase = run.phase
+        run.train_step()
+        if phase == "hard" or not cfg.straight_through:   # straight-through anneal: overlaps need the reference
+            assert len(calls) > n, step
+        for (name, a), b in zip(run.model.named_parameters(), ref.model.parameters()):
+            a, b = a.detach(), b.detach()
+            diff = float((a - b).abs().max())
+            worst = max(worst, diff)
+            assert diff <= 1e-5 + 1e-4 * float(b.abs().max()), (step, name, diff)
+    assert worst > 0.0          # two different implementations: not bitwise, only close
+    np.testing.assert_allclose(run.history.loss, ref.history.loss, rtol=1e-4, atol=1e-7)

@@ -5,8 +5,9 @@ TRITON_INTERPRET=1), "native" (wtc._C, C++17/OpenMP: the CPU path) and "referenc
 complete, the oracle every other backend is tested against).
 
     op                         backends                   default (WTC_KERNELS unset)
-    dt.route                   triton, reference          triton for CUDA tensors when triton imports
-      (pointer and aggregate heads, every sampling mode)
+    dt.route                   triton, native, reference  triton for CUDA tensors when triton imports;
+      (pointer heads, every sampling mode;                  native for float32 CPU tensors (wtc.kernels.cpu;
+       Triton: aggregate heads too)                         bench/dt_step.py --versus)
     dt.mlp_bank                triton, reference          same
     dt.route_hard              native, reference          native for CPU tensors from NATIVE_MIN_POSITIONS
       (argmax routing of frozen heads in predict)             query positions (size=; None: no threshold)
@@ -61,7 +62,7 @@ class _Op:
 
 
 OPS = {
-    "dt.route": _Op(("triton",)),
+    "dt.route": _Op(("triton", "native"), float32=True),
     "dt.mlp_bank": _Op(("triton",)),
     "dt.route_hard": _Op(("native",), min_size=NATIVE_MIN_POSITIONS),
     "dt.gumbel": _Op(("native",)),

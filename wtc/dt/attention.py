@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from wtc import _native, kernels
+from wtc.kernels import cpu as cpu_kernels
 from wtc.backend import choose
 from wtc.dt.gumbel import draw_seed, gumbel_hash
 from wtc.dt.ple import ple_uniform
@@ -161,7 +162,9 @@ class Attention(nn.Module):
         H, A, P = self.H, self.A, self.P
         choice = self.select(sampling)
         outs, stats = [], {}
-        fused = choose("dt.route", stream) == "triton" and not (self.hook_scores.has_hooks or self.hook_pattern.has_hooks)
+        hooked = self.hook_scores.has_hooks or self.hook_pattern.has_hooks   # they need the materialised tensors
+        backend = "reference" if hooked else choose("dt.route", stream)
+        fused = backend == "triton"
         if H:
             val = choice.read(stream, slice(2 * H, 3 * H)).transpose(2, 3)       # (R, B, H, L)
             seed = draw_seed(sampling.generator) if sampling.noise else None
@@ -170,9 +173,10 @@ class Attention(nn.Module):
                 outs.append(val.gather(-1, self.pinned))
             elif sampling.native and self.select.frozen and choose("dt.route_hard", stream) == "native":
                 outs.append(self._route_native(stream, unit))
-            elif fused and not (want_overlap and sampling.hard):
+            elif backend != "reference" and not (want_overlap and sampling.hard):
                 zq, zk = self._query_key(unit, choice)
-                out, overlap = kernels.route(zq, zk, val, self.W, self.u, self.rel, self.abs, self.log_scale.exp(),
+                route = kernels.route if fused else cpu_kernels.route
+                out, overlap = route(zq, zk, val, self.W, self.u, self.rel, self.abs, self.log_scale.exp(),
                                              self.content, pad=P, tau=sampling.tau, hard=sampling.hard,
                                              straight_through=sampling.straight_through, seed=seed,
                                              overlap=want_overlap)

@@ -1,0 +1,381 @@
+#include "dt_route.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "noise.h"
+
+namespace wtc {
+namespace {
+
+#define WTC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+// exp(x) for the softmax (x = z / tau - max <= 0), branch-free so loops over keys vectorise:
+// Cephes' expf (range reduction by ln 2, degree-5 polynomial), within 2 ulp of expf; x below -87
+// gives exp(-87) ~ 1.6e-38 instead of a denormal, which no probability here can tell apart.
+inline float exp_neg(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float y = x * 1.44269504088896341f;
+  const float k = (y + 12582912.0f) - 12582912.0f;        // round to nearest (1.5 * 2^23 trick)
+  float r = x - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  return p * __builtin_bit_cast(float, bits);
+}
+
+// Rows of keys are padded to Lp (a multiple of 16) and computed full width, masked: the loops over
+// keys then vectorise completely (most rows hold fewer than 16 visible keys, which would otherwise
+// run as scalar remainder loops).
+inline int64_t padded(int64_t L) { return (L + 15) / 16 * 16; }
+
+// Everything one (replica, sequence) pair needs, for all of its H heads: scores before the scale,
+// probabilities, argmax keys, and the PLE codes / query projections of the content term.
+struct Unit {
+  int64_t Lp;
+  std::vector<float> pre, p, noise, encq, enck, enckT, proj, rrev, abp, valp, row;   // zero-initialised
+  // the causal mask as data, not as a comparison in the key loops (GCC splits a loop at `j <= last`
+  // and then vectorises neither part): valid 1 / 0, bias 0 / -inf, per (query, key)
+  std::vector<float> valid, bias;
+  std::vector<int32_t> arg;
+  explicit Unit(const DtRouteShapes& s)
+      : Lp(padded(s.L)), pre(s.H * s.T * Lp), p(s.H * s.T * Lp), noise(s.T * s.L + Lp), encq(s.H * s.T * s.N),
+        enck(s.H * s.L * s.N), enckT(s.H * s.N * Lp), proj(s.H * s.T * s.N), rrev(s.H * (s.L + Lp)),
+        abp(s.H * Lp), valp(s.H * Lp), row(Lp), valid(s.T * Lp), bias(s.T * Lp), arg(s.H * s.T) {
+    for (int64_t i = 0; i < s.T; ++i)
+      for (int64_t j = 0; j < Lp; ++j) {
+        const bool ok = j <= i + s.pad;
+        valid[i * Lp + j] = ok ? 1.0f : 0.0f;
+        bias[i * Lp + j] = ok ? 0.0f : -std::numeric_limits<float>::infinity();
+      }
+  }
+};
+
+// PLE of z on N equal bins of [0, 1], as wtc.dt.ple.ple_uniform: (z * N) - t clamped.
+inline void ple(float z, int64_t N, float* code) {
+  const float zn = z * static_cast<float>(N);
+  for (int64_t t = 0; t < N; ++t) {
+    float c = zn - static_cast<float>(t);
+    if (t > 0) c = std::max(c, 0.0f);
+    if (t < N - 1) c = std::min(c, 1.0f);
+    code[t] = c;
+  }
+}
+
+// d code / d z summed against dcode: torch.clamp passes the gradient where lo <= c <= hi.
+inline float ple_grad(float z, int64_t N, const float* dcode) {
+  const float zn = z * static_cast<float>(N);
+  float acc = 0.0f;
+  for (int64_t t = 0; t < N; ++t) {
+    const float c = zn - static_cast<float>(t);
+    if ((t == 0 || c >= 0.0f) && (t == N - 1 || c <= 1.0f)) acc += dcode[t];
+  }
+  return acc * static_cast<float>(N);
+}
+
+// Fill `u` for pair (r, b): every head's scores, probabilities and (hard) argmax keys; entries
+// past a query's last key are 0 (pre, p).
+WTC_CLONES void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64_t r, int64_t b, Unit& u) {
+  const int64_t H = s.H, T = s.T, L = s.L, N = s.N, P = s.pad, Lp = u.Lp;
+  const float cr = in.content[r], itau = in.inv_tau;
+  const bool hard = in.hard, noise = in.noise;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  float* row = u.row.data();
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t g = (r * s.B + b) * H + h, rh = r * H + h;
+    float* pre = u.pre.data() + h * T * Lp;
+    float* p = u.p.data() + h * T * Lp;
+    float* encq = u.encq.data() + h * T * N;
+    float* enck = u.enck.data() + h * L * N;
+    float* enckT = u.enckT.data() + h * N * Lp;
+    float* proj = u.proj.data() + h * T * N;
+    float* rrev = u.rrev.data() + h * (L + Lp);    // rel[i + P - j] = rrev[L - 1 - i - P + j]
+    float* abp = u.abp.data() + h * Lp;
+    float* valp = u.valp.data() + h * Lp;
+    const float sc = in.scale[rh];
+    for (int64_t k = 0; k < L + Lp; ++k) rrev[k] = k < L ? in.rel[rh * L + L - 1 - k] : 0.0f;
+    for (int64_t j = 0; j < Lp; ++j) {
+      abp[j] = j < L ? in.abs_[rh * L + j] : 0.0f;
+      valp[j] = j < L ? in.val[g * L + j] : 0.0f;
+    }
+    if (cr != 0.0f) {
+      const float* W = in.W + rh * N * N;
+      const float* uu = in.u + rh * N;
+      for (int64_t i = 0; i < T; ++i) ple(in.zq[g * T + i], N, encq + i * N);
+      for (int64_t c = 0; c < N; ++c)
+        for (int64_t j = L; j < Lp; ++j) enckT[c * Lp + j] = 0.0f;
+      for (int64_t j = 0; j < L; ++j) {
+        ple(in.zk[g * L + j], N, enck + j * N);
+        for (int64_t c = 0; c < N; ++c) enckT[c * Lp + j] = enck[j * N + c];
+      }
+      for (int64_t i = 0; i < T; ++i) {
+        float* pr = proj + i * N;
+        for (int64_t c = 0; c < N; ++c) pr[c] = 0.0f;
+        for (int64_t a = 0; a < N; ++a) {
+          const float e = encq[i * N + a];
+#pragma omp simd
+          for (int64_t c = 0; c < N; ++c) pr[c] += e * W[a * N + c];
+        }
+        for (int64_t c = 0; c < N; ++c) pr[c] += uu[c];
+      }
+    }
+    if (noise) gumbel_stream_cpu(in.seed, g, T * L, u.noise.data());
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t last = i + P;                       // keys j <= i + P (< L)
+      float* pre_i = pre + i * Lp;
+      float* p_i = p + i * Lp;
+      const float* rr = rrev + (L - 1 - last);
+      const float* ok = u.valid.data() + i * Lp;
+      const float* bias = u.bias.data() + i * Lp;
+      if (cr != 0.0f) {
+        const float* pr = proj + i * N;
+        for (int64_t j = 0; j < Lp; ++j) row[j] = 0.0f;
+        for (int64_t c = 0; c < N; ++c) {
+          const float q = pr[c];
+          const float* ek = enckT + c * Lp;
+#pragma omp simd
+          for (int64_t j = 0; j < Lp; ++j) row[j] += q * ek[j];
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < Lp; ++j) pre_i[j] = ((row[j] * cr + rr[j]) + abp[j]) * ok[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < Lp; ++j) pre_i[j] = ((0.0f + rr[j]) + abp[j]) * ok[j];
+      }
+      const float* nz = u.noise.data() + i * L;        // zeros without noise; past L only where masked
+      float m = ninf;
+#pragma omp simd reduction(max : m)
+      for (int64_t j = 0; j < Lp; ++j) {
+        const float z = (pre_i[j] * sc + nz[j]) + bias[j];
+        p_i[j] = z;
+        m = std::max(m, z);
+      }
+      if (hard) {                                       // the first maximum of z, as torch.argmax
+        int32_t best = 0;
+        while (p_i[best] != m && best < last) ++best;
+        u.arg[h * T + i] = best;
+      }
+      // softmax(z / tau): max(z / tau) = max(z) / tau for tau > 0
+      const float mx = m * itau;
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < Lp; ++j) {
+        const float e = exp_neg(p_i[j] * itau - mx) * ok[j];
+        p_i[j] = e;
+        sum += e;
+      }
+      const float inv = 1.0f / sum;
+#pragma omp simd
+      for (int64_t j = 0; j < Lp; ++j) p_i[j] *= inv;
+    }
+  }
+}
+
+WTC_CLONES void forward_unit(const DtRouteShapes& s, const DtRouteInputs& in, int64_t rb, Unit& u, float* out,
+                             float* o_rows) {
+  const int64_t H = s.H, T = s.T, Lp = u.Lp;
+  recompute(s, in, rb / s.B, rb % s.B, u);
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t g = rb * H + h;
+    const float* valp = u.valp.data() + h * Lp;
+    for (int64_t i = 0; i < T; ++i) {
+      if (in.hard) {
+        out[g * T + i] = valp[u.arg[h * T + i]];
+      } else {
+        const float* p_i = u.p.data() + (h * T + i) * Lp;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < Lp; ++j) acc += p_i[j] * valp[j];
+        out[g * T + i] = acc;
+      }
+    }
+    if (o_rows == nullptr) continue;
+    for (int64_t h2 = 0; h2 < H; ++h2) {
+      float* o = o_rows + (g * H + h2) * T;
+      for (int64_t i = 0; i < T; ++i) {
+        float acc = 0.0f;
+        if (h2 > h) {
+          const float* a = u.p.data() + (h * T + i) * Lp;
+          const float* c = u.p.data() + (h2 * T + i) * Lp;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t j = 0; j < Lp; ++j) acc += a[j] * c[j];
+        }
+        o[i] = acc;
+      }
+    }
+  }
+}
+
+struct Back {
+  std::vector<float> dp, ds, dproj, denck, dcode, drr, dabsp, dvalp;
+  explicit Back(const DtRouteShapes& s, int64_t Lp)
+      : dp(Lp), ds(Lp), dproj(s.T * s.N), denck(s.L * s.N), dcode(s.N), drr(s.H * (s.L + Lp)),
+        dabsp(s.H * Lp), dvalp(Lp) {}
+};
+
+// One sequence b of replica r: dval, dzq, dzk written; the replica's parameter gradients accumulated
+// (drel reversed in bk.drr, dabs in bk.dabsp).
+WTC_CLONES void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
+                              const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r,
+                              int64_t b, Unit& u, Back& bk) {
+  const int64_t B = s.B, H = s.H, T = s.T, L = s.L, N = s.N, P = s.pad, Lp = u.Lp;
+  const float cr = in.content[r], itau = in.inv_tau;
+  const bool hard = in.hard;
+  recompute(s, in, r, b, u);
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t g = (r * B + b) * H + h, rh = r * H + h;
+    const float* valp = u.valp.data() + h * Lp;
+    const float* dout_g = dout + g * T;
+    const float* p = u.p.data() + h * T * Lp;
+    float* dvalp = bk.dvalp.data();
+    for (int64_t j = 0; j < Lp; ++j) dvalp[j] = 0.0f;
+    for (int64_t i = 0; i < T; ++i) {
+      if (hard) {
+        dvalp[u.arg[h * T + i]] += dout_g[i];
+      } else {
+        const float d = dout_g[i];
+        const float* p_i = p + i * Lp;
+#pragma omp simd
+        for (int64_t j = 0; j < Lp; ++j) dvalp[j] += p_i[j] * d;
+      }
+    }
+    for (int64_t j = 0; j < L; ++j) gr.dval[g * L + j] = dvalp[j];
+    if (!score_grads) continue;
+    const float sc = in.scale[rh];
+    const float* pre = u.pre.data() + h * T * Lp;
+    const float* enck = u.enck.data() + h * L * N;
+    const float* proj = u.proj.data() + h * T * N;
+    float* drr = bk.drr.data() + h * (L + Lp);
+    float* dabsp = bk.dabsp.data() + h * Lp;
+    float* dp = bk.dp.data();
+    float* ds = bk.ds.data();
+    float dscale = 0.0f;
+    if (cr != 0.0f) {
+      std::fill(bk.dproj.begin(), bk.dproj.end(), 0.0f);
+      std::fill(bk.denck.begin(), bk.denck.end(), 0.0f);
+    }
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t last = i + P, n = last + 1;
+      const float* p_i = p + i * Lp;
+      const float* pre_i = pre + i * Lp;
+      const float d = dout_g[i];
+#pragma omp simd
+      for (int64_t j = 0; j < Lp; ++j) dp[j] = d * valp[j];
+      if (cgrad != nullptr) {
+        for (int64_t h2 = 0; h2 < H; ++h2) {
+          if (h2 == h) continue;
+          const float c = cgrad[(g * H + h2) * T + i];
+          const float* p2 = u.p.data() + (h2 * T + i) * Lp;
+#pragma omp simd
+          for (int64_t j = 0; j < Lp; ++j) dp[j] += c * p2[j];
+        }
+      }
+      float D = 0.0f;
+#pragma omp simd reduction(+ : D)
+      for (int64_t j = 0; j < Lp; ++j) D += p_i[j] * dp[j];
+      float* dr = drr + (L - 1 - last);
+#pragma omp simd reduction(+ : dscale)
+      for (int64_t j = 0; j < Lp; ++j) {
+        const float dz = p_i[j] * (dp[j] - D) * itau;    // d loss / d z; 0 where masked (p = 0)
+        dscale += dz * pre_i[j];
+        const float dpre = dz * sc;
+        ds[j] = dpre;
+        dabsp[j] += dpre;
+        dr[j] += dpre;
+      }
+      if (cr != 0.0f) {
+        float* dpr = bk.dproj.data() + i * N;
+        const float* pr = proj + i * N;
+        for (int64_t j = 0; j < n; ++j) {
+          const float dsc = ds[j] * cr;
+          const float* ek = enck + j * N;
+          float* dek = bk.denck.data() + j * N;
+#pragma omp simd
+          for (int64_t c = 0; c < N; ++c) {
+            dpr[c] += dsc * ek[c];
+            dek[c] += dsc * pr[c];
+          }
+        }
+      }
+    }
+    gr.dscale[rh] += dscale;
+    if (cr != 0.0f) {
+      float* dW = gr.dW + rh * N * N;
+      float* du = gr.du + rh * N;
+      const float* W = in.W + rh * N * N;
+      const float* encq = u.encq.data() + h * T * N;
+      float* dcode = bk.dcode.data();
+      for (int64_t i = 0; i < T; ++i) {
+        const float* dpr = bk.dproj.data() + i * N;
+        for (int64_t a = 0; a < N; ++a) {
+          const float e = encq[i * N + a];
+          float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t c = 0; c < N; ++c) {
+            dW[a * N + c] += e * dpr[c];
+            acc += dpr[c] * W[a * N + c];
+          }
+          dcode[a] = acc;
+        }
+#pragma omp simd
+        for (int64_t c = 0; c < N; ++c) du[c] += dpr[c];
+        gr.dzq[g * T + i] = ple_grad(in.zq[g * T + i], N, dcode);
+      }
+      for (int64_t j = 0; j < L; ++j) gr.dzk[g * L + j] = ple_grad(in.zk[g * L + j], N, bk.denck.data() + j * N);
+    } else {
+      for (int64_t i = 0; i < T; ++i) gr.dzq[g * T + i] = 0.0f;
+      for (int64_t j = 0; j < L; ++j) gr.dzk[g * L + j] = 0.0f;
+    }
+  }
+}
+
+}  // namespace
+
+void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* out, float* o_rows, int threads) {
+#pragma omp parallel num_threads(std::max(1, threads))
+  {
+    Unit u(s);
+#pragma omp for schedule(static)
+    for (int64_t rb = 0; rb < s.R * s.B; ++rb) forward_unit(s, in, rb, u, out, o_rows);
+  }
+}
+
+void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout, const float* cgrad,
+                       bool score_grads, const DtRouteGrads& gr, int threads) {
+  const int64_t H = s.H, L = s.L, N = s.N;
+#pragma omp parallel num_threads(std::max(1, threads))
+  {
+    Unit u(s);
+    Back bk(s, u.Lp);
+    const int64_t Lp = u.Lp;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < s.R; ++r) {
+      if (score_grads) {
+        std::fill(gr.dW + r * H * N * N, gr.dW + (r + 1) * H * N * N, 0.0f);
+        std::fill(gr.du + r * H * N, gr.du + (r + 1) * H * N, 0.0f);
+        std::fill(gr.dscale + r * H, gr.dscale + (r + 1) * H, 0.0f);
+        std::fill(bk.drr.begin(), bk.drr.end(), 0.0f);
+        std::fill(bk.dabsp.begin(), bk.dabsp.end(), 0.0f);
+      }
+      for (int64_t b = 0; b < s.B; ++b) backward_unit(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
+      if (score_grads)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t k = 0; k < L; ++k) {
+            gr.drel[(r * H + h) * L + k] = bk.drr[h * (L + Lp) + L - 1 - k];
+            gr.dabs[(r * H + h) * L + k] = bk.dabsp[h * Lp + k];
+          }
+    }
+  }
+}
+
+}  // namespace wtc

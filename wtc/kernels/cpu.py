@@ -1,0 +1,74 @@
+"""The DT's fused ops on the CPU through wtc._C (C++/OpenMP): the twins of the Triton kernels.
+
+    route(...)   pointer-head routing, forward + backward (csrc/dt_route.cpp): PLE codes, the bilinear,
+                 key-only and positional scores, causal mask, the counter-based Gumbel noise (the
+                 bits of wtc.dt.gumbel), soft / hard / straight-through softmax, value routing and
+                 the heads' overlaps; the backward recomputes everything from the inputs
+
+Same signatures and results (to float32 rounding) as the torch references in wtc.dt, which stay the
+oracle (tests/test_fused_step.py). float32 only; wtc.backend.choose decides when they run (ops
+"dt.route"). Threads: torch's intra-op count at the call (DTConfig.threads while training); the
+result does not depend on it.
+"""
+from __future__ import annotations
+
+import torch
+
+from wtc.backend import require_native
+
+
+def _np(t: torch.Tensor):
+    return t.detach().to(torch.float32).contiguous().numpy()
+
+
+class _Route(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, straight_through, seed, overlap):
+        C = require_native("the native route op")
+        inputs = [t.detach().to(torch.float32).contiguous() for t in (zq, zk, val, W, u, rel, abs_, scale, content)]
+        seed = -1 if seed is None else int(seed)
+        out, o_rows = C.dt_route_forward(*[t.numpy() for t in inputs], pad, tau, hard, seed, overlap,
+                                         torch.get_num_threads())
+        ctx.save_for_backward(*inputs)
+        ctx.config = (pad, tau, hard, straight_through, seed, overlap)
+        o_rows = torch.from_numpy(o_rows)
+        if not overlap:
+            ctx.mark_non_differentiable(o_rows)
+        return torch.from_numpy(out).to(zq.dtype), o_rows.to(zq.dtype)
+
+    @staticmethod
+    def backward(ctx, dout, d_overlap):
+        C = require_native("the native route op")
+        inputs = ctx.saved_tensors
+        pad, tau, hard, straight_through, seed, overlap = ctx.config
+        H = inputs[0].shape[2]
+        score_grads = (not hard or straight_through) and any(ctx.needs_input_grad[i] for i in (0, 1, 3, 4, 5, 6, 7))
+        c = None
+        if overlap and d_overlap is not None:
+            upper = torch.triu(torch.ones(H, H), diagonal=1)[:, :, None]
+            g = d_overlap.detach().to(torch.float32) * upper              # only g > h entries are outputs
+            c = (g + g.transpose(2, 3)).contiguous().numpy()
+        grads = C.dt_route_backward(*[t.numpy() for t in inputs], pad, tau, hard, seed, _np(dout), c,
+                                    score_grads, torch.get_num_threads())
+        out = []
+        for k, g in enumerate(grads):
+            out.append(torch.from_numpy(g).to(inputs[k].dtype) if g is not None and ctx.needs_input_grad[k] else None)
+        return (*out, None, None, None, None, None, None, None)
+
+
+def route(zq, zk, val, W, u, rel, abs_, scale, content, *, pad: int, tau: float, hard: bool,
+          straight_through: bool, seed: int | None, overlap: bool = False):
+    """Pointer-head routing on the CPU, fused; the signature and results of
+    wtc.dt.attention.route_reference (and wtc.kernels.route).
+
+    zq (R, B, H, T) and zk (R, B, H, L = T + pad) on [0, 1]; val (R, B, H, L); W (R, H, N, N);
+    u (R, H, N); rel, abs_ (R, H, L); scale (R, H) > 0; content (R,) 0/1; seed None = no noise.
+    Returns (out (R, B, H, T), overlaps (R, B, H, H, T) with [h, g] = sum_j p_h p_g for g > h, or None).
+    """
+    if tau <= 0:
+        raise ValueError(f"route: tau must be > 0, got {tau}")
+    if overlap and hard:
+        raise ValueError("route: overlaps are defined for soft routing only (hard=False)")
+    out, o_rows = _Route.apply(zq, zk, val, W, u, rel, abs_, scale, content, int(pad), float(tau), bool(hard),
+                               bool(straight_through), seed, bool(overlap))
+    return out, (o_rows if overlap else None)
