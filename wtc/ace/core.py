@@ -28,7 +28,7 @@ from wtc.errors import AceError
 @dataclass
 class Core:
     layer: str
-    position: int | str | None
+    position: int | str | torch.Tensor | None    # a (n,) tensor: per-input positions
     basis: torch.Tensor        # (D, m) orthonormal, ordered by singular value
     s: torch.Tensor            # (m,) balanced singular values; weights are s^2
     rank: int
@@ -71,14 +71,37 @@ def _logits(out):
     return logits if isinstance(logits, torch.Tensor) else out
 
 
+def _per_input(position) -> bool:
+    """Whether `position` gives one position per input (a 1-D integer tensor)."""
+    return isinstance(position, torch.Tensor)
+
+
+def _is_all(position) -> bool:
+    return isinstance(position, str) and position == "all"
+
+
 def _select(act: torch.Tensor, position) -> torch.Tensor:
-    """The samples of a module output: (B, D) as is; one position of (B, T, D); or, for
-    position="all", every position as its own sample ((B*T, D))."""
+    """The samples of a module output: (B, D) as is; one position of (B, T, D); for a per-input
+    position tensor (B,), input i's position[i]; or, for position="all", every position as its own
+    sample ((B*T, D))."""
     if position is None:
         return act
-    if position == "all":
+    if _is_all(position):
         return act.reshape(-1, act.shape[-1])
+    if _per_input(position):
+        return act[torch.arange(act.shape[0], device=act.device), position.to(act.device)]
     return act[:, position]
+
+
+def _read(readout, out, position):
+    """The readout of a model output; with per-input positions, of the output at those positions."""
+    out = _logits(out)
+    if _per_input(position):
+        if not isinstance(out, torch.Tensor) or out.ndim < 2 or out.shape[0] != len(position):
+            raise AceError(f"with per-input positions the model output must be (batch, T, ...), got "
+                           f"{tuple(getattr(out, 'shape', ()))}")
+        out = _select(out, position)
+    return readout(out)
 
 
 def activations_and_jacobians(model, inputs, layer: str, readout, position: int | None = -1):
@@ -91,8 +114,8 @@ def activations_and_jacobians(model, inputs, layer: str, readout, position: int 
         return act
 
     with hook_modules(model, [(layer, grab)]), torch.enable_grad():
-        y = readout(_logits(model(inputs)))
-        if position == "all":
+        y = _read(readout, model(inputs), position)
+        if _is_all(position):
             y = y.reshape(-1, y.shape[-1])                       # (B*T, K): position t reads act[:, t]
         if y.ndim != 2:
             raise AceError(f"readout must give (batch, K) outputs, got {tuple(y.shape)}")
@@ -109,7 +132,7 @@ def activations_and_jacobians(model, inputs, layer: str, readout, position: int 
 
 
 def _default_readout(position):
-    if position == "all":
+    if _is_all(position) or _per_input(position):
         return lambda out: out
     return lambda out: out[:, -1] if out.ndim == 3 else out
 
@@ -118,9 +141,13 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
                  rank: int | None = None, position: int | str | None = -1, chunk: int = 512) -> Core:
     """The core of `layer`: smallest rank reaching `energy` of s^2 (or the given rank).
 
-    position: -1 (default) the last position of a (B, T, D) output, None for (B, D) outputs, or
-    "all": every position a sample, with readout (B, T, K) read at the same position."""
-    _check_position(position)
+    position: -1 (default) the last position of a (B, T, D) output, None for (B, D) outputs,
+    "all": every position a sample, with readout (B, T, K) read at the same position, or a 1-D
+    integer tensor of one position per input (sentences of different lengths): input i is read
+    at position[i], and the readout gets the model output at the same positions ((B, V) -> (B, K)).
+    The core keeps these positions; validate / patched_accuracy / keep_kl patch at them (or at the
+    `positions` they are given for other inputs)."""
+    position = _check_position(position, len(inputs))
     _check_chunk(chunk)
     if not isinstance(layer, str):
         raise AceError(f"layer must be a module path (str), e.g. 'blocks.0.hook_resid_post', got {layer!r}")
@@ -131,7 +158,8 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
     readout = readout or _default_readout(position)
     acc = None
     for start in range(0, len(inputs), chunk):
-        H, J = activations_and_jacobians(model, inputs[start:start + chunk], layer, readout, position)
+        H, J = activations_and_jacobians(model, inputs[start:start + chunk], layer, readout,
+                                         position[start:start + chunk] if _per_input(position) else position)
         if acc is None:
             acc = GramianAccumulator(H.shape[-1])
         acc.add(H, J)
@@ -149,10 +177,19 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
 PATCH_MODES = ("keep", "remove", "flip")
 
 
-def _check_position(position) -> None:
-    if not (position is None or position == "all" or (isinstance(position, int) and not isinstance(position, bool))):
+def _check_position(position, n: int | None = None):
+    """The position, checked (a per-input one as an int64 tensor of n entries)."""
+    if _per_input(position) or isinstance(position, (list, tuple)):
+        pos = torch.as_tensor(position)
+        if pos.ndim != 1 or pos.dtype.is_floating_point or pos.dtype == torch.bool or pos.dtype.is_complex:
+            raise AceError(f"per-input positions must be a 1-D integer tensor, got {tuple(pos.shape)} {pos.dtype}")
+        if n is not None and len(pos) != n:
+            raise AceError(f"per-input positions: {len(pos)} positions for {n} inputs")
+        return pos.long()
+    if not (position is None or _is_all(position) or (isinstance(position, int) and not isinstance(position, bool))):
         raise AceError(f"position must be an int (e.g. -1, the last position), None for (batch, D) outputs, "
-                       f"or 'all', got {position!r}")
+                       f"'all', or a 1-D tensor of per-input positions, got {position!r}")
+    return position
 
 
 def _check_chunk(chunk) -> None:
@@ -165,7 +202,7 @@ def _check_labels(labels: torch.Tensor, inputs, core) -> None:
         raise AceError(f"labels must be integer class ids (-1: not scored), got dtype {labels.dtype}")
     if labels.ndim < 1 or len(labels) != len(inputs):
         raise AceError(f"labels must have one row per input: {len(inputs)} inputs, labels of shape {tuple(labels.shape)}")
-    if core.position == "all" and labels.ndim != 2:
+    if _is_all(core.position) and labels.ndim != 2:
         raise AceError(f"a position='all' core is scored per position: labels must be (batch, T), got {tuple(labels.shape)}")
     if bool((labels < -1).any()):
         raise AceError(f"labels are class ids >= 0, or -1 for 'not scored'; got {int(labels.min())}")
@@ -173,10 +210,10 @@ def _check_labels(labels: torch.Tensor, inputs, core) -> None:
         raise AceError("no label is scored (every label is -1)")
 
 
-def _patch_hook(core: Core, mode: str, rank: int | None, projector: str = "orthogonal"):
+def _patch_hook(core: Core, mode: str, rank: int | None, projector: str = "orthogonal", positions=None):
     """Hook fn (wtc.hooks) replacing the core's samples h of the layer output: keep = mu + P (h - mu),
     remove = h - P (h - mu), flip = h - 2 P (h - mu), with P the rank-r core projector of `projector`
-    kind (orthogonal or oblique)."""
+    kind (orthogonal or oblique); at `positions` (B,) per input when given."""
     P, mu = core.projector(rank, projector), core.mean
 
     def patch(h):
@@ -185,7 +222,14 @@ def _patch_hook(core: Core, mode: str, rank: int | None, projector: str = "ortho
         return new.to(h.dtype)
 
     def hook(out, module):
-        if core.position is None or core.position == "all":
+        if positions is not None:
+            if out.shape[0] != len(positions):
+                raise AceError(f"per-input positions: {len(positions)} positions for a batch of {out.shape[0]}")
+            rows = torch.arange(out.shape[0], device=out.device)
+            out = out.clone()
+            out[rows, positions] = patch(out[rows, positions])
+            return out
+        if core.position is None or _is_all(core.position):
             return patch(out)
         out = out.clone()
         out[:, core.position] = patch(out[:, core.position])
@@ -194,41 +238,72 @@ def _patch_hook(core: Core, mode: str, rank: int | None, projector: str = "ortho
     return hook
 
 
-def _patched(model, core: Core, mode: str, rank: int | None, projector: str = "orthogonal"):
-    return hook_modules(model, [(core.layer, _patch_hook(core, mode, rank, projector))])
+def _patched(model, core: Core, mode: str, rank: int | None, projector: str = "orthogonal", positions=None):
+    return hook_modules(model, [(core.layer, _patch_hook(core, mode, rank, projector, positions))])
+
+
+def patched(model, core: Core, mode: str, rank: int | None = None, projector: str = "orthogonal", positions=None):
+    """A context in which `model` runs with the core's layer patched ('keep', 'remove' or 'flip'),
+    at the core's position, or at `positions` (B,) per input for a batch of B (e.g. the position
+    that predicts a verb, kept fixed while greedy generation grows the sequence)."""
+    if mode not in PATCH_MODES:
+        raise AceError(f"mode must be keep, remove or flip, got {mode!r}")
+    if positions is not None:
+        positions = _check_position(torch.as_tensor(positions))
+    elif _per_input(core.position):
+        raise AceError("this core has per-input positions: pass positions= for the batch being patched")
+    return _patched(model, core, mode, rank, projector, positions)
+
+
+def _positions_for(core: Core, inputs, positions):
+    """Per-input positions for `inputs`: the given ones, else the core's own when it has them."""
+    if positions is not None:
+        return _check_position(torch.as_tensor(positions), len(inputs))
+    if _per_input(core.position):
+        if len(core.position) != len(inputs):
+            raise AceError(f"this core has per-input positions for {len(core.position)} inputs, not "
+                           f"{len(inputs)}: pass positions= for these inputs")
+        return core.position
+    return None
 
 
 @torch.no_grad()
 def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | None = None, readout=None,
-                     chunk: int = 2048, projector: str = "orthogonal") -> float:
-    """Accuracy (argmax of the readout) with the layer patched: 'clean', 'keep', 'remove' or 'flip'."""
+                     chunk: int = 2048, projector: str = "orthogonal", positions=None) -> float:
+    """Accuracy (argmax of the readout) with the layer patched: 'clean', 'keep', 'remove' or 'flip'.
+    positions: per-input positions of these inputs (default: the core's, for a core with them)."""
     if mode not in ("clean",) + PATCH_MODES:
         raise AceError(f"mode must be clean, keep, remove or flip, got {mode!r}")
     labels = torch.as_tensor(labels)
     _check_labels(labels, inputs, core)
     _check_chunk(chunk)
+    pos = _positions_for(core, inputs, positions)
     readout = readout or _default_readout(core.position)
     hits = 0
-    with _patched(model, core, mode, rank, projector) if mode != "clean" else contextlib.nullcontext():
-        for start in range(0, len(inputs), chunk):
-            pred = readout(_logits(model(inputs[start:start + chunk]))).argmax(-1)
-            lab = labels[start:start + chunk]
-            hits += int(((pred == lab) & (lab >= 0)).sum())          # label -1: not scored
+    for start in range(0, len(inputs), chunk):
+        p = None if pos is None else pos[start:start + chunk]
+        with _patched(model, core, mode, rank, projector, p) if mode != "clean" else contextlib.nullcontext():
+            pred = _read(readout, model(inputs[start:start + chunk]), p).argmax(-1)
+        lab = labels[start:start + chunk]
+        hits += int(((pred == lab) & (lab >= 0)).sum())              # label -1: not scored
     return hits / int((labels >= 0).sum())
 
 
 @torch.no_grad()
 def keep_kl(model, inputs, core: Core, rank: int, readout=None, chunk: int = 2048,
-            projector: str = "orthogonal") -> float:
+            projector: str = "orthogonal", positions=None) -> float:
     """Mean KL(clean || kept) of the readout's softmax when only the rank-r core is kept: whether
     the core carries the whole output distribution, not just its argmax."""
+    _check_chunk(chunk)
+    pos = _positions_for(core, inputs, positions)
     readout = readout or _default_readout(core.position)
     total, count = 0.0, 0
     for start in range(0, len(inputs), chunk):
         x = inputs[start:start + chunk]
-        clean = torch.log_softmax(readout(_logits(model(x))).double(), -1)
-        with _patched(model, core, "keep", rank, projector):
-            kept = torch.log_softmax(readout(_logits(model(x))).double(), -1)
+        p = None if pos is None else pos[start:start + chunk]
+        clean = torch.log_softmax(_read(readout, model(x), p).double(), -1)
+        with _patched(model, core, "keep", rank, projector, p):
+            kept = torch.log_softmax(_read(readout, model(x), p).double(), -1)
         kl = (clean.exp() * (clean - kept)).sum(-1)
         total += float(kl.sum())
         count += kl.numel()
@@ -236,26 +311,30 @@ def keep_kl(model, inputs, core: Core, rank: int, readout=None, chunk: int = 204
 
 
 def validate(core: Core, model, inputs, labels, readout=None, tolerance: float = 0.005,
-             projector: str = "orthogonal") -> dict:
+             projector: str = "orthogonal", positions=None) -> dict:
     """Keep / remove / flip accuracies at the core's rank, and the minimal sufficient rank (keep
     within `tolerance` of baseline) and minimal necessary rank (remove <= 2 x chance), with the
-    `projector` kind: "orthogonal" (onto the core subspace) or "oblique" (balanced truncation)."""
+    `projector` kind: "orthogonal" (onto the core subspace) or "oblique" (balanced truncation).
+    positions: per-input positions of these inputs (default: the core's, for a core with them)."""
     labels = torch.as_tensor(labels)
     _check_labels(labels, inputs, core)
+    positions = _positions_for(core, inputs, positions)
     with torch.no_grad():
-        K = (readout or _default_readout(core.position))(_logits(model(inputs[:1]))).shape[-1]
+        K = _read(readout or _default_readout(core.position), model(inputs[:1]),
+                  None if positions is None else positions[:1]).shape[-1]
     if int(labels.max()) >= K:
         raise AceError(f"label {int(labels.max())} is not a class of the readout's {K} outputs")
     if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not 0 <= tolerance < 1:
         raise AceError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
     chance = 1.0 / K
-    acc = {m: patched_accuracy(model, inputs, labels, core, m, readout=readout, projector=projector)
+    acc = {m: patched_accuracy(model, inputs, labels, core, m, readout=readout, projector=projector,
+                                 positions=positions)
            for m in ("clean", "keep", "remove", "flip")}
     sufficient = necessary = None
     for r in range(0, core.basis.shape[1] + 1):
-        if sufficient is None and patched_accuracy(model, inputs, labels, core, "keep", r, readout, projector=projector) >= acc["clean"] - tolerance:
+        if sufficient is None and patched_accuracy(model, inputs, labels, core, "keep", r, readout, projector=projector, positions=positions) >= acc["clean"] - tolerance:
             sufficient = r
-        if necessary is None and patched_accuracy(model, inputs, labels, core, "remove", r, readout, projector=projector) <= 2 * chance:
+        if necessary is None and patched_accuracy(model, inputs, labels, core, "remove", r, readout, projector=projector, positions=positions) <= 2 * chance:
             necessary = r
         if sufficient is not None and necessary is not None:
             break
