@@ -95,3 +95,21 @@ def test_a_sampler_that_changes_rank_is_refused():
                                         "3-d array now but a 2-d one before"):
         for seed in range(3):
             task.batch(np.random.default_rng(seed), 4)
+
+
+@pytest.mark.parametrize("config, seq_len, match", [
+    ({}, 400, "GiB of attention scores.*seq_len 400"),
+    ({"pad": 10**6}, 10, "pad 1000000"),
+    ({"mlp_hidden": 10**6}, 10, "sub-MLP hidden units.*fewer mlp_hidden"),
+    ({"batch_size": 10**7}, 10, "batch_size 10000000"),
+])
+def test_runs_that_cannot_fit_in_memory_are_refused_up_front(config, seq_len, match):
+    from wtc.dt import DTConfig
+    from wtc.tasks import Task
+
+    task = Task("long", lambda rng, n: rng.random((n, seq_len)), lambda x: x, seq_len=seq_len, output="real")
+    for run in (lambda: wtc.train(task, DTConfig(**config), progress=False),
+                lambda: wtc.discover(task, config=DTConfig(**config), progress=False)):
+        with pytest.raises(ConfigError, match=match):
+            run()
+    DTConfig().check_size(100)                        # what the built-in sizes need is accepted

@@ -124,6 +124,7 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
     if config is not None and not isinstance(config, DTConfig):
         raise ConfigTypeError(f"config must be a wtc.DTConfig or None, got {type(config).__name__} {config!r}")
     base = DTConfig() if config is None else config
+    base.check_size(task.seq_len, task.n_inputs)
     task_ref = task_reference(task)
     t0 = time.perf_counter()
 

@@ -92,6 +92,7 @@ class Attempt:
         kernels); the model is built and normalised on the CPU first, so a seed gives the same
         initial model anywhere."""
         self.task, self.config, self.seed, self.attempt = task, config, seed, attempt
+        config.check_size(task.seq_len, task.n_inputs)
         self.device = torch.device(device or config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"DTConfig.device={str(self.device)!r} but torch sees no CUDA device "

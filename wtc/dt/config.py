@@ -12,6 +12,9 @@ from wtc.errors import WtcError
 ACTIVATIONS = ("relu", "silu", "gelu", "tanh", "relu+silu")
 
 
+MAX_ACTIVATION_BYTES = 2**30     # one float32 activation of a training step (DTConfig.check_size)
+
+
 class ConfigError(WtcError, ValueError):
     """A DTConfig field is out of range or inconsistent; the message names the field."""
 
@@ -174,6 +177,28 @@ class DTConfig:
         self.read = {k: list(v) for k, v in self.read.items()}
         if all(h + a + m == 0 for h, a, m in zip(self.n_heads, self.n_agg_heads, self.n_mlps)):
             raise ConfigError("the model has no modules: set n_heads, n_agg_heads or n_mlps")
+
+    def check_size(self, seq_len: int, n_inputs: int = 1) -> None:
+        """ConfigError when one activation of a training step would exceed MAX_ACTIVATION_BYTES
+        (an attention score tensor grows as replicas x batch x heads x T x (pad + T)): such a run
+        would exhaust memory or take days, so it is refused up front, naming the sizes."""
+        pad = seq_len - 1 if self.pad is None else self.pad
+        keys = pad + seq_len
+        heads = max(h + a for h, a in zip(self.n_heads, self.n_agg_heads))
+        variables = n_inputs + 1 + self.n_layers * (max(self.n_heads) + max(self.n_agg_heads) + max(self.n_mlps))
+        rows = self.replicas * max(self.batch_size, self.eval_sequences // 4)
+        sizes = {"attention scores": rows * max(heads, 1) * seq_len * keys,
+                 "PLE encodings": rows * keys * variables * self.ple_bins,
+                 "sub-MLP hidden units": rows * seq_len * max(self.n_mlps) * self.mlp_hidden * self.mlp_depth}
+        advice = {"attention scores": "shorter sequences, a smaller pad or batch_size, or fewer replicas or heads",
+                  "PLE encodings": "a smaller pad, fewer ple_bins, a smaller batch_size or fewer replicas",
+                  "sub-MLP hidden units": "fewer mlp_hidden units or sub-MLPs, a smaller batch_size or fewer replicas"}
+        what, n = max(sizes.items(), key=lambda kv: kv[1])
+        if 4 * n > MAX_ACTIVATION_BYTES:
+            raise ConfigError(f"a training step would hold {4 * n / 2**30:.1f} GiB of {what} (seq_len {seq_len}, "
+                              f"pad {pad}, replicas {self.replicas}, batch_size {self.batch_size}, "
+                              f"eval_sequences {self.eval_sequences}); the limit is {MAX_ACTIVATION_BYTES / 2**30:.0f} "
+                              f"GiB: use {advice[what]}")
 
     def rung(self, attempt: int) -> tuple[str, "DTConfig"]:
         """(label, config) of restart `attempt`: the next LADDER step when `grow`, else this config."""

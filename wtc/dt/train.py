@@ -49,6 +49,7 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
     budget_s = check_budget(budget_s)
     task_ref = task_reference(task)
     seed = arguments.seed(seed, error=ConfigError)
+    config.check_size(task.seq_len, task.n_inputs)
     workers = worker_count(config, task_ref, cap=config.max_attempts)
     opts = {"checkpoint_dir": str(checkpoint_dir) if checkpoint_dir is not None else None,
             "resume": bool(resume), "progress": bool(progress)}
