@@ -136,7 +136,7 @@ def test_user_tolerance():
     (np.zeros((20, 2)), np.full(20, np.inf), {}, "non-finite"),
     (np.zeros((20, 2)), np.zeros(19), {}, "disagree"),
     (np.zeros((5, 2)), np.zeros(5), {}, "too few"),
-    (np.zeros((20, 4)), np.zeros(20), {}, "at most 3"),
+    (np.zeros((20, 11)), np.zeros(20), {}, "at most 10"),
     (np.zeros((20, 2, 2)), np.zeros(20), {}, "shape"),
     (np.zeros((20, 2)), np.zeros((20, 2)), {}, "shape"),
     (np.zeros((20, 2)), np.zeros(20), {"names": ("a",)}, "names"),

@@ -17,7 +17,9 @@ from wtc.sr.enumeration import off_distribution_points
 from wtc.sr.noise_level import estimate_sigma, group_rows
 from wtc.errors import SRError
 
-MAX_INPUTS = 3  # the builtin enumeration is sized for the sub-MLPs of a Discrete Transformer
+# the builtin enumeration is sized for the 1-3 inputs of a Discrete Transformer's sub-MLPs; up to
+# 10 are accepted (scikit-learn style use), searched as deep in total, so shallower per input
+MAX_INPUTS = 10
 MIN_POINTS = 8
 MAX_FIT_POINTS = 20_000
 N_SCREEN = 128
@@ -43,27 +45,36 @@ RESERVED_NAMES = frozenset({
 })
 
 
+class SRDataTypeError(SRError, TypeError):
+    """X or y holds values that are not numbers at all (strings, dicts): also a TypeError."""
+
+
 def check_inputs(X, y, names=None, max_inputs: int = MAX_INPUTS) -> tuple[np.ndarray, np.ndarray, tuple]:
     """Validate and normalise (X (n, k), y (n,), names); raise SRError naming the problem."""
     for what, v in (("X", X), ("y", y)):
+        if hasattr(v, "tocsr") or hasattr(v, "todense"):
+            raise SRError(f"{what} is a sparse matrix: sparse input is not supported, pass a dense array")
         try:
-            if np.iscomplexobj(v):
-                raise SRError(f"{what} is complex; symbolic regression fits real numbers")
+            a = np.asarray(v)
         except (TypeError, ValueError) as e:   # ragged nested lists
-            if isinstance(e, SRError):
-                raise
             raise SRError(f"{what} must be a numeric array: {e}") from None
+        if a.dtype.kind == "c" or (a.dtype == object and any(isinstance(u, complex) for u in a.ravel()[:1000])):
+            raise SRError(f"{what} is complex (Complex data not supported); symbolic regression fits real numbers")
     for what, v in (("X", X), ("y", y)):
         kind = getattr(getattr(v, "dtype", None), "kind", "")
         if kind in "mMUSV" and kind:
             raise SRError(f"{what} must be numeric, got an array of dtype {v.dtype}")
     try:
         X = np.asarray(X, dtype=np.float64)
-    except (TypeError, ValueError) as e:
+    except TypeError as e:
+        raise SRDataTypeError(f"X must be a numeric array of shape (n, k): {e}") from None
+    except ValueError as e:
         raise SRError(f"X must be a numeric array of shape (n, k): {e}") from None
     try:
         y = np.asarray(y, dtype=np.float64)
-    except (TypeError, ValueError) as e:
+    except TypeError as e:
+        raise SRDataTypeError(f"y must be a numeric array of shape (n,): {e}") from None
+    except ValueError as e:
         raise SRError(f"y must be a numeric array of shape (n,): {e}") from None
     if X.ndim == 1:
         X = X[:, None]
@@ -77,7 +88,7 @@ def check_inputs(X, y, names=None, max_inputs: int = MAX_INPUTS) -> tuple[np.nda
         raise SRError(f"X and y disagree on the number of points: X has {len(X)} rows, y has {len(y)}")
     n, k = X.shape
     if k == 0:
-        raise SRError("X has no input columns (k = 0)")
+        raise SRError(f"X has no input columns: 0 feature(s) (shape=({n}, 0)) while a minimum of 1 is required.")
     if k > max_inputs:
         raise SRError(f"at most {max_inputs} inputs are supported here, X has k = {k}"
                          + (" (backend='pysr' takes more)" if max_inputs == MAX_INPUTS else ""))

@@ -8,10 +8,55 @@ import sympy as sp
 
 from wtc.sr.api import DEFAULT_MAX_COMPLEXITY, Fit, fit
 from wtc.errors import SRError
+from wtc.sr.data import SRDataTypeError
 
 
-class NotFittedError(WtcError, RuntimeError):
-    """predict/sympy/equations_ used before fit."""
+class NotFittedError(WtcError, ValueError, AttributeError):
+    """predict/sympy/equations_ used before fit (a ValueError and AttributeError, as scikit-learn's)."""
+
+
+def _conversion_warning():
+    try:
+        from sklearn.exceptions import DataConversionWarning
+        return DataConversionWarning
+    except ImportError:
+        return UserWarning
+
+
+def _as_2d(X, what: str = "X") -> np.ndarray:
+    """X as a 2-D float array; 1-D and scalar inputs are refused as scikit-learn does."""
+    if hasattr(X, "tocsr") or hasattr(X, "todense"):
+        raise SRError(f"{what} is a sparse matrix: sparse input is not supported, pass a dense array")
+    try:
+        a = np.asarray(X)
+    except (TypeError, ValueError) as e:
+        raise SRError(f"{what} must be a numeric array: {e}") from None
+    if a.dtype.kind == "c":
+        raise SRError(f"{what} is complex (Complex data not supported)")
+    if a.ndim != 2:
+        raise SRError(f"Expected a 2D array for {what}, got shape {a.shape}: Reshape your data with "
+                      "X.reshape(-1, 1) for a single feature or X.reshape(1, -1) for a single sample")
+    try:
+        a = a.astype(np.float64)
+    except TypeError as e:
+        raise SRDataTypeError(f"{what} must be a numeric array: {e}") from None
+    except ValueError as e:
+        raise SRError(f"{what} must be a numeric array: {e}") from None
+    return a
+
+
+_NOT_FITTED = []
+
+
+def _not_fitted_error() -> type:
+    """NotFittedError, also scikit-learn's NotFittedError when scikit-learn is installed."""
+    if not _NOT_FITTED:
+        try:
+            from sklearn.exceptions import NotFittedError as SkNotFitted
+            _NOT_FITTED.append(type("NotFittedError", (NotFittedError, SkNotFitted), {"__module__": __name__}))
+        except ImportError:
+            _NOT_FITTED.append(NotFittedError)
+    return _NOT_FITTED[0]
 
 
 class SymbolicRegressor:
@@ -41,6 +86,15 @@ class SymbolicRegressor:
         self.random_state = random_state
         self.time_limit = time_limit
 
+    _estimator_type = "regressor"  # scikit-learn < 1.6
+
+    def __sklearn_tags__(self):
+        """scikit-learn >= 1.6 estimator tags (imported only when scikit-learn asks)."""
+        from sklearn.utils import InputTags, RegressorTags, Tags, TargetTags
+        return Tags(estimator_type="regressor", target_tags=TargetTags(required=True),
+                    transformer_tags=None, classifier_tags=None, regressor_tags=RegressorTags(),
+                    input_tags=InputTags())
+
     # sklearn's clone/get_params protocol, without depending on sklearn
     def get_params(self, deep: bool = True) -> dict:
         return {k: getattr(self, k) for k in ("max_complexity", "operators", "tol", "variable_names",
@@ -53,7 +107,16 @@ class SymbolicRegressor:
             setattr(self, k, v)
         return self
 
-    def fit(self, X, y) -> SymbolicRegressor:
+    def fit(self, X, y=None) -> SymbolicRegressor:
+        if y is None:
+            raise SRError("SymbolicRegressor requires y to be passed, but the target y is None")
+        X = _as_2d(X)
+        y_arr = np.asarray(y) if not (hasattr(y, "tocsr") or hasattr(y, "todense")) else y
+        if isinstance(y_arr, np.ndarray) and y_arr.ndim == 2 and y_arr.shape[1] == 1:
+            import warnings
+            warnings.warn("A column-vector y was passed when a 1d array was expected; using y.ravel()",
+                          _conversion_warning(), stacklevel=2)
+            y = y_arr.ravel()
         if self.backend == "builtin":
             self.fit_: Fit = fit(X, y, names=self.variable_names, tol=self.tol,
                                  max_complexity=self.max_complexity, operators=self.operators,
@@ -75,11 +138,18 @@ class SymbolicRegressor:
 
     def _check(self) -> Fit:
         if not hasattr(self, "fit_"):
-            raise NotFittedError("this SymbolicRegressor is not fitted yet: call fit(X, y) first")
+            raise _not_fitted_error()("this SymbolicRegressor is not fitted yet: call fit(X, y) first")
         return self.fit_
 
     def predict(self, X) -> np.ndarray:
-        return self._check().predict(X)
+        f = self._check()
+        X = _as_2d(X)
+        if X.shape[1] != len(f.names):
+            raise SRError(f"X has {X.shape[1]} features, but SymbolicRegressor is expecting "
+                          f"{len(f.names)} features as input")
+        if not np.all(np.isfinite(X)):
+            raise SRError("X contains NaN or infinity; predict needs finite inputs")
+        return f.predict(X)
 
     def sympy(self) -> sp.Expr:
         """The selected formula, simplified."""
