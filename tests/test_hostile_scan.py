@@ -153,3 +153,42 @@ def test_bad_checkpoints_are_checkpoint_errors(tmp_path):
     with pytest.raises(CheckpointError, match="not a wtc transformer checkpoint"):
         load(tmp_path / "nowhere")
     assert issubclass(CheckpointError, WtcError)
+
+
+class _Tied(torch.nn.Module):
+    """A language model whose head weight is tied to its embedding, head registered first (so the
+    shared parameter is named head.weight and looks like a plain final linear map)."""
+
+    def __init__(self, head_first: bool):
+        super().__init__()
+        V, D = 12, 6
+        if head_first:
+            self.head = torch.nn.Linear(D, V, bias=False)
+            self.emb = torch.nn.Embedding(V, D)
+            self.emb.weight = self.head.weight
+        else:
+            self.emb = torch.nn.Embedding(V, D)
+            self.head = torch.nn.Linear(D, V, bias=False)
+            self.head.weight = self.emb.weight
+        self.mix = torch.nn.Linear(D, D)
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.mix(self.emb(tokens))))
+
+
+@pytest.mark.parametrize("head_first", [True, False])
+def test_a_tied_head_weight_is_scanned_exactly(head_first):
+    torch.manual_seed(0)
+    model, tokens = _Tied(head_first).double(), torch.randint(0, 12, (3, 5))
+    name = "head.weight" if head_first else "emb.weight"
+    res = scan(model, tokens, params=name, progress=False)
+    want = naive_position_kl(model, tokens, name)
+    got = torch.stack([res.position_kl(name, i) for i in range(len(want))])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("readout, match", [(lambda o: (o, o), "got tuple"), (lambda o: o.int(), "torch.int32 tensor"),
+                                            (lambda o: "x", "got str")])
+def test_a_readout_that_does_not_return_float_logits_is_named(readout, match):
+    with pytest.raises(ScanError, match=match):
+        scan(tiny(), TOKENS, params="blocks.0.mlp.W_in", readout=readout, progress=False)

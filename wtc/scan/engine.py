@@ -48,7 +48,24 @@ GPU_ACTIVATION_BUDGET = 2**28  # ~1 GiB: a GPU needs many copies per launch to f
 
 
 def _default_readout(out):
-    return out
+    """The logits of a model's output: the output itself, or its .logits (Hugging Face outputs)."""
+    if torch.is_tensor(out):
+        return out
+    if torch.is_tensor(getattr(out, "logits", None)):
+        return out.logits
+    raise ScanError(f"the model returns {type(out).__name__}, not logits: pass readout= (output -> logits (B, T, V))")
+
+
+def _checked(readout):
+    """A user readout whose result is checked: a tuple or integer logits would fail obscurely or
+    be scored after truncation."""
+    def logits(out):
+        got = readout(out)
+        if not torch.is_tensor(got) or not got.is_floating_point():
+            what = f"a {got.dtype} tensor" if torch.is_tensor(got) else type(got).__name__
+            raise ScanError(f"readout must return floating-point logits (B, T, V), got {what}")
+        return got
+    return logits
 
 
 def _select_params(model: nn.Module, params) -> dict[str, nn.Parameter]:
@@ -79,7 +96,8 @@ class _Evaluator:
     """Clean pass, caches, and ablated logits for a batch of weights of one parameter."""
 
     def __init__(self, model: nn.Module, tokens: torch.Tensor, readout):
-        self.model, self.tokens, self.readout = model, tokens, readout or _default_readout
+        self.model, self.tokens = model, tokens
+        self.readout = _default_readout if readout is None else _checked(readout)
         self.readout_given = readout
         self.counted = None          # (N,) bool: positions whose KL counts (scan(positions=...)); None: all
         # prefix caching needs wtc's split forward and logits as the model's own output
@@ -125,6 +143,15 @@ class _Evaluator:
         self.final_linear = {n: ins[n] for n, o in outs.items() if o.shape == logits.shape and torch.equal(o, logits)}
         return logits
 
+    def shared(self, param: torch.Tensor) -> bool:
+        """Whether this parameter is registered under more than one name (tied weights)."""
+        if not hasattr(self, "_shared"):
+            seen: dict[int, int] = {}
+            for _, p in self.model.named_parameters(remove_duplicate=False):
+                seen[id(p)] = seen.get(id(p), 0) + 1
+            self._shared = {k for k, n in seen.items() if n > 1}
+        return id(param) in self._shared
+
     # ----------------------------------------------------------------- closed form
     def unembed_weight(self, name: str, param: torch.Tensor):
         """(h (N, D), W (V, D), transposed?) when zeroing this parameter moves single logits."""
@@ -134,7 +161,7 @@ class _Evaluator:
                 return self.unembed_input.reshape(-1, param.shape[0]), param.detach().T, True
             return None
         h = getattr(self, "final_linear", {}).get(module_name)
-        if h is None:
+        if h is None or self.shared(param):       # a tied weight (e.g. the embedding) moves more than the logits
             return None
         mod = self.model.get_submodule(module_name)
         if isinstance(mod, nn.Linear) and leaf == "weight":
