@@ -204,6 +204,11 @@ def _cmd_study(args) -> int:
                   "not apply", file=sys.stderr)
             return 2
         cfg = dataclasses.replace(cfg, seed=args.seed)
+    if args.model is not None:
+        if "model" not in {f.name for f in dataclasses.fields(cfg)}:
+            print(f"wtc: error: the {args.name} study trains its own models; --model does not apply", file=sys.stderr)
+            return 2
+        cfg = dataclasses.replace(cfg, model=args.model)
     out = Path(args.out or f"study-{args.name}")
     summary = study.run(cfg, out, progress=not args.quiet)
 
@@ -309,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--out", default=None, help="directory for summary.json, report.md and plots (default "
                                                 "study-NAME); a rerun resumes from the checkpoints there")
     st.add_argument("--seed", type=int, default=None, help="seed of the study (default: its config's, 0)")
+    st.add_argument("--model", default=None, metavar="DIR", help="a local Hugging Face model directory to analyse "
+                                                                 "instead of trained models (agreement)")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=_cmd_study)
     ex = sub.add_parser("explain", help="explain single weights of a byte-level model by predicates, scored by "

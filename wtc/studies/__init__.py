@@ -21,6 +21,8 @@ STUDIES = {
                                              "(--quick about 23 min)"),
     "sparse-vs-dense": ("wtc.studies.sparse_dense", "weight-sparse vs dense byte LMs on the stdlib: share of weights "
                                                     "explained by one predicate (--quick about 12 min)"),
+    "agreement": ("wtc.studies.agreement", "ACE on language models: the 1-D number-agreement axis of small LMs trained "
+                                           "on an agreement corpus, or of a local Hugging Face model (--model DIR)"),
 }
 
 
