@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 import wtc
 from wtc import arguments
 from wtc.dt.config import ConfigError
@@ -113,3 +114,35 @@ def test_runs_that_cannot_fit_in_memory_are_refused_up_front(config, seq_len, ma
         with pytest.raises(ConfigError, match=match):
             run()
     DTConfig().check_size(100)                        # what the built-in sizes need is accepted
+
+
+@pytest.mark.parametrize("program, match", [(lambda x: 1 / 0, "raised ZeroDivisionError"),
+                                            (lambda x: "a", "returned str, not numbers")])
+def test_verify_names_a_program_that_fails(program, match):
+    from wtc.extraction.verification import VerificationError
+
+    with pytest.raises(VerificationError, match=match):
+        wtc.extraction.verify(program, "prev2", n=10)
+
+
+def test_hooks_must_be_callables_that_keep_the_shape():
+    from wtc.errors import HookError, HookTypeError
+
+    model, tokens = _lm(), torch.randint(0, 256, (2, 6))
+    with pytest.raises(HookTypeError, match="must be callable"):
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pre", 3)])
+    with pytest.raises(HookError, match=r"returned \(2, 2, 8\); a hook returns None or a tensor of the shape"):
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: x[:, :2])])
+    with pytest.raises(HookError, match="returned str"):
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: "no")])
+    same = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: x * 1.0)])
+    torch.testing.assert_close(same, model(tokens))
+
+
+@pytest.mark.parametrize("tokens, match", [(torch.zeros(2, 6), "integer tensor"), (-torch.ones(1, 4, dtype=torch.long),
+                                           r"must lie in \[0, 256\)"), (torch.zeros(1, 40, dtype=torch.long), "n_ctx")])
+def test_transformer_inputs_are_model_input_errors(tokens, match):
+    from wtc.errors import ModelInputError
+
+    with pytest.raises(ModelInputError, match=match):
+        _lm()(tokens)

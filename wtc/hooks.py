@@ -54,7 +54,18 @@ class HookPoint(nn.Module):
 
     def add_hook(self, fn: HookFn) -> RemovableHandle:
         """Call fn(tensor, self) on every forward; a tensor it returns replaces the value."""
-        handle = self.register_forward_hook(lambda module, args, out: fn(out, module))
+        if not callable(fn):
+            raise HookTypeError(f"a hook on {self.name!r} must be callable (tensor, hook) -> tensor | None, "
+                                f"got {type(fn).__name__}")
+
+        def call(module, args, out):
+            new = fn(out, module)
+            if new is not None and (not torch.is_tensor(new) or new.shape != out.shape):
+                got = tuple(new.shape) if torch.is_tensor(new) else type(new).__name__
+                raise HookError(f"the hook on {self.name!r} returned {got}; a hook returns None or a tensor of "
+                                f"the shape it was given, {tuple(out.shape)}")
+            return new
+        handle = self.register_forward_hook(call)
         # drop handles removed meanwhile, so repeated hooks() contexts do not grow the list
         self._handles = [h for h in self._handles if h.id in self._forward_hooks] + [handle]
         return handle

@@ -7,7 +7,12 @@ import numpy as np
 
 from wtc import arguments
 from wtc import tasks as task_registry
+from wtc.errors import WtcError
 from wtc.tasks.task import REAL_TOLERANCE
+
+
+class VerificationError(WtcError, ValueError):
+    """The program under verification raised, or returned something that is not numbers."""
 
 
 @dataclass
@@ -42,7 +47,15 @@ def verify(program, task, n: int = 10000, seed: int | None = None, model=None) -
         seed = int(np.random.SeedSequence().entropy % (2**32))
     seed = arguments.seed(seed)
     x, y = task.batch(np.random.default_rng(seed), n)
-    pred = np.asarray(program(x), dtype=np.float64)
+    try:
+        pred = program(x)
+    except Exception as exc:              # the program under test is the user's (or emitted) code
+        raise VerificationError(f"the program raised {type(exc).__name__} on {n} fresh sequences of "
+                                f"{task.name!r}: {exc}") from exc
+    try:
+        pred = np.asarray(pred, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise VerificationError(f"the program returned {type(pred).__name__}, not numbers: {exc}") from None
     score = task.score(pred, y)
     model = model if model is not None else getattr(program, "model", None)
     agree = agreement(task, pred, model.predict(x)) if model is not None else None

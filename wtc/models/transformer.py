@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wtc.errors import ModelConfigError
+from wtc.errors import ModelConfigError, ModelInputError
 from wtc.hooks import Hooked, HookPoint
 
 
@@ -238,11 +238,11 @@ class Transformer(Hooked):
     def check_tokens(self, tokens) -> torch.Tensor:
         tokens = torch.as_tensor(tokens)
         if tokens.dtype not in (torch.int64, torch.int32) or tokens.ndim != 2:
-            raise ValueError(f"tokens must be an integer tensor (B, T), got {tuple(tokens.shape)} {tokens.dtype}")
+            raise ModelInputError(f"tokens must be an integer tensor (B, T), got {tuple(tokens.shape)} {tokens.dtype}")
         if tokens.shape[1] > self.cfg.n_ctx:
-            raise ValueError(f"tokens have {tokens.shape[1]} positions, more than n_ctx={self.cfg.n_ctx}")
+            raise ModelInputError(f"tokens have {tokens.shape[1]} positions, more than n_ctx={self.cfg.n_ctx}")
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.cfg.d_vocab):
-            raise ValueError(f"token ids must lie in [0, {self.cfg.d_vocab}), got [{int(tokens.min())}, {int(tokens.max())}]")
+            raise ModelInputError(f"token ids must lie in [0, {self.cfg.d_vocab}), got [{int(tokens.min())}, {int(tokens.max())}]")
         return tokens.long()
 
     def embed_tokens(self, tokens):
