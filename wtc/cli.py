@@ -47,10 +47,11 @@ def _cmd_train(args) -> int:
     model, history = train(task, config, seed=args.seed, budget_s=args.budget, progress=not args.quiet,
                            checkpoint_dir=out / "checkpoints" if out else None, resume=args.resume)
     seconds = time.perf_counter() - t0
-    x, y = task.batch(np.random.default_rng([args.seed, 999]), 10000)
+    fresh, n = task.verification(10000)
+    x, y = fresh.batch(np.random.default_rng([args.seed, 999]), n)
     score = task.score(model.predict(x), y)
     metric = "accuracy" if task.output == "integer" else "max_rel_err"
-    print(f"{task.name}: {metric} = {score[metric]:.6g} on 10000 fresh sequences "
+    print(f"{task.name}: {metric} = {score[metric]:.6g} on {n} fresh sequences "
           f"({'solved' if score['solved'] else 'NOT solved'}; {seconds:.1f}s, attempt {history.attempt}, "
           f"replica {history.replica})")
     live = model.structure()

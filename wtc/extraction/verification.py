@@ -46,6 +46,7 @@ def verify(program, task, n: int = 10000, seed: int | None = None, model=None) -
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**32))
     seed = arguments.seed(seed)
+    task, n = task.verification(n)        # a data task verifies on its held-out sequences
     x, y = task.batch(np.random.default_rng(seed), n)
     try:
         pred = program(x)

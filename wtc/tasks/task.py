@@ -40,6 +40,8 @@ class Task:
     output: str = field(default="integer", kw_only=True)
     valid_from: int = field(default=0, kw_only=True)
     description: str = field(default="", kw_only=True)
+    size: int | None = field(default=None, kw_only=True)        # recorded sequences (data tasks), else None
+    heldout: "Task | None" = field(default=None, kw_only=True)  # what verification scores on (data tasks)
 
     def __post_init__(self) -> None:
         label = f"task {self.name!r}"
@@ -55,6 +57,11 @@ class Task:
                 or not 0 <= self.valid_from < self.seq_len):
             raise TaskError(f"{label}: valid_from must be an integer in [0, seq_len={self.seq_len}), "
                             f"got {self.valid_from!r}")
+        if self.size is not None and (not isinstance(self.size, (int, np.integer)) or isinstance(self.size, bool)
+                                      or self.size < 1):
+            raise TaskError(f"{label}: size must be None or a positive integer, got {self.size!r}")
+        if self.heldout is not None and not isinstance(self.heldout, Task):
+            raise TaskError(f"{label}: heldout must be None or a Task, got {type(self.heldout).__name__}")
         for attr in ("sample", "target"):
             if not callable(getattr(self, attr)):
                 raise TaskError(f"{label}: {attr} must be callable, got {type(getattr(self, attr)).__name__}")
@@ -202,6 +209,18 @@ class Task:
             raise TaskError(f"task {self.name!r}: {what} has shape {a.shape}, expected "
                             f"(n, {self.seq_len}, {self.n_outputs})")
         return a
+
+    @staticmethod
+    def from_arrays(inputs, outputs, **kw) -> "Task":
+        """A task over recorded sequences, with a seeded held-out split (wtc.tasks.data.from_arrays)."""
+        from wtc.tasks.data import from_arrays
+        return from_arrays(inputs, outputs, **kw)
+
+    def verification(self, n: int) -> tuple["Task", int]:
+        """(the task to verify on, how many sequences): the held-out part of a data task, all of
+        it when n exceeds it; the task itself otherwise."""
+        task = self.heldout if self.heldout is not None else self
+        return task, (n if task.size is None else min(n, task.size))
 
     def public_shape(self, y: np.ndarray) -> np.ndarray:
         """(n, T, n_outputs) -> the shape target(x) returns."""

@@ -1,0 +1,110 @@
+"""Tasks from recorded data: `Task.from_arrays(inputs, outputs)` for sequences with no callables
+(a scientist's measurements, a log of a system).
+
+The recorded sequences are split, seeded, into a training part (what `sample` draws from) and a
+held-out part (`task.heldout`, what verification scores on). `target(x)` looks each sequence up in
+the records, so it answers only for recorded inputs; the same input recorded with two different
+outputs is refused (the outputs are then not a function of the inputs). Too few sequences to hold
+some out is refused rather than verified on the training data.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from wtc.tasks.task import Task, TaskError
+
+MIN_HELDOUT = 16           # held-out sequences a verification needs to mean anything
+MIN_TRAIN = 32             # training sequences below which a fit is a lookup of a handful of rows
+
+
+def _as_array(a, what: str, name: str) -> np.ndarray:
+    if np.iscomplexobj(a):
+        raise TaskError(f"task {name!r}: {what} are complex; recorded values must be real numbers")
+    try:
+        a = np.asarray(a, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TaskError(f"task {name!r}: {what} are not a numeric array: {exc}") from None
+    if a.ndim not in (2, 3):
+        raise TaskError(f"task {name!r}: {what} must be (n, T) or (n, T, k), got shape {a.shape}")
+    return a
+
+
+def _keys(x: np.ndarray) -> list[bytes]:
+    """One hashable key per sequence (its float64 bytes; -0.0 folded onto 0.0)."""
+    x = np.ascontiguousarray(x + 0.0, dtype=np.float64)
+    return [row.tobytes() for row in x.reshape(len(x), -1)]
+
+
+class _Records:
+    """Sequences of one split: draws (without replacement while they last) and the lookup."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, squeeze_in: bool, squeeze_out: bool,
+                 table: dict[bytes, np.ndarray], name: str):
+        self.x, self.y, self.table, self.name = x, y, table, name
+        self.squeeze_in, self.squeeze_out = squeeze_in, squeeze_out
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        pick = rng.permutation(len(self.x))[:n] if n <= len(self.x) else rng.integers(0, len(self.x), n)
+        x = self.x[pick]
+        return x[..., 0] if self.squeeze_in else x
+
+    def target(self, x) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        x3 = x[..., None] if self.squeeze_in else x
+        try:
+            y = np.stack([self.table[k] for k in _keys(x3)])
+        except KeyError:
+            raise TaskError(f"task {self.name!r}: target(x) is known only for recorded sequences, and this "
+                            "batch holds one that was not recorded") from None
+        return y[..., 0] if self.squeeze_out else y
+
+
+def from_arrays(inputs, outputs, *, name: str = "data", output: str | None = None, valid_from: int = 0,
+                heldout: float = 0.2, seed: int = 0, description: str = "") -> Task:
+    """A Task over recorded sequences: inputs (n, T) or (n, T, k), outputs (n, T) or (n, T, m).
+
+    output: 'integer' or 'real' (default: 'integer' when every valid output is a whole number);
+    heldout: the share of sequences kept for verification (split seeded by `seed`); positions
+    before valid_from need no output (NaN allowed there)."""
+    from wtc import arguments
+
+    x, y = _as_array(inputs, "inputs", name), _as_array(outputs, "outputs", name)
+    seed = arguments.seed(seed, error=TaskError)
+    if isinstance(heldout, bool) or not isinstance(heldout, (int, float)) or not 0 < heldout < 1:
+        raise TaskError(f"task {name!r}: heldout must be a share in (0, 1), got {heldout!r}")
+    squeeze_in, squeeze_out = x.ndim == 2, y.ndim == 2
+    x3, y3 = (x[..., None] if squeeze_in else x), (y[..., None] if squeeze_out else y)
+    if x3.shape[:2] != y3.shape[:2]:
+        raise TaskError(f"task {name!r}: inputs {x.shape} and outputs {y.shape} must agree in (n, T)")
+    n, T = x3.shape[:2]
+    if not isinstance(valid_from, (int, np.integer)) or isinstance(valid_from, bool) or not 0 <= valid_from < T:
+        raise TaskError(f"task {name!r}: valid_from must be an integer in [0, {T}), got {valid_from!r}")
+    if not np.all(np.isfinite(x3)):
+        raise TaskError(f"task {name!r}: inputs hold NaN or inf (first at {tuple(map(int, np.argwhere(~np.isfinite(x3))[0]))})")
+    valid = y3[:, valid_from:]
+    if not np.all(np.isfinite(valid)):
+        at = np.argwhere(~np.isfinite(valid))[0]
+        at[1] += valid_from
+        raise TaskError(f"task {name!r}: outputs hold NaN or inf at a valid position {tuple(map(int, at))}")
+    if output is None:
+        output = "integer" if np.all(valid == np.round(valid)) else "real"
+    n_held = int(round(n * heldout))
+    if n_held < MIN_HELDOUT or n - n_held < MIN_TRAIN:
+        raise TaskError(f"task {name!r}: {n} recorded sequences are too few to train on and verify: with "
+                        f"heldout={heldout}, {n - n_held} train and {n_held} are held out; a data task needs "
+                        f">= {MIN_TRAIN} to train on and >= {MIN_HELDOUT} held out")
+    table: dict[bytes, np.ndarray] = {}
+    for k, key in enumerate(_keys(x3)):
+        seen = table.get(key)
+        if seen is not None and not np.array_equal(seen[valid_from:], y3[k, valid_from:], equal_nan=True):
+            raise TaskError(f"task {name!r}: sequence {k} repeats an earlier input with other outputs; the outputs "
+                            "are not a function of the inputs")
+        table[key] = y3[k]
+    order = np.random.default_rng([seed, 1729]).permutation(n)
+    held, train = order[:n_held], order[n_held:]
+    shape = {"seq_len": T, "n_inputs": x3.shape[2], "n_outputs": y3.shape[2], "output": output,
+             "valid_from": int(valid_from)}
+    kept = _Records(x3[held], y3[held], squeeze_in, squeeze_out, table, name)
+    rec = _Records(x3[train], y3[train], squeeze_in, squeeze_out, table, name)
+    verify_on = Task(f"{name} (held out)", kept.sample, kept.target, size=len(held), description=description, **shape)
+    return Task(name, rec.sample, rec.target, size=len(train), heldout=verify_on, description=description, **shape)
