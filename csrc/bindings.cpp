@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dt_mlp.h"
 #include "dt_route.h"
 #include "gramian.h"
 #include "kl.h"
@@ -387,6 +388,91 @@ py::tuple dt_route_backward(farr zq, farr zk, farr val, farr W, farr u, farr rel
                                           py::none(), py::none());
   return py::make_tuple(dzq, dzk, dval, dW, du, drel, dabs, dscale);
 }
+
+// ---- the DT's sub-MLP bank (dt_mlp.cpp)
+struct DtMlpArgs {
+  farr x, W1, b1, W2, b2, skip, W_mid, b_mid;
+  wtc::DtMlpShapes s;
+  wtc::DtMlpParams p;
+};
+
+DtMlpArgs dt_mlp_args(farr x, farr W1, farr b1, farr W2, farr b2, farr skip, int act, py::object W_mid,
+                      py::object b_mid) {
+  expect_dims(x, 4, "x", "(R, n, M, k)");
+  expect_dims(W1, 4, "W1", "(R, M, hidden, k)");
+  expect_dims(b1, 3, "b1", "(R, M, hidden)");
+  expect_dims(W2, 3, "W2", "(R, M, hidden)");
+  expect_dims(b2, 2, "b2", "(R, M)");
+  expect_dims(skip, 3, "skip", "(R, M, k)");
+  if (act < 0 || act > 4) throw py::value_error("mlp: act must be 0 relu, 1 silu, 2 gelu, 3 tanh or 4 relu+silu");
+  const int64_t R = x.shape(0), n = x.shape(1), M = x.shape(2), k = x.shape(3), Hd = W1.shape(2);
+  const int depth = W_mid.is_none() ? 1 : 2;
+  if (W_mid.is_none() != b_mid.is_none()) throw py::value_error("mlp: W_mid and b_mid go together");
+  expect_dim(W1.shape(0), R, "W1", 0);
+  expect_dim(W1.shape(1), M, "W1", 1);
+  expect_dim(W1.shape(3), k, "W1", 3);
+  const py::array* rmh[] = {&b1, &W2};
+  const char* names[] = {"b1", "W2"};
+  for (int i = 0; i < 2; ++i) {
+    expect_dim(rmh[i]->shape(0), R, names[i], 0);
+    expect_dim(rmh[i]->shape(1), M, names[i], 1);
+    expect_dim(rmh[i]->shape(2), Hd, names[i], 2);
+  }
+  expect_dim(b2.shape(0), R, "b2", 0);
+  expect_dim(b2.shape(1), M, "b2", 1);
+  expect_dim(skip.shape(0), R, "skip", 0);
+  expect_dim(skip.shape(1), M, "skip", 1);
+  expect_dim(skip.shape(2), k, "skip", 2);
+  DtMlpArgs a{x, W1, b1, W2, b2, skip, farr(), farr(), {R, n, M, k, Hd, depth, act}, {}};
+  if (depth == 2) {
+    a.W_mid = farr::ensure(W_mid);
+    a.b_mid = farr::ensure(b_mid);
+    if (!a.W_mid || !a.b_mid) throw py::value_error("mlp: W_mid and b_mid must be float32 arrays");
+    expect_dims(a.W_mid, 4, "W_mid", "(R, M, hidden, hidden)");
+    expect_dims(a.b_mid, 3, "b_mid", "(R, M, hidden)");
+    const int64_t wm[] = {R, M, Hd, Hd};
+    for (int ax = 0; ax < 4; ++ax) expect_dim(a.W_mid.shape(ax), wm[ax], "W_mid", ax);
+    for (int ax = 0; ax < 3; ++ax) expect_dim(a.b_mid.shape(ax), wm[ax], "b_mid", ax);
+  }
+  a.p = {a.W1.data(), a.b1.data(), a.W2.data(), a.b2.data(), a.skip.data(),
+         depth == 2 ? a.W_mid.data() : nullptr, depth == 2 ? a.b_mid.data() : nullptr};
+  return a;
+}
+
+py::array_t<float> dt_mlp_forward(farr x, farr W1, farr b1, farr W2, farr b2, farr skip, int act,
+                                  py::object W_mid, py::object b_mid, int threads) {
+  DtMlpArgs a = dt_mlp_args(x, W1, b1, W2, b2, skip, act, W_mid, b_mid);
+  py::array_t<float> y({a.s.R, a.s.n, a.s.M});
+  {
+    py::gil_scoped_release nogil;
+    wtc::dt_mlp_forward(a.s, a.x.data(), a.p, y.mutable_data(), threads);
+  }
+  return y;
+}
+
+py::tuple dt_mlp_backward(farr x, farr W1, farr b1, farr W2, farr b2, farr skip, int act, py::object W_mid,
+                          py::object b_mid, farr dy, int threads) {
+  DtMlpArgs a = dt_mlp_args(x, W1, b1, W2, b2, skip, act, W_mid, b_mid);
+  const auto& s = a.s;
+  expect_dims(dy, 3, "dy", "(R, n, M)");
+  expect_dim(dy.shape(0), s.R, "dy", 0);
+  expect_dim(dy.shape(1), s.n, "dy", 1);
+  expect_dim(dy.shape(2), s.M, "dy", 2);
+  py::array_t<float> dx({s.R, s.n, s.M, s.k}), dW1({s.R, s.M, s.hidden, s.k}), db1({s.R, s.M, s.hidden});
+  py::array_t<float> dW2({s.R, s.M, s.hidden}), db2({s.R, s.M}), dskip({s.R, s.M, s.k});
+  const bool deep = s.depth == 2;
+  py::array_t<float> dWm(deep ? std::vector<int64_t>{s.R, s.M, s.hidden, s.hidden} : std::vector<int64_t>{0});
+  py::array_t<float> dbm(deep ? std::vector<int64_t>{s.R, s.M, s.hidden} : std::vector<int64_t>{0});
+  wtc::DtMlpGrads g{dx.mutable_data(), dW1.mutable_data(), db1.mutable_data(), dW2.mutable_data(),
+                    db2.mutable_data(), dskip.mutable_data(), deep ? dWm.mutable_data() : nullptr,
+                    deep ? dbm.mutable_data() : nullptr};
+  {
+    py::gil_scoped_release nogil;
+    wtc::dt_mlp_backward(s, a.x.data(), a.p, dy.data(), g, threads);
+  }
+  if (!deep) return py::make_tuple(dx, dW1, db1, dW2, db2, dskip, py::none(), py::none());
+  return py::make_tuple(dx, dW1, db1, dW2, db2, dskip, dWm, dbm);
+}
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -408,6 +494,14 @@ PYBIND11_MODULE(_C, m) {
         py::arg("threads"),
         "Gradients of dt_route_forward by recomputation -> (dzq, dzk, dval, dW, du, drel, dabs, dscale); "
         "all but dval None without score_grads. c: symmetrised overlap gradients or None.");
+  m.def("dt_mlp_forward", &dt_mlp_forward, py::arg("x"), py::arg("W1"), py::arg("b1"), py::arg("W2"),
+        py::arg("b2"), py::arg("skip"), py::arg("act"), py::arg("W_mid"), py::arg("b_mid"), py::arg("threads"),
+        "The DT's sub-MLP bank on inputs x (R, n, M, k) -> y (R, n, M); act 0 relu, 1 silu, 2 gelu, 3 tanh, "
+        "4 relu+silu; W_mid, b_mid None for one hidden layer. See csrc/dt_mlp.h.");
+  m.def("dt_mlp_backward", &dt_mlp_backward, py::arg("x"), py::arg("W1"), py::arg("b1"), py::arg("W2"),
+        py::arg("b2"), py::arg("skip"), py::arg("act"), py::arg("W_mid"), py::arg("b_mid"), py::arg("dy"),
+        py::arg("threads"),
+        "Gradients of dt_mlp_forward by recomputation -> (dx, dW1, db1, dW2, db2, dskip, dW_mid, db_mid).");
   m.def("kl_rows", &kl_rows, py::arg("logp"), py::arg("logits"),
         "Per-position KL(p || softmax(logits)): logp (N, V) float64, logits (A, N, V) -> (A, N) float64.");
   m.def("kl_rank1", &kl_rank1, py::arg("logp"), py::arg("logits"), py::arg("delta"), py::arg("direction"),

@@ -13,11 +13,13 @@ namespace wtc {
 namespace {
 
 #define WTC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// helpers are forced inline so each clone compiles them for its own target
+#define WTC_INLINE inline __attribute__((always_inline))
 
 // exp(x) for the softmax (x = z / tau - max <= 0), branch-free so loops over keys vectorise:
 // Cephes' expf (range reduction by ln 2, degree-5 polynomial), within 2 ulp of expf; x below -87
 // gives exp(-87) ~ 1.6e-38 instead of a denormal, which no probability here can tell apart.
-inline float exp_neg(float x) {
+WTC_INLINE float exp_neg(float x) {
   x = x < -87.0f ? -87.0f : x;
   const float y = x * 1.44269504088896341f;
   const float k = (y + 12582912.0f) - 12582912.0f;        // round to nearest (1.5 * 2^23 trick)
@@ -62,7 +64,7 @@ struct Unit {
 };
 
 // PLE of z on N equal bins of [0, 1], as wtc.dt.ple.ple_uniform: (z * N) - t clamped.
-inline void ple(float z, int64_t N, float* code) {
+WTC_INLINE void ple(float z, int64_t N, float* code) {
   const float zn = z * static_cast<float>(N);
   for (int64_t t = 0; t < N; ++t) {
     float c = zn - static_cast<float>(t);
@@ -73,7 +75,7 @@ inline void ple(float z, int64_t N, float* code) {
 }
 
 // d code / d z summed against dcode: torch.clamp passes the gradient where lo <= c <= hi.
-inline float ple_grad(float z, int64_t N, const float* dcode) {
+WTC_INLINE float ple_grad(float z, int64_t N, const float* dcode) {
   const float zn = z * static_cast<float>(N);
   float acc = 0.0f;
   for (int64_t t = 0; t < N; ++t) {
@@ -85,7 +87,7 @@ inline float ple_grad(float z, int64_t N, const float* dcode) {
 
 // Fill `u` for pair (r, b): every head's scores, probabilities and (hard) argmax keys; entries
 // past a query's last key are 0 (pre, p).
-WTC_CLONES void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64_t r, int64_t b, Unit& u) {
+WTC_INLINE void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64_t r, int64_t b, Unit& u) {
   const int64_t H = s.H, T = s.T, L = s.L, N = s.N, P = s.pad, Lp = u.Lp;
   const float cr = in.content[r], itau = in.inv_tau;
   const bool hard = in.hard, noise = in.noise;

@@ -8,7 +8,7 @@ complete, the oracle every other backend is tested against).
     dt.route                   triton, native, reference  triton for CUDA tensors when triton imports;
       (pointer heads, every sampling mode;                  native for float32 CPU tensors (wtc.kernels.cpu;
        Triton: aggregate heads too)                         bench/dt_step.py --versus)
-    dt.mlp_bank                triton, reference          same
+    dt.mlp_bank                triton, native, reference  same (the native op: wtc.kernels.cpu.mlp_bank)
     dt.route_hard              native, reference          native for CPU tensors from NATIVE_MIN_POSITIONS
       (argmax routing of frozen heads in predict)             query positions (size=; None: no threshold)
     dt.gumbel                  native, reference          native on the CPU
@@ -63,7 +63,7 @@ class _Op:
 
 OPS = {
     "dt.route": _Op(("triton", "native"), float32=True),
-    "dt.mlp_bank": _Op(("triton",)),
+    "dt.mlp_bank": _Op(("triton", "native"), float32=True),
     "dt.route_hard": _Op(("native",), min_size=NATIVE_MIN_POSITIONS),
     "dt.gumbel": _Op(("native",)),
     "scan.kl_rows": _Op(("triton", "native"), float32=True),

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wtc import kernels
+from wtc.kernels import cpu as cpu_kernels
 from wtc.backend import choose
 from wtc.dt.selection import Sampling, Selector
 from wtc.hooks import HookPoint
@@ -77,7 +78,8 @@ class SubMLPs(nn.Module):
     def forward(self, stream: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         """stream (R, B, T, V) at real positions -> outputs (R, B, T, M)."""
         choice = self.select(sampling)
-        if choose("dt.mlp_bank", stream) == "triton" and not self.hook_pre.has_hooks:   # fused: inputs never stored
+        backend = choose("dt.mlp_bank", stream)
+        if backend == "triton" and not self.hook_pre.has_hooks:   # fused: inputs never stored
             R, B, T, V = stream.shape
             select = choice.index if choice.index is not None else choice.weights
             mid = dict(W_mid=self.W_mid, b_mid=self.b_mid) if self.depth == 2 else {}
@@ -86,4 +88,8 @@ class SubMLPs(nn.Module):
             return self.hook_post(y.view(R, B, T, self.M))
         inputs = choice.read(stream)                                           # (R, B, T, M*k)
         inputs = self.hook_pre(inputs.unflatten(-1, (self.M, self.k)))
+        if backend == "native":   # the same function, fused on the CPU (hidden layers never stored)
+            mid = dict(W_mid=self.W_mid, b_mid=self.b_mid) if self.depth == 2 else {}
+            return self.hook_post(cpu_kernels.mlp_bank(inputs, self.W1, self.b1, self.W2, self.b2, self.skip,
+                                                       self.activation, **mid))
         return self.hook_post(self.evaluate(inputs))

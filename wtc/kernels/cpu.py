@@ -4,10 +4,13 @@
                  key-only and positional scores, causal mask, the counter-based Gumbel noise (the
                  bits of wtc.dt.gumbel), soft / hard / straight-through softmax, value routing and
                  the heads' overlaps; the backward recomputes everything from the inputs
+    mlp_bank(...)  the sub-MLP bank on its gathered inputs, forward + backward (csrc/dt_mlp.cpp): hidden
+                 layer(s) (1 or 2, every activation), output and linear skip; the backward recomputes
+                 the hidden layers, nothing of size (rows, M, hidden) is stored
 
 Same signatures and results (to float32 rounding) as the torch references in wtc.dt, which stay the
 oracle (tests/test_fused_step.py). float32 only; wtc.backend.choose decides when they run (ops
-"dt.route"). Threads: torch's intra-op count at the call (DTConfig.threads while training); the
+"dt.route", "dt.mlp_bank"). Threads: torch's intra-op count at the call (DTConfig.threads while training); the
 result does not depend on it.
 """
 from __future__ import annotations
@@ -72,3 +75,46 @@ def route(zq, zk, val, W, u, rel, abs_, scale, content, *, pad: int, tau: float,
     out, o_rows = _Route.apply(zq, zk, val, W, u, rel, abs_, scale, content, int(pad), float(tau), bool(hard),
                                bool(straight_through), seed, bool(overlap))
     return out, (o_rows if overlap else None)
+
+
+ACTIVATIONS = {"relu": 0, "silu": 1, "gelu": 2, "tanh": 3, "relu+silu": 4}
+
+
+class _MlpBank(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, W1, b1, W2, b2, skip, W_mid, b_mid, act):
+        C = require_native("the native sub-MLP op")
+        inputs = [t.detach().to(torch.float32).contiguous() for t in (x, W1, b1, W2, b2, skip)]
+        mid = [None if t is None else t.detach().to(torch.float32).contiguous() for t in (W_mid, b_mid)]
+        y = C.dt_mlp_forward(*[t.numpy() for t in inputs], act, *[None if t is None else t.numpy() for t in mid],
+                             torch.get_num_threads())
+        ctx.save_for_backward(*inputs, *[t for t in mid if t is not None])
+        ctx.act, ctx.deep = act, W_mid is not None
+        return torch.from_numpy(y).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        C = require_native("the native sub-MLP op")
+        saved = ctx.saved_tensors
+        inputs, mid = saved[:6], (saved[6:] if ctx.deep else (None, None))
+        grads = C.dt_mlp_backward(*[t.numpy() for t in inputs], ctx.act,
+                                  *[None if t is None else t.numpy() for t in mid], _np(dy), torch.get_num_threads())
+        like = list(inputs) + list(mid)
+        out = [torch.from_numpy(g).to(like[k].dtype) if g is not None and ctx.needs_input_grad[k] else None
+               for k, g in enumerate(grads)]
+        return (*out, None)
+
+
+def mlp_bank(x, W1, b1, W2, b2, skip, activation: str, W_mid=None, b_mid=None):
+    """The sub-MLP bank on the CPU, fused: inputs x (R, ..., M, k) -> outputs (R, ..., M); the
+    function wtc.dt.submlp.SubMLPs.evaluate computes (W1 (R, M, hidden, k), b1 (R, M, hidden),
+    W2 (R, M, hidden), b2 (R, M), skip (R, M, k); W_mid (R, M, hidden, hidden), b_mid (R, M, hidden)
+    for a second hidden layer)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"mlp_bank: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    if (W_mid is None) != (b_mid is None):
+        raise ValueError("mlp_bank: W_mid and b_mid go together")
+    shape = x.shape
+    R, M, k = shape[0], shape[-2], shape[-1]
+    y = _MlpBank.apply(x.reshape(R, -1, M, k), W1, b1, W2, b2, skip, W_mid, b_mid, ACTIVATIONS[activation])
+    return y.reshape(shape[:-1])
