@@ -13,6 +13,7 @@ is skipped. Writes bench/results/sr.csv and bench/results/sr.md (sr_quick.* with
     python bench/sr.py                     # wtc.sr alone, all formulas, all noise levels
     python bench/sr.py --peers all         # with pyoperon and gplearn (slow: ~10 s per fit each)
     python bench/sr.py --quick             # a subset, for a quick look
+    python bench/sr.py --extra             # compositions and integer-domain formulas instead
 """
 from __future__ import annotations
 
@@ -114,6 +115,26 @@ FORMULAS = [
     Formula("gauss_half", "inner-constant", "exp(-0.5*x**2)", (U("x", -3, 3),)),
     Formula("sin3", "inner-constant", "sin(3*x)", (U("x", -2, 2),)),
     Formula("log_half", "inner-constant", "log(1 + 0.5*x)", (U("x", 0, 4),)),
+]
+
+# opt-in (--extra): nonlinearities around products and sums with a constant (issue 17 item 9) and
+# integer-domain formulas (modulus, floor division, comparisons, thresholds, chained min/max)
+EXTRA = [
+    Formula("log1p_prod", "composition", "log(1 + a*b)", (U("a", 0, 3), U("b", 0, 3))),
+    Formula("ratio_prod", "composition", "a/(1 + a*b)", (U("a", 0, 3), U("b", 0, 3))),
+    Formula("sin_sum_mul", "composition", "a*sin(a + b)", (U("a", 0, 3), U("b", 0, 3))),
+    Formula("mul_sqrt1p", "composition", "b*sqrt(1 + a**2)", (U("a", -2, 2), U("b", 0, 3))),
+    Formula("sqrt1p_prod", "composition", "sqrt(1 + a*b)", (U("a", 0, 3), U("b", 0, 3))),
+    Formula("exp_prod", "composition", "exp(-a*b)", (U("a", 0, 2), U("b", 0, 2))),
+    Formula("even", "integer", "1 - Mod(x, 2)", (I("x", 0, 99),)),
+    Formula("floordiv3", "integer", "floor(x/3)", (I("x", 0, 99),)),
+    Formula("mod3", "integer", "Mod(x, 3)", (I("x", 0, 99),)),
+    Formula("sum_mod3", "integer", "Mod(a + b, 3)", (I("a", 0, 9), I("b", 0, 9))),
+    Formula("ge", "integer", "Piecewise((1, a >= b), (0, True))", (I("a", 0, 9), I("b", 0, 9))),
+    Formula("threshold", "integer", "Piecewise((1, x >= 50), (0, True))", (I("x", 0, 99),)),
+    Formula("majority", "integer", "Piecewise((1, a + b + c >= 2), (0, True))",
+            (I("a", 0, 1), I("b", 0, 1), I("c", 0, 1))),
+    Formula("max_min", "integer", "Max(a, Min(b, c))", (I("a", 0, 9), I("b", 0, 9), I("c", 0, 9))),
 ]
 
 QUICK = ("affine", "xor_bits", "prod_int", "max", "relu_diff", "parallel", "hypot", "exp_decay",
@@ -313,9 +334,11 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=N_POINTS, help="points per formula")
     ap.add_argument("--out", default=None, help="output stem (default bench/results/sr[_quick])")
     ap.add_argument("--seed", type=int, default=0, help="offset of the data seeds (robustness checks)")
+    ap.add_argument("--extra", action="store_true",
+                    help=f"only the {len(EXTRA)} extra formulas (compositions, integer domain)")
     args = ap.parse_args(argv)
 
-    formulas = [f for f in FORMULAS if (not args.quick or f.name in QUICK)
+    formulas = [f for f in (EXTRA if args.extra else FORMULAS) if (not args.quick or f.name in QUICK)
                 and (not args.only or f.name in args.only.split(","))]
     peers = ["pyoperon", "gplearn"] if args.peers == "all" else [p for p in args.peers.split(",") if p]
     methods = ["wtc"]
@@ -345,7 +368,7 @@ def main(argv=None) -> int:
         w.writeheader()
         for li, level in enumerate(levels):
             for f in formulas:
-                rng = np.random.default_rng(1000 * li + FORMULAS.index(f) + 100_000 * args.seed)
+                rng = np.random.default_rng(1000 * li + (FORMULAS + EXTRA).index(f) + 100_000 * args.seed)
                 X = sample(f, args.n, rng)
                 y = evaluate(truth_expr(f), symbols(f), X).real
                 y = y + level * np.sqrt(np.mean(y**2)) * rng.standard_normal(len(y))

@@ -27,6 +27,14 @@ STEPS = [
     ("round(x/4)", X100, np.round(X100 / 4)),
     ("floor on reals", XU, np.floor(XU)),
     ("x // 5 * 5", X100, (X100 // 5) * 5),
+    # structure off any lattice, which the local noise estimate absorbs
+    ("alternating offset", np.arange(200.0), np.arange(200.0) + 0.3 * (np.arange(200.0) % 2)),
+    ("staircase at scale", np.arange(200.0) * 1000, np.floor(np.arange(200.0) * 1000 / 3)),
+    ("sawtooth on reals", XU, XU % 1),
+    ("rounding on reals", XU, np.round(XU / 4)),
+    ("sign on reals", XU - 5, np.sign(XU - 5)),
+    ("smooth + staircase", XU, XU**2 + np.floor(XU)),
+    ("multiple of 5", X100, X100 + (X100 % 5 == 0)),
 ]
 
 
@@ -48,6 +56,16 @@ def test_floor_staircase_is_not_a_line():
     f = sr.fit(X100, y)
     assert not (f.exact and f.max_abs_err > 1e-6), str(f)
     assert f.noise_method in ("lattice", "replicates") or f.noise < 1e-6
+
+
+def test_structured_residuals_are_not_certified():
+    """x + 0.3 * (x % 2) on 0..199: off any lattice, the local estimate read the alternation as
+    noise of std ~0.3 and certified y = x + 0.1; its residuals alternate, so it is not exact."""
+    x = np.arange(200.0)
+    f = sr.fit(x, x + 0.3 * (x % 2))
+    assert not (f.exact and f.max_abs_err > 1e-6), str(f)
+    if not f.exact:
+        assert "residuals" in f.note or "tolerance" in f.note
 
 
 def test_rounded_measurements_are_not_taken_as_a_staircase():

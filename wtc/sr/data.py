@@ -279,8 +279,8 @@ def prepare(X: np.ndarray, y: np.ndarray, names: tuple, tol: float | None,
     # integer operators apply on integer inputs when y is integer-valued (within the tolerance
     # when one is given) or on a lattice (0.5 * (x // 3) + 0.25)
     integer = integer_valued(X) and (
-        (integer_valued(yf) or lattice_step(yf) is not None) if method != "tol"
-        else float(np.sqrt(np.mean((y - np.round(y)) ** 2))) <= thr)
+        integer_valued(yf) or (method != "tol" and lattice_step(yf) is not None)
+        or float(np.sqrt(np.dot(wf, (yf - np.round(yf)) ** 2) / wf.sum())) <= thr)
     return Data(X, y, names, Xf, yf, wf, ssw, float(wf.sum()), screen, probes, y_rms,
                 float(sigma), method, float(thr), binary, warning, ylo, yhi, integer, note)
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from wtc.sr import inner
 from wtc.sr.data import Data
-from wtc.sr.expr import size
+from wtc.sr.expr import OPS, size
 from wtc.sr.screen import sse_threshold
 
 N_INNER_SEEDS = 200  # smallest nonlinear terms given one inner constant
@@ -26,7 +26,33 @@ N_INNER_POLISH = 24  # one-constant grid results given a short LM (half by size,
 N_INNER_REFINE = 8  # variants refined and snapped on all points (half as many combinations)
 
 
-def inner_pass(last, data: Data, cands: list, fit: dict, deadline, max_complexity: int) -> None:
+N_COMPOSITION_BASES = 12  # small polynomial terms s wrapped into u(s), 1/s, x/s, x*u(s)
+
+
+def composition_seeds(trees: list, ops, k: int, max_complexity: int) -> list:
+    """Nonlinearities around a product or a sum, built explicitly: the library keeps one form per
+    function, so a/(a*b) is already 1/b and a*sin(a + b) may fall past its budget. For small
+    polynomial terms s (a*b, a + b, a**2, ...): u(s) for the unary nonlinear operators, 1/s and
+    x_i/s, and x_i*u(s); their inner constants (log(1 + a*b), a/(1 + a*b)) are fitted as any other."""
+    poly = {"add", "sub", "mul", "sq"}
+
+    def is_poly(t):
+        return t[0] == "x" or (t[0] in poly and all(is_poly(ch) for ch in t[1:]))
+    bases = [t for t in trees if t[0] != "x" and is_poly(t) and size(t) <= 3][:N_COMPOSITION_BASES]
+    bases = [("x", i) for i in range(k)] + bases
+    unary = [o for o in ops if OPS[o].arity == 1 and OPS[o].nonlinear and OPS[o].level < 99]
+    xs = [("x", i) for i in range(k)]
+    out = []
+    for s_ in bases:
+        wrapped = [(u, s_) for u in unary]
+        if "div" in ops and s_[0] != "x":
+            wrapped += [("div", ("1",), s_)] + [("div", x, s_) for x in xs]
+        out += wrapped
+        out += [("mul", x, w) for w in wrapped if w[0] != "div" for x in xs]
+    return [t for t in dict.fromkeys(out) if size(t) + 2 <= max_complexity]
+
+
+def inner_pass(last, data: Data, cands: list, fit: dict, deadline, max_complexity: int, ops=()) -> None:
     """Append the inner-constant candidates of the library/screen ``last`` to ``cands``.
 
     ``fit``: the fitting points' columns, memo, y and weights (shared with the linear stage)."""
@@ -56,6 +82,10 @@ def inner_pass(last, data: Data, cands: list, fit: dict, deadline, max_complexit
         run_jobs("single", (trees[i],), 1)
         if sizes[i] == 2:  # u(x): the one-neuron shape u(c*x + d) always gets both constants
             run_jobs("single", (trees[i],), 2)
+    seen = {trees[i] for i in small}
+    for t in composition_seeds(trees, ops, data.k, max_complexity):
+        if t not in seen:
+            run_jobs("single", (t,), 1)
     best_single = [trees[i] for i in np.argsort(sse1)[:2]]
     for shape in inner.power_shapes(data):
         for others in ([], *([t] for t in best_single)):

@@ -78,3 +78,38 @@ def estimate_sigma(X: np.ndarray, y: np.ndarray, rng: np.random.Generator | None
     if dof >= 20 and dof >= 0.2 * len(y):
         return {"sigma": s_rep, "method": "replicates", "dof": dof}
     return {"sigma": local_sigma(X, y, rng), "method": "local-quadratic", "dof": len(y)}
+
+
+STRUCTURE_Z = 5.0  # |correlation| * sqrt(n) of residuals with their k-th neighbours' above this: structure
+
+
+def neighbour_index(X: np.ndarray, rng: np.random.Generator, k: int = 6, n_query: int = 400):
+    """(query rows (q,), their k nearest other rows (q, k), nearest first) in per-column scaled X."""
+    n = len(X)
+    scale = X.std(axis=0)
+    scale[scale == 0] = 1.0
+    Z = X / scale
+    k = min(k, n - 1)
+    q = np.sort(rng.choice(n, size=min(n_query, n), replace=False))
+    out = []
+    for chunk in np.array_split(q, max(1, len(q) // 100)):
+        d2 = ((Z[chunk, None, :] - Z[None, :, :]) ** 2).sum(-1)
+        d2[np.arange(len(chunk)), chunk] = np.inf
+        nb = np.argpartition(d2, k - 1, axis=1)[:, :k]
+        order = np.argsort(np.take_along_axis(d2, nb, 1), axis=1, kind="stable")
+        out.append(np.take_along_axis(nb, order, 1))
+    return q, np.concatenate(out)
+
+
+def residual_structure(r: np.ndarray, index) -> float:
+    """How far the residuals r are from independent noise: the largest |z| over neighbour ranks j of
+    the correlation between r_i and r at its j-th nearest neighbour (z = corr * sqrt(queries)). A
+    right formula leaves noise (z ~ N(0, 1)); a smooth formula through a staircase or an
+    alternating pattern leaves residuals that neighbours predict (z of tens)."""
+    q, nb = index
+    r = r - r.mean()
+    ss = float(np.dot(r, r)) / len(r)
+    if not ss > 0 or nb.size == 0:
+        return 0.0
+    c = (r[q][:, None] * r[nb]).mean(axis=0) / ss  # (k,)
+    return float(np.max(np.abs(c)) * np.sqrt(len(q)))

@@ -89,10 +89,11 @@ def table(cands: list[Candidate], symbols, binary_syms, max_complexity: int) -> 
 
 
 # ---------------------------------------------------------------------------------- sympy
-def sympy_form(tree, symbols, binary_syms=(), simplify: bool = True) -> sp.Expr:
+def sympy_form(tree, symbols, binary_syms=(), simplify: bool = True, nonneg=()) -> sp.Expr:
     # inputs are real numbers: simplify with real symbols (sqrt(exp(-x)) -> exp(-x/2)), then
-    # hand back the plain symbols the caller knows
-    real = {s: sp.Symbol(s.name, real=True) for s in symbols}
+    # hand back the plain symbols the caller knows; inputs never negative on the data are
+    # simplified as such (sqrt(b**2*(a**2 + 1)) -> b*sqrt(a**2 + 1), not Abs(b)*...)
+    real = {s: sp.Symbol(s.name, real=True, nonnegative=True if s in nonneg else None) for s in symbols}
     back = {v: k for k, v in real.items()}
     e = to_sympy(tree, [real[s] for s in symbols])
     if simplify:

@@ -142,7 +142,7 @@ def run(data: Data, *, max_complexity: int, operators=None, time_limit: float | 
     # 3. constants inside nonlinearities, on the richest library (its small terms include the
     # smaller operator sets' shapes): costlier than a level, so last
     if screens and not done() and any(OPS[o].nonlinear for o in screens[-1][0]):
-        inner_pass(screens[-1][1], data, cands, fit, deadline, max_complexity)
+        inner_pass(screens[-1][1], data, cands, fit, deadline, max_complexity, ops=screens[-1][0])
     if screens and not deadline.over():  # rows of the table from the richest operator set tried
         _pareto_rows(screens[-1][1], data, cands, fit["memo"], fit["cols"])
     log.timed_out = deadline.over()
