@@ -27,6 +27,7 @@ import sympy as sp
 
 from wtc import arguments
 from wtc import tasks as task_registry
+from wtc.tasks import TaskError, probe
 from wtc.dt.attempt import Attempt, load_result, rank_key, run_attempt, save_result, take_replica
 from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
 from wtc.dt.ladder import check_budget, climb
@@ -49,6 +50,7 @@ class Discovery:
     verification: object | None
     seconds: float
     attempts: list[dict] = field(default_factory=list)
+    dependence: object | None = None        # what the target was found to read (wtc.tasks.probe), if probed
 
     @property
     def solved(self) -> bool:
@@ -62,6 +64,7 @@ class Discovery:
                 "accuracy": v.accuracy if v else None, "max_rel_err": v.max_rel_err if v else None,
                 "agrees_with_model": v.agrees_with_model if v else None,
                 "failures": self.program.failures if self.program else ["no model was trained"],
+                "depends_on": self.dependence.describe() if self.dependence is not None else None,
                 "attempts": self.attempts}
 
     def report(self, plot: str | None = None) -> str:
@@ -70,6 +73,8 @@ class Discovery:
         out = [f"# {t.name}", "", f"*{t.description}*", ""]
         out.append(f"**{'Solved' if self.solved else 'Not solved'}** in {self.seconds:.0f} s "
                    f"({len(self.attempts)} attempt(s)). Best program: {self.verification or 'none'}")
+        if self.dependence is not None:
+            out += ["", f"Probed as a black box, the target reads {self.dependence.describe()}."]
         if self.program is not None:
             if self.program.failures:
                 if self.verification is not None and self.verification.solved:
@@ -123,7 +128,15 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
     seed = arguments.seed(seed, error=ConfigError)
     if config is not None and not isinstance(config, DTConfig):
         raise ConfigTypeError(f"config must be a wtc.DTConfig or None, got {type(config).__name__} {config!r}")
+    try:
+        dep = probe.dependence(task, seed) if config is None else None
+    except TaskError:                       # a target that refuses mixed inputs: no probe, default size
+        dep = None
     base = DTConfig() if config is None else config
+    if dep is not None:
+        base, why = sized_for(base, dep)
+        if progress and why:
+            print(f"{task.name}: the target reads {dep.describe()}: {why}", flush=True)
     base.check_size(task.seq_len, task.n_inputs)
     task_ref = task_reference(task)
     t0 = time.perf_counter()
@@ -153,9 +166,26 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
                       progress=progress)
     attempts = [record for _, (record, _) in ran]
     if best is None:
-        return Discovery(task, None, None, None, None, time.perf_counter() - t0, attempts)
+        return Discovery(task, None, None, None, None, time.perf_counter() - t0, attempts, dep)
     _, program, model, history, ver = best[1]
-    return Discovery(task, program, model, history, ver, time.perf_counter() - t0, attempts)
+    return Discovery(task, program, model, history, ver, time.perf_counter() - t0, attempts, dep)
+
+
+def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:
+    """The default architecture grown to what the probe found: a pointer head per offset to route
+    (when there are more than it has), aggregate heads from the start when outputs read the whole
+    prefix (instead of two rungs later). Returns (config, what changed and why, or "")."""
+    changes, why = {}, []
+    routes = dep.pointer_routes
+    if routes > max(config.n_heads):
+        changes["n_heads"] = routes
+        why.append(f"{routes} pointer heads, one per offset")
+    if any(dep.prefix) and max(config.n_agg_heads) == 0:
+        changes["n_agg_heads"] = 2
+        why.append("aggregate heads from the first attempt")
+    if not changes:
+        return config, ""
+    return config.replace(**changes), "starting with " + " and ".join(why)
 
 
 class DiscoverJob:

@@ -205,6 +205,9 @@ class DTConfig:
         if not self.grow:
             return "as configured", self
         label, changes = LADDER[attempt % len(LADDER)]
+        if "n_heads" in changes:                 # a rung never has fewer pointer heads than its base
+            most, top = max(self.n_heads), max(changes["n_heads"])   # the rung's first layer gets the base's
+            changes = {**changes, "n_heads": tuple(max(h, most) if h == top else h for h in changes["n_heads"])}
         return label, self.replace(**changes)
 
     def replace(self, **changes) -> "DTConfig":

@@ -1,0 +1,63 @@
+"""wtc.tasks.probe: what a task's target reads, from the target as a black box; and how discover
+sizes its first architecture from it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wtc
+from wtc.discovery import sized_for
+from wtc.dt import DTConfig
+from wtc.tasks import Task
+from wtc.tasks.probe import dependence
+
+
+def lag(x, d):
+    return np.concatenate([np.zeros((len(x), d)), x[:, :-d]], 1) if d else x
+
+
+def ints(T=10, hi=10):
+    return lambda rng, n: rng.integers(0, hi, (n, T))
+
+
+@pytest.mark.parametrize("name, offsets, absolute, prefix", [
+    ("prev2", [[2]], [[]], [False]),
+    ("max_last3", [[0, 1, 2]], [[]], [False]),
+    ("first_value", [[]], [[0]], [False]),
+    ("and_prev", [[0], [1]], [[], []], [False, False]),
+    ("select_by_flag", [[0], [0, 1]], [[], []], [False, False]),
+    ("running_sum", [[0]], [[]], [True]),
+    ("count_ones", [[0]], [[]], [True]),
+    ("free_fall_height", [[0]], [[]], [False]),
+])
+def test_builtins_read_what_their_definitions_say(name, offsets, absolute, prefix):
+    d = dependence(wtc.tasks.get(name))
+    assert (d.offsets, d.absolute, d.prefix) == (offsets, absolute, prefix), d.describe()
+
+
+def test_windows_and_prefixes_of_user_tasks():
+    w5 = dependence(Task("w5", ints(), lambda x: sum(lag(x, d) for d in range(5)), seq_len=10))
+    assert w5.offsets == [[0, 1, 2, 3, 4]] and not w5.prefix[0] and w5.pointer_routes == 4
+    w7 = dependence(Task("w7", ints(12), lambda x: np.max([lag(x, d) for d in range(7)], 0), seq_len=12))
+    assert w7.offsets == [[0, 1, 2, 3, 4, 5, 6]] and w7.pointer_routes == 6
+    cm = dependence(Task("cm3", ints(10, 3), lambda x: np.cumsum(x, 1) % 3, seq_len=10))
+    assert cm.prefix == [True] and cm.pointer_routes == 0
+    const = dependence(Task("c", ints(), lambda x: np.zeros_like(x), seq_len=10))
+    assert const.offsets == [[]] and const.describe() == "no position of x"
+
+
+def test_data_tasks_are_not_probed():
+    x = np.random.default_rng(0).integers(0, 9, (100, 6)).astype(float)
+    assert dependence(Task.from_arrays(x, x)) is None
+
+
+def test_discover_grows_heads_and_aggregates_from_evidence_only():
+    w5 = dependence(Task("w5", ints(), lambda x: sum(lag(x, d) for d in range(5)), seq_len=10))
+    grown, why = sized_for(DTConfig(), w5)
+    assert max(grown.n_heads) == 4 and "4 pointer heads" in why
+    assert [max(grown.rung(a)[1].n_heads) for a in range(5)] == [4] * 5     # the ladder keeps them
+    same, why = sized_for(DTConfig(), dependence(wtc.tasks.get("max_last3")))
+    assert same == DTConfig() and why == ""                                   # built-in sizes unchanged
+    agg, why = sized_for(DTConfig(), dependence(wtc.tasks.get("running_sum")))
+    assert agg.n_agg_heads == (2,) and "aggregate" in why
+    assert [c.n_heads for c in (DTConfig().rung(a)[1] for a in range(5))] == [(3,), (3,), (3,), (3, 0), (3, 2)]

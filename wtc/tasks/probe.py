@@ -1,0 +1,94 @@
+"""What a task's output depends on, measured from its target function as a black box: replace the
+input at one position by the value another sampled sequence has there and see which outputs
+change. From the (source position, output position) dependence table come the fixed offsets a
+pointer head must route (y_t reads x_{t-d} at every t), the absolute positions read at every t
+(e.g. x_0), and whether y_t reads the whole prefix (a running sum, a counter, a maximum).
+
+discover sizes its first architecture from this (wtc.discovery), and a failure report quotes it.
+Data tasks (Task.from_arrays) answer only for recorded inputs, so they cannot be probed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wtc.tasks.task import Task
+
+PROBE_SEQUENCES = 64
+SHARE = 0.9              # an offset counts when it matters at this share of the output positions
+
+
+@dataclass
+class Dependence:
+    """Per input channel: offsets d with y_t <- x_{t-d} (d >= 0), absolute positions read at
+    every later t, and whether y_t reads (nearly) every earlier position (a prefix)."""
+    offsets: list[list[int]]
+    absolute: list[list[int]]
+    prefix: list[bool]
+    table: np.ndarray = field(repr=False)          # (n_inputs, T source, T output) bool
+
+    @property
+    def pointer_routes(self) -> int:
+        """Offsets a pointer head must route (offset 0 is the stream's own value), over channels."""
+        return sum(len([d for d in offs if d > 0]) for offs in self.offsets) + sum(len(a) for a in self.absolute)
+
+    def describe(self) -> str:
+        parts = []
+        for c, (offs, ab, pre) in enumerate(zip(self.offsets, self.absolute, self.prefix)):
+            name = "x" if len(self.offsets) == 1 else f"x{c}"
+            what = [f"{name}_(t-{d})" if d else f"{name}_t" for d in offs] + [f"{name}_{p}" for p in ab]
+            if pre:
+                what.append(f"the whole prefix of {name}")
+            parts.append(", ".join(what) if what else f"no position of {name}")
+        return "; ".join(parts)
+
+
+def _changed(y0: np.ndarray, y1: np.ndarray, output: str) -> np.ndarray:
+    """(n, T) whether any output channel moved (beyond rounding for real outputs)."""
+    both = np.isfinite(y0) & np.isfinite(y1)
+    if output == "integer":
+        moved = np.round(y0) != np.round(y1)
+    else:
+        moved = np.abs(y0 - y1) > 1e-9 * (1 + np.abs(y0))
+    return (moved & both).any(axis=2)
+
+
+def dependence(task: Task, seed: int = 0) -> Dependence | None:
+    """The dependence of task's outputs on its inputs, or None for a task that cannot be probed."""
+    if task.size is not None:                     # recorded data: target answers only for the records
+        return None
+    rng = np.random.default_rng([seed, 8123])
+    x, y = task.batch(rng, PROBE_SEQUENCES)
+    donor = task.draw(rng, PROBE_SEQUENCES)
+    T, k = task.seq_len, task.n_inputs
+    table = np.zeros((k, T, T), dtype=bool)
+    for c in range(k):
+        for j in range(T):
+            x1 = x.copy()
+            x1[:, j, c] = donor[:, j, c]
+            if np.array_equal(x1, x):
+                continue
+            table[c, j] = _changed(y, task.targets(x1), task.output).any(axis=0)
+    valid = range(task.valid_from, T)
+    offsets, absolute, prefix = [], [], []
+    for c in range(k):
+        dep = table[c]
+        offs, testable = [], []
+        for d in range(T):
+            ts = [t for t in valid if t - d >= 0]
+            if len(ts) >= 2:
+                testable.append(d)
+                if np.mean([dep[t - d, t] for t in ts]) >= SHARE:
+                    offs.append(d)
+        # every offset the sequence length can show matters: the whole prefix (a window as long as
+        # the sequence is the same thing within it)
+        pre = len(testable) >= 3 and set(testable) <= set(offs)
+        if pre:
+            offs = [d for d in offs if d == 0]
+        ab = [] if pre else [j for j in range(T) if all(dep[j, t] for t in valid if t >= j) and
+                             sum(t >= j for t in valid) >= 2 and not any(d == t - j for d in offs for t in valid)]
+        offsets.append(offs)
+        absolute.append(ab)
+        prefix.append(bool(pre))
+    return Dependence(offsets, absolute, prefix, table)
