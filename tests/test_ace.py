@@ -10,6 +10,7 @@ from torch import nn
 from wtc.ace import (GramianAccumulator, balanced_svd, cca, compare, extract_core, principal_angles,
                      projector_overlap, sequential_operator, shift_operator, validate)
 from wtc.ace.balanced import orth_prefixes
+from wtc.ace.core import patched_accuracy
 
 
 @pytest.fixture
@@ -223,3 +224,23 @@ def test_oblique_projector_ignores_a_high_variance_decoy_the_orthogonal_one_lets
     torch.testing.assert_close(P @ b, torch.zeros(D, dtype=torch.float64), atol=1e-9, rtol=0)
     with pytest.raises(ValueError, match="orthogonal' or 'oblique"):
         core.projector(kind="diagonal")
+
+
+def test_necessary_rank_is_meaningful_for_two_classes(gen):
+    """With 2 classes 2 x chance is 1.0, which every removal passes (the old rule said rank 0): the
+    necessary rank is the first whose removal brings accuracy down to near chance, chance being
+    what the majority answer scores on these (unbalanced) labels."""
+    D = 8
+    basis = torch.linalg.qr(torch.randn(D, D, generator=gen, dtype=torch.float64))[0]
+    P = basis[:, :2]
+    model = Planted(P, K=2)
+    x = decorrelated(gen, 4000, basis, [1.0, 1.0, 30.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    labels = model(x).argmax(-1)
+    core = extract_core(model, x, "layer", position=None, chunk=1000)
+    v = validate(core, model, x, labels)
+    share = float(torch.bincount(labels).max()) / len(labels)
+    assert v["baseline_acc"] == 1.0 and v["chance"] == pytest.approx(share) and share > 0.5
+    necessary = v["minimal_necessary_rank"]
+    assert necessary >= 1                                            # removing nothing is not "necessary"
+    assert patched_accuracy(model, x, labels, core, "remove", necessary) <= v["chance"] + 0.1 * (1 - v["chance"])
+    assert patched_accuracy(model, x, labels, core, "remove", necessary - 1) > v["chance"] + 0.1 * (1 - v["chance"])

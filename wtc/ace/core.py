@@ -313,7 +313,8 @@ def keep_kl(model, inputs, core: Core, rank: int, readout=None, chunk: int = 204
 def validate(core: Core, model, inputs, labels, readout=None, tolerance: float = 0.005,
              projector: str = "orthogonal", positions=None) -> dict:
     """Keep / remove / flip accuracies at the core's rank, and the minimal sufficient rank (keep
-    within `tolerance` of baseline) and minimal necessary rank (remove <= 2 x chance), with the
+    within `tolerance` of baseline) and minimal necessary rank (remove within a tenth of the way from
+    chance to baseline, and <= 2 x chance), with the
     `projector` kind: "orthogonal" (onto the core subspace) or "oblique" (balanced truncation).
     positions: per-input positions of these inputs (default: the core's, for a core with them)."""
     labels = torch.as_tensor(labels)
@@ -326,15 +327,19 @@ def validate(core: Core, model, inputs, labels, readout=None, tolerance: float =
         raise AceError(f"label {int(labels.max())} is not a class of the readout's {K} outputs")
     if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not 0 <= tolerance < 1:
         raise AceError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
-    chance = 1.0 / K
+    # chance: what a constant answer scores on these labels (1/K when they are balanced);
+    # "necessary": removal leaves at most chance plus a tenth of the way to baseline, and at most
+    # 2 x chance (with 2 classes 2 x chance alone is 1.0, which every removal passes)
+    chance = max(1.0 / K, float(torch.bincount(labels.flatten().long()).max()) / labels.numel())
     acc = {m: patched_accuracy(model, inputs, labels, core, m, readout=readout, projector=projector,
                                  positions=positions)
            for m in ("clean", "keep", "remove", "flip")}
+    near_chance = min(2 * chance, chance + 0.1 * max(acc["clean"] - chance, 0.0))
     sufficient = necessary = None
     for r in range(0, core.basis.shape[1] + 1):
         if sufficient is None and patched_accuracy(model, inputs, labels, core, "keep", r, readout, projector=projector, positions=positions) >= acc["clean"] - tolerance:
             sufficient = r
-        if necessary is None and patched_accuracy(model, inputs, labels, core, "remove", r, readout, projector=projector, positions=positions) <= 2 * chance:
+        if necessary is None and patched_accuracy(model, inputs, labels, core, "remove", r, readout, projector=projector, positions=positions) <= near_chance:
             necessary = r
         if sufficient is not None and necessary is not None:
             break
