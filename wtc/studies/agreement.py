@@ -26,7 +26,9 @@ verbs)) (logsumexp of the logits over the number-marked forms) and margin = plur
   the incorrect one).
 
 Across models: Spearman correlation of the 1-D coordinates over the same attractor sentences (each
-coordinate's sign fixed so that it grows with the margin). Writes summary.json (`models`: name,
+coordinate's sign fixed so that it grows with the margin), and the same within each subject number
+(`spearman_within_number`: for two equal classes that both coordinates separate, the split alone
+gives a Spearman of 0.75 whatever the order inside the classes). Writes summary.json (`models`: name,
 rank, baseline_acc, keep_acc, remove_acc, flip_reversal, generation_flip, ...; `spearman`),
 report.md and agreement.png. Training states live in out/<model name>/train_state; a rerun
 resumes them and redoes the analysis.
@@ -430,9 +432,15 @@ def _study(cfg: AgreementStudy, out: Path, progress: bool, clock: Clock):
     for r in results:
         r.pop("_margin")
     rho = [[spearman(a, b) for b in coords] for a in coords]
+    # within each subject number: the split into singular and plural alone gives 0.75 for two equal
+    # classes that every coordinate separates (whatever the order inside them); this is the rest
+    num = np.array([s.number for s in evals])
+    within = [[float(np.mean([spearman(a[num == k], b[num == k]) for k in (0, 1)])) for b in coords] for a in coords]
     off = [rho[i][j] for i in range(len(rho)) for j in range(len(rho)) if i != j]
+    off_w = [within[i][j] for i in range(len(rho)) for j in range(len(rho)) if i != j]
     summary = {"config": asdict(cfg), "models": results, "spearman": rho,
-               "min_spearman": min(off) if off else None, "fit_n": len(fit), "eval_n": len(evals)}
+               "min_spearman": min(off) if off else None, "spearman_within_number": within,
+               "min_spearman_within_number": min(off_w) if off_w else None, "fit_n": len(fit), "eval_n": len(evals)}
     return summary, lms
 
 
@@ -490,6 +498,11 @@ def _markdown(s: dict) -> str:
     sp = ["", "Spearman of the 1-D coordinate over the same attractor sentences:", "",
           "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for n, row in zip(names, s["spearman"]):
+        sp.append(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+    sp += ["", "The same within each subject number (the mean over singular and plural sentences; the class split "
+           "alone gives 0.75 above for two equal classes the coordinates separate):", "",
+           "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for n, row in zip(names, s["spearman_within_number"]):
         sp.append(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
     c = s["config"]
     head = (f"# Agreement study ({'model ' + str(c['model']) if c['model'] else str(len(names)) + ' trained models, ' + str(c['steps']) + ' steps'}; "
