@@ -117,3 +117,19 @@ def test_sympy_of_integer_operators_round_trips():
     assert FloorDiv(7, 2) == 3 and FloorDiv(-7, 2) == -4
     assert Ge(3, 2) == 1 and Ge(2, 3) == 0 and Eq(2, 2) == 1
     assert str(Ge(a + b, 2)) == "(a + b >= 2)"
+
+
+def test_extraction_renders_integer_formulas_as_plain_python():
+    """wtc.extraction builds program source from sr formulas (expression_ast): the new operators
+    must pass its AST whitelist and compute the same values as plain Python."""
+    from wtc.extraction.program import expression_ast
+    X = _grid(2, 0, 9)
+    for y in ((X[:, 0] + X[:, 1]) % 3, X[:, 0] // 4, (X[:, 0] >= X[:, 1]).astype(float),
+              (X[:, 0] == X[:, 1]).astype(float)):
+        f = sr.fit(X, y, names=("u", "v"))
+        assert f.exact, str(f)
+        node = expression_ast(f.expr, {"u", "v"})
+        code = compile(ast.fix_missing_locations(ast.Expression(body=node)), "<program>", "eval")
+        got = [eval(code, {"math": math}, {"u": list(X[:, 0]), "v": list(X[:, 1]), "t": t})
+               for t in range(len(X))]
+        np.testing.assert_array_equal(np.array(got, dtype=float), y)
