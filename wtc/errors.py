@@ -73,3 +73,7 @@ class ModelConfigError(WtcError, ValueError):
 
 class ModelInputError(WtcError, ValueError):
     """A model was called on inputs it cannot take (shape, dtype, values); the message says which."""
+
+
+class TaskError(WtcError, ValueError):
+    """A task definition or one of its callables is wrong; the message names the task."""

@@ -16,15 +16,15 @@ _USER: dict[str, Task] = {}
 
 def names(tier: str | None = None) -> list[str]:
     """Registered task names (built-ins in table order, then user tasks); optionally one tier
-    ('must', 'stretch' or 'user'). A user task registered over a built-in's name replaces it."""
-    if tier not in (None, "must", "stretch", "user"):
-        raise TaskError(f"tier must be None, 'must', 'stretch' or 'user', got {tier!r}")
+    ('must', 'stretch', 'wider' or 'user'). A user task registered over a built-in's name replaces it."""
+    if tier not in (None, *builtin.TIERS, "user"):
+        raise TaskError(f"tier must be None, one of {builtin.TIERS} or 'user', got {tier!r}")
     builtins = [n for n in builtin.SUITE if n not in _USER and (tier is None or builtin.tier(n) == tier)]
     return builtins + ([n for n in _USER] if tier in (None, "user") else [])
 
 
 def tier(name: str) -> str:
-    """'must' or 'stretch' for built-ins, 'user' for registered user tasks."""
+    """'must', 'stretch' or 'wider' for built-ins, 'user' for registered user tasks."""
     get(name)
     return "user" if name in _USER else builtin.tier(name)
 

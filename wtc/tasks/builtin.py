@@ -9,18 +9,10 @@ import functools
 
 import numpy as np
 
-from wtc.tasks.task import Task
+from wtc.tasks.task import Task, shift
 
 T = 10
 G = 9.81
-
-
-def shift(x: np.ndarray, k: int) -> np.ndarray:
-    """x_{t-k} along axis 1, with 0 before the start."""
-    out = np.zeros_like(x)
-    if k < x.shape[1]:
-        out[:, k:] = x[:, : x.shape[1] - k]
-    return out
 
 
 def ints(lo: int, hi: int, channels: int = 1):
@@ -186,11 +178,18 @@ SUITE = {
 }
 
 
+# the wider suite (wtc.tasks.wider): tier "wider", each with its own sequence length
+from wtc.tasks import wider  # noqa: E402
+
+SUITE.update({name: (s, t, k, out, v, "wider", T_) for name, (s, t, k, out, v, T_) in wider.TABLE.items()})
+TIERS = ("must", "stretch", "wider")
+
+
 @functools.lru_cache(maxsize=None)
 def make(name: str) -> Task:
     """The built-in task (one object per name, so workers can be sent the name instead)."""
-    sample, target, n_inputs, output, valid_from, _ = SUITE[name]
-    return Task(name, sample, target, seq_len=T, n_inputs=n_inputs, output=output,
+    sample, target, n_inputs, output, valid_from, _, *seq_len = SUITE[name]
+    return Task(name, sample, target, seq_len=seq_len[0] if seq_len else T, n_inputs=n_inputs, output=output,
                 valid_from=valid_from, description=" ".join(target.__doc__.split()))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wtc.tasks.task import Task, TaskError
+from wtc.errors import TaskError
 
 MIN_HELDOUT = 16           # held-out sequences a verification needs to mean anything
 MIN_TRAIN = 32             # training sequences below which a fit is a lookup of a handful of rows
@@ -60,13 +60,17 @@ class _Records:
 
 
 def from_arrays(inputs, outputs, *, name: str = "data", output: str | None = None, valid_from: int = 0,
-                heldout: float = 0.2, seed: int = 0, description: str = "") -> Task:
+                heldout: float = 0.2, seed: int = 0, description: str = "", task_type=None):
     """A Task over recorded sequences: inputs (n, T) or (n, T, k), outputs (n, T) or (n, T, m).
 
     output: 'integer' or 'real' (default: 'integer' when every valid output is a whole number);
     heldout: the share of sequences kept for verification (split seeded by `seed`); positions
-    before valid_from need no output (NaN allowed there)."""
+    before valid_from need no output (NaN allowed there). task_type: the Task class (Task.from_arrays
+    passes itself; this module does not import it, so the two do not import each other)."""
     from wtc import arguments
+
+    if task_type is None:
+        raise TaskError("call Task.from_arrays(inputs, outputs, ...) (this function needs the Task class)")
 
     x, y = _as_array(inputs, "inputs", name), _as_array(outputs, "outputs", name)
     seed = arguments.seed(seed, error=TaskError)
@@ -106,5 +110,5 @@ def from_arrays(inputs, outputs, *, name: str = "data", output: str | None = Non
              "valid_from": int(valid_from)}
     kept = _Records(x3[held], y3[held], squeeze_in, squeeze_out, table, name)
     rec = _Records(x3[train], y3[train], squeeze_in, squeeze_out, table, name)
-    verify_on = Task(f"{name} (held out)", kept.sample, kept.target, size=len(held), description=description, **shape)
-    return Task(name, rec.sample, rec.target, size=len(train), heldout=verify_on, description=description, **shape)
+    verify_on = task_type(f"{name} (held out)", kept.sample, kept.target, size=len(held), description=description, **shape)
+    return task_type(name, rec.sample, rec.target, size=len(train), heldout=verify_on, description=description, **shape)

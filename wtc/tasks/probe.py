@@ -15,7 +15,7 @@ import numpy as np
 
 from wtc.tasks.task import Task
 
-PROBE_SEQUENCES = 64
+PROBE_SEQUENCES = 512
 SHARE = 0.9              # an offset counts when it matters at this share of the output positions
 
 
@@ -70,7 +70,10 @@ def dependence(task: Task, seed: int = 0) -> Dependence | None:
             if np.array_equal(x1, x):
                 continue
             table[c, j] = _changed(y, task.targets(x1), task.output).any(axis=0)
-    valid = range(task.valid_from, T)
+    # output positions that depend on anything: where the output is constant (a vote that
+    # cannot be won yet at t = 0, 1) there is nothing to learn about offsets
+    live = table.any(axis=(0, 1))
+    valid = [t for t in range(task.valid_from, T) if live[t]]
     offsets, absolute, prefix = [], [], []
     for c in range(k):
         dep = table[c]

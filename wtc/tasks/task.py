@@ -6,7 +6,7 @@ from typing import Callable
 
 import numpy as np
 
-from wtc.errors import WtcError
+from wtc.errors import TaskError
 
 OUTPUT_KINDS = ("integer", "real")
 # Inputs and targets are trained on in float32 (max 3.4e38); past this magnitude normalisation
@@ -15,8 +15,14 @@ MAX_MAGNITUDE = 1e30
 REAL_TOLERANCE = 1e-3  # max |pred - y| / (1 + |y|) for real tasks (the suite's tolerance)
 
 
-class TaskError(WtcError, ValueError):
-    """A task definition or one of its callables is wrong; the message names the task."""
+def shift(x: np.ndarray, k: int) -> np.ndarray:
+    """x_{t-k} along axis 1, with 0 before the start (for writing targets)."""
+    out = np.zeros_like(x)
+    if k < x.shape[1]:
+        out[:, k:] = x[:, : x.shape[1] - k]
+    return out
+
+
 
 
 @dataclass(frozen=True, eq=False)
@@ -210,11 +216,11 @@ class Task:
                             f"(n, {self.seq_len}, {self.n_outputs})")
         return a
 
-    @staticmethod
-    def from_arrays(inputs, outputs, **kw) -> "Task":
+    @classmethod
+    def from_arrays(cls, inputs, outputs, **kw) -> "Task":
         """A task over recorded sequences, with a seeded held-out split (wtc.tasks.data.from_arrays)."""
         from wtc.tasks.data import from_arrays
-        return from_arrays(inputs, outputs, **kw)
+        return from_arrays(inputs, outputs, task_type=cls, **kw)
 
     def verification(self, n: int) -> tuple["Task", int]:
         """(the task to verify on, how many sequences): the held-out part of a data task, all of
