@@ -156,6 +156,9 @@ def test_load_from_a_directory_with_a_word_tokenizer(tmp_path):
     assert model.tokenizer is not None
     assert model.encode("w3 w0 w21") == [3, 0, 21]
     assert model.encode("zzz") == [V - 1]                      # <unk>
+    assert word_tokenizer(words, bos="w4").bos_token_id == 4
+    with pytest.raises(HFModelError, match="bos"):
+        word_tokenizer(words, bos="nope")
     x = tokens()
     with torch.no_grad():
         assert torch.allclose(model(x).double(), hf(input_ids=x).logits, atol=1e-5)

@@ -257,9 +257,10 @@ def load(source, tokenizer=None, dtype: torch.dtype | None = None) -> HFModel:
     return HFModel(model, tokenizer)
 
 
-def word_tokenizer(words, unk: str = "<unk>"):
+def word_tokenizer(words, unk: str = "<unk>", bos: str | None = None):
     """A transformers fast tokenizer splitting on whitespace, one id per word (ids in the order of
-    `words`; `unk` is added when missing): save it with save_pretrained next to a model."""
+    `words`; `unk` is added when missing; `bos`, one of the words, its beginning-of-sequence token):
+    save it with save_pretrained next to a model."""
     _transformers()
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -271,7 +272,9 @@ def word_tokenizer(words, unk: str = "<unk>"):
         words.append(unk)
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=unk))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=unk)
+    if bos is not None and bos not in words:
+        raise HFModelError(f"word_tokenizer: bos {bos!r} is not one of the words")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=unk, **({} if bos is None else {"bos_token": bos}))
 
 
 __all__ = ["HFModel", "HFModelError", "Layout", "LAYOUTS", "layout_of", "load", "word_tokenizer"]
