@@ -61,3 +61,20 @@ def test_discover_grows_heads_and_aggregates_from_evidence_only():
     agg, why = sized_for(DTConfig(), dependence(wtc.tasks.get("running_sum")))
     assert agg.n_agg_heads == (2,) and "aggregate" in why
     assert [c.n_heads for c in (DTConfig().rung(a)[1] for a in range(5))] == [(3,), (3,), (3,), (3, 0), (3, 2)]
+
+
+def test_a_failure_report_says_what_was_tried_and_what_is_missing(tmp_path):
+    """An undertrained run on a prefix task: the report's diagnosis names the attempts, per-position
+    scores of the best model, and that the target reads the whole prefix."""
+    task = Task("cm3", ints(8, 3), lambda x: np.cumsum(x, 1) % 3, seq_len=8)
+    d = wtc.discover(task, budget_s=1, progress=False,
+                     config=DTConfig(steps=30, replicas=2, max_attempts=1, polish_iters=0, precision_iters=0))
+    assert not d.solved
+    d.dependence = dependence(task)                      # config= given: discover did not probe
+    lines = d.diagnosis()
+    assert lines[0].startswith("Tried 1 attempt(s)")
+    assert any(line.startswith("The best model, per output position on fresh data: t=0:") for line in lines)
+    assert any("reads the whole prefix" in line for line in lines)
+    d.save(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "## Why it is not solved" in report and "whole prefix" in report

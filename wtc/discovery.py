@@ -65,6 +65,7 @@ class Discovery:
                 "agrees_with_model": v.agrees_with_model if v else None,
                 "failures": self.program.failures if self.program else ["no model was trained"],
                 "depends_on": self.dependence.describe() if self.dependence is not None else None,
+                "diagnosis": None if self.solved else self.diagnosis(),
                 "attempts": self.attempts}
 
     def report(self, plot: str | None = None) -> str:
@@ -92,11 +93,52 @@ class Discovery:
         for a in self.attempts:
             out.append(f"| {a['attempt']} | {a['label']} | {a['replicas_solved']}/{a['replicas']} | "
                        f"{a['replicas_read']} | {a['verified']} | {a['seconds']:.0f} |")
+        if not self.solved:
+            out += ["", "## Why it is not solved", ""] + [f"- {line}" for line in self.diagnosis()]
         if plot:
             out += ["", "## Training dynamics", "", f"![training]({plot})", "",
                     "Loss falls (functional convergence) before the selection and attention entropies "
                     "collapse (structural discretization)."]
         return "\n".join(out) + "\n"
+
+    def position_scores(self, n: int = 2000) -> list[float] | None:
+        """Per output position, the best model's accuracy (integer tasks) or share within the
+        tolerance (real tasks) on fresh sequences; None without a model."""
+        if self.model is None:
+            return None
+        task, n = self.task.verification(n)
+        x, y = task.batch(np.random.default_rng(4242), n)
+        pred = task._as_3d(self.model.predict(x), "prediction")
+        hit = (np.round(pred) == y) if task.output == "integer" else (np.abs(pred - y) / (1 + np.abs(y)) <= 1e-3)
+        return [float(v) for v in hit.all(axis=2).mean(axis=0)]
+
+    def diagnosis(self) -> list[str]:
+        """Plain lines for a failure: what was tried, what the best model gets right per position,
+        and which kind of algorithm seems to be missing (from what the target reads)."""
+        lines = []
+        tried = sorted({a["label"] for a in self.attempts})
+        lines.append(f"Tried {len(self.attempts)} attempt(s): {', '.join(tried) or 'none'}.")
+        scores = self.position_scores()
+        if scores is not None:
+            t0 = self.task.valid_from
+            shown = ", ".join(f"t={t}: {v:.2f}" for t, v in enumerate(scores) if t >= t0)
+            lines.append(f"The best model, per output position on fresh data: {shown}.")
+            if min(scores[t0:]) == 1.0 and self.program is not None and self.program.failures:
+                lines.append("The model computes the task; parts of it could not be read as a program (Modules above).")
+        dep = self.dependence
+        if dep is not None:
+            if any(dep.prefix):
+                lines.append("The target reads the whole prefix. Aggregate heads read prefix means (so sums and "
+                             "counts); a prefix maximum or minimum, a count modulo k or a recurrence on the outputs "
+                             "needs an operator on the running value that no fixed-depth reading found here.")
+            if dep.pointer_routes > 3 and not any(dep.prefix):
+                lines.append(f"The target reads {dep.pointer_routes} offsets besides the current value; discover "
+                             f"started with that many pointer heads.")
+        elif self.task.size is not None:
+            lines.append("A data task is not probed (its target answers only for recorded sequences).")
+        if scores is not None and max(scores[self.task.valid_from:]) < 0.5:
+            lines.append("No attempt learned the function; a larger budget (more attempts up the ladder) may help.")
+        return lines
 
     def save(self, directory) -> Path:
         """program.py, report.md, training.png, model/ (checkpoint), summary.json."""
