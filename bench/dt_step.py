@@ -589,7 +589,8 @@ def versus_worker() -> None:
     'task rung phase steps' with the mean seconds of that many steps (after one warm-up step)."""
     torch.set_num_threads(1)
     runs = {}
-    print("ready", os.path.dirname(os.path.abspath(wtc.__file__)), flush=True)
+    from wtc import _native
+    print("ready", os.path.dirname(os.path.abspath(wtc.__file__)), _native.cpu_module() is not None, flush=True)
     for line in sys.stdin:
         task_name, rung, phase, steps = line.split()
         key = (task_name, int(rung), phase)
@@ -630,22 +631,26 @@ def versus(rev: str, cases: list[tuple[str, int]], rounds: int, steps: int, out:
     here = os.path.dirname(os.path.abspath(__file__))
     with tempfile.TemporaryDirectory() as tmp:
         old = _baseline_tree(rev, tmp)
-        variants = {f"before ({rev})": (old, {}),
-                    "now, reference": (os.path.dirname(here), {"WTC_KERNELS": "reference"}),
-                    "now": (os.path.dirname(here), {})}
+        import wtc as this
+        now = os.path.dirname(os.path.dirname(os.path.abspath(this.__file__)))
+        variants = {f"before ({rev})": (old, {}), "now, reference": (now, {"WTC_KERNELS": "reference"}),
+                    "now": (now, {})}
         procs = {}
         for name, (tree, extra) in variants.items():
             env = {k: v for k, v in os.environ.items() if k != "WTC_KERNELS"}
-            env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(tree, "bench") + os.pathsep + tree, **extra)
-            # an editable install's import redirect would win over PYTHONPATH: drop it in the worker
-            boot = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in "
-                    "type(f).__module__]; sys.argv = [sys.argv[1], '--versus-worker']; "
-                    "runpy.run_path(sys.argv[0], run_name='__main__')")
-            procs[name] = subprocess.Popen([sys.executable, "-c", boot, os.path.abspath(__file__)],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
+            env.update(OMP_NUM_THREADS="1", **extra)
+            script = [os.path.abspath(__file__), "--versus-worker"]
+            if tree == old:   # an editable install's import redirect would win over PYTHONPATH: drop it
+                env["PYTHONPATH"] = old
+                script = ["-c", "import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' "
+                          "not in type(f).__module__]; sys.argv = [sys.argv[1], '--versus-worker']; "
+                          "runpy.run_path(sys.argv[0], run_name='__main__')", os.path.abspath(__file__)]
+            procs[name] = subprocess.Popen([sys.executable, *script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           text=True, env=env, cwd=here)
             ready = procs[name].stdout.readline().split()
-            if ready[:1] != ["ready"] or ready[1] != os.path.join(tree, "wtc"):
-                raise RuntimeError(f"{name}: the worker imported wtc from {ready[1:]}, not {tree}")
+            if ready[:1] != ["ready"] or ready[1] != os.path.join(tree, "wtc") or ready[2] != "True":
+                raise RuntimeError(f"{name}: the worker imported wtc from {ready[1:2]} (native: {ready[2:]}), "
+                                   f"expected {tree} with wtc._C")
         report = {"date": stamp(), "machine": machine(), "torch": torch.__version__, "baseline": rev,
                   "load_avg_at_start": [round(x, 2) for x in os.getloadavg()], "rounds": rounds,
                   "steps_per_round": steps, "threads": 1, "cases": []}

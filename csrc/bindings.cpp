@@ -345,17 +345,19 @@ DtRouteArgs dt_route_args(farr zq, farr zk, farr val, farr W, farr u, farr rel, 
 
 py::tuple dt_route_forward(farr zq, farr zk, farr val, farr W, farr u, farr rel, farr abs_, farr scale,
                            farr content, int pad, double tau, bool hard, int64_t seed, bool overlap,
-                           int threads) {
+                           bool entropy, int threads) {
   DtRouteArgs a = dt_route_args(zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, seed);
   if (overlap && hard) throw py::value_error("route: overlaps are defined for soft routing only (hard=False)");
   const auto& s = a.s;
   py::array_t<float> out({s.R, s.B, s.H, s.T});
   py::array_t<float> o_rows(overlap ? std::vector<int64_t>{s.R, s.B, s.H, s.H, s.T} : std::vector<int64_t>{0});
+  py::array_t<float> ent(entropy ? std::vector<int64_t>{s.R, s.B, s.H, s.T} : std::vector<int64_t>{0});
   {
     py::gil_scoped_release nogil;
-    wtc::dt_route_forward(s, a.in, out.mutable_data(), overlap ? o_rows.mutable_data() : nullptr, threads);
+    wtc::dt_route_forward(s, a.in, out.mutable_data(), overlap ? o_rows.mutable_data() : nullptr,
+                          entropy ? ent.mutable_data() : nullptr, threads);
   }
-  return py::make_tuple(out, o_rows);
+  return py::make_tuple(out, o_rows, ent);
 }
 
 py::tuple dt_route_backward(farr zq, farr zk, farr val, farr W, farr u, farr rel, farr abs_, farr scale,
@@ -485,9 +487,9 @@ PYBIND11_MODULE(_C, m) {
         "Counter-based Gumbel noise (streams, T, L), float32: the bits of wtc.dt.noise.gumbel_hash");
   m.def("dt_route_forward", &dt_route_forward, py::arg("zq"), py::arg("zk"), py::arg("val"), py::arg("W"),
         py::arg("u"), py::arg("rel"), py::arg("abs"), py::arg("scale"), py::arg("content"), py::arg("pad"),
-        py::arg("tau"), py::arg("hard"), py::arg("seed"), py::arg("overlap"), py::arg("threads"),
+        py::arg("tau"), py::arg("hard"), py::arg("seed"), py::arg("overlap"), py::arg("entropy"), py::arg("threads"),
         "Fused DT pointer-head routing (seed -1: no noise) -> (out (R, B, H, T), overlaps (R, B, H, H, T) "
-        "or empty); see csrc/dt_route.h.");
+        "or empty, entropies of the noise-free softmax (R, B, H, T) or empty); see csrc/dt_route.h.");
   m.def("dt_route_backward", &dt_route_backward, py::arg("zq"), py::arg("zk"), py::arg("val"), py::arg("W"),
         py::arg("u"), py::arg("rel"), py::arg("abs"), py::arg("scale"), py::arg("content"), py::arg("pad"),
         py::arg("tau"), py::arg("hard"), py::arg("seed"), py::arg("dout"), py::arg("c"), py::arg("score_grads"),

@@ -184,9 +184,32 @@ WTC_INLINE void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64
 }
 
 WTC_CLONES void forward_unit(const DtRouteShapes& s, const DtRouteInputs& in, int64_t rb, Unit& u, float* out,
-                             float* o_rows) {
+                             float* o_rows, float* ent) {
   const int64_t H = s.H, T = s.T, Lp = u.Lp;
   recompute(s, in, rb / s.B, rb % s.B, u);
+  if (ent != nullptr) {   // entropy of the noise-free softmax(scale * pre / tau): H = m + log S - sum e x / S
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (int64_t h = 0; h < H; ++h) {
+      const float f = in.scale[(rb / s.B) * H + h] * in.inv_tau;
+      for (int64_t i = 0; i < T; ++i) {
+        const float* pre_i = u.pre.data() + (h * T + i) * Lp;
+        const float* bias = u.bias.data() + i * Lp;
+        const float* ok = u.valid.data() + i * Lp;
+        float m = ninf;
+#pragma omp simd reduction(max : m)
+        for (int64_t j = 0; j < Lp; ++j) m = std::max(m, pre_i[j] * f + bias[j]);
+        float S = 0.0f, Sx = 0.0f;
+#pragma omp simd reduction(+ : S, Sx)
+        for (int64_t j = 0; j < Lp; ++j) {
+          const float x = pre_i[j] * f * ok[j];
+          const float e = exp_neg(x - m) * ok[j];
+          S += e;
+          Sx += e * x;
+        }
+        ent[(rb * H + h) * T + i] = m + std::log(S) - Sx / S;
+      }
+    }
+  }
   for (int64_t h = 0; h < H; ++h) {
     const int64_t g = rb * H + h;
     const float* valp = u.valp.data() + h * Lp;
@@ -343,12 +366,13 @@ WTC_CLONES void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
 
 }  // namespace
 
-void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* out, float* o_rows, int threads) {
+void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* out, float* o_rows, float* ent,
+                      int threads) {
 #pragma omp parallel num_threads(std::max(1, threads))
   {
     Unit u(s);
 #pragma omp for schedule(static)
-    for (int64_t rb = 0; rb < s.R * s.B; ++rb) forward_unit(s, in, rb, u, out, o_rows);
+    for (int64_t rb = 0; rb < s.R * s.B; ++rb) forward_unit(s, in, rb, u, out, o_rows, ent);
   }
 }
 

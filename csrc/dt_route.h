@@ -32,8 +32,9 @@ struct DtRouteInputs {
   uint32_t seed;
 };
 
-// out (R, B, H, T); o_rows (R, B, H, H, T) or nullptr (no overlaps).
-void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* out, float* o_rows,
+// out (R, B, H, T); o_rows (R, B, H, H, T) or nullptr (no overlaps); ent (R, B, H, T) or nullptr: the
+// entropy (nats) of the noise-free softmax(scale * pre / tau) per query (the training log's statistic).
+void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* out, float* o_rows, float* ent,
                       int threads);
 
 // dout (R, B, H, T); c (R, B, H, H, T): d loss / d O symmetrised (c[h, h'] = c[h', h] = the gradient

@@ -175,6 +175,25 @@ def test_native_route_noise_is_the_counter_based_hash(rng):
 
 
 @needs_native
+@pytest.mark.parametrize("shape", [(3, 4, 3, 10, 9, 16), (1, 2, 1, 1, 0, 1), (2, 3, 2, 7, 11, 5)])
+def test_native_route_entropy_is_the_logged_statistic(rng, shape):
+    """entropy=True: what the training log computes from the reference scores,
+    entropy(softmax(pointer_scores / tau)), noise-free, per query."""
+    from wtc.dt.attention import pointer_scores
+    from wtc.dt.selection import entropy
+    from wtc.kernels import cpu
+
+    inputs = route_inputs(rng, *shape)
+    pad, tau = shape[4], 0.37
+    x32 = [x.float() for x in inputs]
+    out, _, ent = cpu.route(*x32, pad=pad, tau=tau, hard=False, straight_through=False, seed=5, entropy=True)
+    plain, _ = cpu.route(*x32, pad=pad, tau=tau, hard=False, straight_through=False, seed=5)
+    assert torch.equal(out, plain) and ent.shape == out.shape and not ent.requires_grad
+    ref = entropy(torch.softmax(pointer_scores(*inputs[:2], *inputs[3:9], pad) / tau, -1))   # (no val)
+    assert float((ent.double() - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
+
+
+@needs_native
 def test_native_route_rejects_bad_input():
     from wtc.kernels import cpu
 

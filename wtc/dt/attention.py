@@ -175,16 +175,20 @@ class Attention(nn.Module):
                 outs.append(self._route_native(stream, unit))
             elif backend != "reference" and not (want_overlap and sampling.hard):
                 zq, zk = self._query_key(unit, choice)
-                route = kernels.route if fused else cpu_kernels.route
-                out, overlap = route(zq, zk, val, self.W, self.u, self.rel, self.abs, self.log_scale.exp(),
-                                             self.content, pad=P, tau=sampling.tau, hard=sampling.hard,
-                                             straight_through=sampling.straight_through, seed=seed,
-                                             overlap=want_overlap)
+                kw = dict(pad=P, tau=sampling.tau, hard=sampling.hard, straight_through=sampling.straight_through,
+                          seed=seed, overlap=want_overlap)
+                args = (zq, zk, val, self.W, self.u, self.rel, self.abs, self.log_scale.exp(), self.content)
+                if fused:
+                    out, overlap = kernels.route(*args, **kw)
+                else:   # native: the log's entropies come with the forward instead of the reference scores
+                    out, overlap, *ent = cpu_kernels.route(*args, **kw, entropy=sampling.stats)
+                    if sampling.stats:
+                        stats["attn_entropy"] = ent[0].mean(dim=(1, 3))
                 outs.append(out)
                 if want_overlap:   # (R, B, H, H, T) per-row overlaps -> the (R, H, H) mean
                     B, T = out.shape[1], out.shape[3]
                     stats["redundancy"] = self.penalty(overlap.sum(dim=(1, 4)) / (B * T), choice.weights[:, 2 * H:3 * H])
-                if sampling.stats:
+                if sampling.stats and fused:
                     with torch.no_grad():
                         stats["attn_entropy"] = entropy(torch.softmax(self.scores(unit, choice) / sampling.tau, -1)).mean(dim=(1, 3))
             else:

@@ -26,21 +26,23 @@ def _np(t: torch.Tensor):
 
 class _Route(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, straight_through, seed, overlap):
+    def forward(ctx, zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, straight_through, seed, overlap,
+                entropy):
         C = require_native("the native route op")
         inputs = [t.detach().to(torch.float32).contiguous() for t in (zq, zk, val, W, u, rel, abs_, scale, content)]
         seed = -1 if seed is None else int(seed)
-        out, o_rows = C.dt_route_forward(*[t.numpy() for t in inputs], pad, tau, hard, seed, overlap,
-                                         torch.get_num_threads())
+        out, o_rows, ent = C.dt_route_forward(*[t.numpy() for t in inputs], pad, tau, hard, seed, overlap,
+                                              entropy, torch.get_num_threads())
         ctx.save_for_backward(*inputs)
         ctx.config = (pad, tau, hard, straight_through, seed, overlap)
-        o_rows = torch.from_numpy(o_rows)
+        o_rows, ent = torch.from_numpy(o_rows), torch.from_numpy(ent)
+        ctx.mark_non_differentiable(ent)
         if not overlap:
             ctx.mark_non_differentiable(o_rows)
-        return torch.from_numpy(out).to(zq.dtype), o_rows.to(zq.dtype)
+        return torch.from_numpy(out).to(zq.dtype), o_rows.to(zq.dtype), ent
 
     @staticmethod
-    def backward(ctx, dout, d_overlap):
+    def backward(ctx, dout, d_overlap, d_entropy):
         C = require_native("the native route op")
         inputs = ctx.saved_tensors
         pad, tau, hard, straight_through, seed, overlap = ctx.config
@@ -56,24 +58,29 @@ class _Route(torch.autograd.Function):
         out = []
         for k, g in enumerate(grads):
             out.append(torch.from_numpy(g).to(inputs[k].dtype) if g is not None and ctx.needs_input_grad[k] else None)
-        return (*out, None, None, None, None, None, None, None)
+        return (*out, None, None, None, None, None, None, None, None)
 
 
 def route(zq, zk, val, W, u, rel, abs_, scale, content, *, pad: int, tau: float, hard: bool,
-          straight_through: bool, seed: int | None, overlap: bool = False):
+          straight_through: bool, seed: int | None, overlap: bool = False, entropy: bool = False):
     """Pointer-head routing on the CPU, fused; the signature and results of
     wtc.dt.attention.route_reference (and wtc.kernels.route).
 
     zq (R, B, H, T) and zk (R, B, H, L = T + pad) on [0, 1]; val (R, B, H, L); W (R, H, N, N);
     u (R, H, N); rel, abs_ (R, H, L); scale (R, H) > 0; content (R,) 0/1; seed None = no noise.
-    Returns (out (R, B, H, T), overlaps (R, B, H, H, T) with [h, g] = sum_j p_h p_g for g > h, or None).
+    Returns (out (R, B, H, T), overlaps (R, B, H, H, T) with [h, g] = sum_j p_h p_g for g > h, or None),
+    and with entropy=True a third item: the entropy (nats, (R, B, H, T), no gradient) of each query's
+    noise-free softmax(scores / tau), the training log's statistic (what
+    entropy(softmax(Attention.scores / tau)) computes).
     """
     if tau <= 0:
         raise ValueError(f"route: tau must be > 0, got {tau}")
     if overlap and hard:
         raise ValueError("route: overlaps are defined for soft routing only (hard=False)")
-    out, o_rows = _Route.apply(zq, zk, val, W, u, rel, abs_, scale, content, int(pad), float(tau), bool(hard),
-                               bool(straight_through), seed, bool(overlap))
+    out, o_rows, ent = _Route.apply(zq, zk, val, W, u, rel, abs_, scale, content, int(pad), float(tau), bool(hard),
+                                    bool(straight_through), seed, bool(overlap), bool(entropy))
+    if entropy:
+        return out, (o_rows if overlap else None), ent
     return out, (o_rows if overlap else None)
 
 
