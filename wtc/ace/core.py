@@ -330,7 +330,8 @@ def validate(core: Core, model, inputs, labels, readout=None, tolerance: float =
     # chance: what a constant answer scores on these labels (1/K when they are balanced);
     # "necessary": removal leaves at most chance plus a tenth of the way to baseline, and at most
     # 2 x chance (with 2 classes 2 x chance alone is 1.0, which every removal passes)
-    chance = max(1.0 / K, float(torch.bincount(labels.flatten().long()).max()) / labels.numel())
+    scored = labels[labels >= 0].long()                      # label -1: not scored
+    chance = max(1.0 / K, float(torch.bincount(scored).max()) / scored.numel())
     acc = {m: patched_accuracy(model, inputs, labels, core, m, readout=readout, projector=projector,
                                  positions=positions)
            for m in ("clean", "keep", "remove", "flip")}
