@@ -133,3 +133,13 @@ def test_extraction_renders_integer_formulas_as_plain_python():
         got = [eval(code, {"math": math}, {"u": list(X[:, 0]), "v": list(X[:, 1]), "t": t})
                for t in range(len(X))]
         np.testing.assert_array_equal(np.array(got, dtype=float), y)
+
+
+def test_bits_keep_the_polynomial_unless_an_integer_reading_is_far_shorter():
+    B = np.repeat(_grid(3, 0, 1), 10, 0)
+    a, b, c = B.T
+    xor = sr.fit(B[:, :2], a + b - 2 * a * b, names=("a", "b"))
+    assert xor.exact and xor.equation == "-2*a*b + a + b", xor.equation   # the paper's reading
+    parity = sr.fit(B, (a + b + c) % 2, names=("a", "b", "c"))
+    assert parity.exact and parity.complexity <= 7 and not parity.expr.is_polynomial(), parity.equation
+    np.testing.assert_array_equal(parity.predict(B), (a + b + c) % 2)

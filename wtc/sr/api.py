@@ -7,7 +7,7 @@ import numpy as np
 import sympy as sp
 
 from wtc.sr import search
-from wtc.sr.data import TOL_FACTOR, check_inputs, check_tol, prepare
+from wtc.sr.data import REL_FLOOR, TOL_FACTOR, check_inputs, check_tol, prepare
 from wtc.sr.expr import evaluate, to_str, uses_integer_ops
 from wtc.sr.noise_level import STRUCTURE_Z, neighbour_index, residual_structure
 from wtc.sr.pareto import Row, boolean_canonical, choose, equation_str, sympy_form, sympy_size, table
@@ -92,17 +92,31 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
                             time_limit=time_limit, rng=rng)
     best = choose(cands, int(max_complexity))
     structured = ""
-    if best.passes and data.sigma_method == "local-quadratic" and data.sigma > 0:
+    if best.passes and data.sigma_method == "local-quadratic" and data.sigma > REL_FLOOR * data.y_rms:
         best, structured = _unstructured(best, cands, data, int(max_complexity), rng)
     syms = tuple(sp.Symbol(s) for s in names)
     binary = [syms[i] for i in data.binary]
     nonneg = [syms[i] for i in range(len(syms)) if float(np.min(X[:, i])) >= 0]
     expr = sympy_form(best.tree, syms, binary, nonneg=nonneg)
     complexity = best.complexity
-    if len(binary) == len(syms):  # on bits: the multilinear canonical form, counted as written,
-        canon = boolean_canonical(expr, syms)   # unless an integer reading is smaller (a + b + c >= 2)
-        if not (uses_integer_ops(best.tree) and best.complexity < sympy_size(canon)):
+    if len(binary) == len(syms) and best.passes:
+        # on bits: the multilinear canonical form, counted as written (xor reads a + b - 2*a*b, as
+        # the Discrete Transformer paper reports), unless an integer reading is at most half its
+        # size: (a + b + c >= 2) for 19 nodes of polynomial, (a + b + c) % 2 for 30
+        plain = [c for c in cands if c.passes and c.complexity <= max_complexity and not uses_integer_ops(c.tree)]
+        ints = [c for c in cands if c.passes and c.complexity <= max_complexity and uses_integer_ops(c.tree)]
+        base = min(plain, key=lambda c: (c.complexity, c.dl, c.rmse)) if plain else best
+        canon = boolean_canonical(sympy_form(base.tree, syms, binary), syms)
+        alt = min(ints, key=lambda c: (c.complexity, c.dl, c.rmse)) if ints else None
+        if alt is not None and (not plain or 2 * alt.complexity <= sympy_size(canon)):
+            best = alt
+            expr, complexity = sympy_form(alt.tree, syms, binary), alt.complexity
+        else:
+            best = base
             expr, complexity = canon, sympy_size(canon)
+    elif len(binary) == len(syms):
+        expr = boolean_canonical(expr, syms)
+        complexity = sympy_size(expr)
     rows = table(cands, syms, binary, int(max_complexity))
     tree = best.tree
     if scales:

@@ -64,7 +64,6 @@ def op_levels(operators, integer: bool = False) -> list[tuple[str, ...]]:
     return [tuple(dict.fromkeys(("add", "sub", "mul", *ops)))]
 
 
-BITS_TRY_INT = 7  # on 0/1 inputs the integer operators are tried when the polynomial is larger
 INT_CONST_MAX = 10  # moduli, divisors and thresholds 2..10 (and 0)
 
 
@@ -106,8 +105,8 @@ def run(data: Data, *, max_complexity: int, operators=None, time_limit: float | 
             if deadline.over():
                 break
             if li > 0 and simple_enough > SIMPLE_ENOUGH and best_passing() is not None:
-                if not (data.integer and "ge" in ops and best_passing().complexity > BITS_TRY_INT):
-                    break
+                if not (data.integer and "ge" in ops):  # bits: the integer reading is compared
+                    break                                # with the polynomial's canonical form
             log.levels_tried.append(ops)
             if data.integer and "ge" in ops and len(data.Xf) <= TABLE_CELLS:
                 _table_pass(data, ops, int_consts, cands, fit, max_complexity, rng)
@@ -151,7 +150,7 @@ def run(data: Data, *, max_complexity: int, operators=None, time_limit: float | 
 
 
 TABLE_CELLS = 64  # inputs with at most this many distinct rows get the exact-table pass
-TABLE_TERMS = 20000
+TABLE_TERMS = 6000
 TABLE_REFITS = 8
 
 
