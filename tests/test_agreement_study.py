@@ -123,3 +123,4 @@ def test_a_model_directory_without_a_tokenizer_is_refused(tmp_path):
     transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=50)).save_pretrained(tmp_path)
     with pytest.raises(StudyError, match="no tokenizer"):
         A.run(A.AgreementStudy(model=str(tmp_path), fit_n=20, eval_n=20), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "config.json").exists()          # refused before anything was written

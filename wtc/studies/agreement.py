@@ -390,10 +390,14 @@ def run(cfg: AgreementStudy | None, out_dir, progress: bool = True) -> dict:
     out = study_dir(out_dir, StudyError)
     out.mkdir(parents=True, exist_ok=True)
     clock = Clock(out)
+    from wtc.tasks.agreement import AgreementCorpus
+
+    corpus = AgreementCorpus(cfg.corpus_seed)
+    user = hf_lm(cfg.model, corpus) if cfg.model is not None else None     # a bad directory fails before anything is written
     check_config(out, {k: v for k, v in asdict(cfg).items() if k in _TRAIN_FIELDS + ("models", "model")},
                  free=("models",), label="agreement")
     with torch_threads(cfg.threads):
-        summary, lms = _study(cfg, out, progress, clock)
+        summary, lms = _study(cfg, corpus, user, out, progress, clock)
     clock.save()
     summary["seconds"] = round(clock.total(), 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -402,17 +406,14 @@ def run(cfg: AgreementStudy | None, out_dir, progress: bool = True) -> dict:
     return summary
 
 
-def _study(cfg: AgreementStudy, out: Path, progress: bool, clock: Clock):
-    from wtc.tasks.agreement import AgreementCorpus
-
-    corpus = AgreementCorpus(cfg.corpus_seed)
+def _study(cfg: AgreementStudy, corpus, user: LM | None, out: Path, progress: bool, clock: Clock):
     fit = corpus.eval_set("attractor", cfg.fit_n // 2, seed=11) + corpus.eval_set("no_attractor", cfg.fit_n - cfg.fit_n // 2,
                                                                                  seed=12)
     evals = corpus.eval_set("attractor", cfg.eval_n, seed=13)
     no_attr = corpus.eval_set("no_attractor", cfg.eval_n, seed=14)
     lms, training = [], {}
-    if cfg.model is not None:
-        lms.append(hf_lm(cfg.model, corpus))
+    if user is not None:
+        lms.append(user)
     else:
         data = sentence_batch(corpus, cfg.train_sentences, cfg.n_ctx, seed=0)
         for spec in cfg.models:
