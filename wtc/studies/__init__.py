@@ -21,6 +21,9 @@ STUDIES = {
                                              "(--quick about 23 min)"),
     "sparse-vs-dense": ("wtc.studies.sparse_dense", "weight-sparse vs dense byte LMs on the stdlib: share of weights "
                                                     "explained by one predicate (--quick about 12 min)"),
+    "dt-dynamics": ("wtc.studies.dt_dynamics", "Discrete Transformer: the step where the loss converges vs the step "
+                                               "where selections and attention turn hard, 12 tasks x 3 seeds "
+                                               "(--quick about 3 min)"),
     "agreement": ("wtc.studies.agreement", "ACE on language models: the 1-D number-agreement axis of small LMs trained "
                                            "on an agreement corpus, or of a local Hugging Face model (--model DIR)"),
 }

@@ -1,0 +1,196 @@
+"""Study: does functional convergence precede structural discretization in the Discrete
+Transformer? (`wtc study dt-dynamics`)
+
+For each task x seed one attempt is trained (wtc.train, the default DTConfig, one attempt), and for
+every replica of the population the two moments are read off its training curves:
+- functional step: the first step whose training loss is at most FUNCTIONAL x the first recorded
+  loss (the function is learned, whatever the structure);
+- structural step: the first step where the mean selection entropy and the mean attention entropy
+  (over slots / pointer heads) are both at most STRUCTURAL x their first recorded values (the
+  soft choices have become nearly hard).
+A run is "function first" when its functional step comes strictly before its structural step, or
+when the function is reached and the structure never is. The headline is the share of runs (the
+replica wtc.train returns) that are function first; the same share over every replica that reached
+either moment is reported beside it. Each run is kept in out/runs/ and skipped on rerun.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from wtc.errors import StudyError
+from wtc.studies.clock import Clock, check_config, study_dir
+
+FUNCTIONAL = 0.01
+STRUCTURAL = 0.1
+TASKS = ("parity_last2", "sum_last2", "prev2", "max_last3", "min_last2", "diff_prev", "product_last2",
+         "xor_pair", "and_prev", "select_by_flag", "ema3", "linear_combo")
+
+
+@dataclass
+class DTDynamics:
+    tasks: tuple[str, ...] = TASKS
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int | None = None            # None: DTConfig's default
+    replicas: int | None = None
+
+    @classmethod
+    def quick(cls) -> "DTDynamics":
+        return cls(tasks=("sum_last2", "prev2"), seeds=(0,), replicas=4)   # full schedule: tau anneals over the steps
+
+    def __post_init__(self) -> None:
+        import wtc.tasks
+
+        self.tasks, self.seeds = tuple(self.tasks), tuple(self.seeds)
+        if not self.tasks:
+            raise StudyError("DTDynamics.tasks must name at least one task")
+        for t in self.tasks:
+            wtc.tasks.get(t)                              # unknown names fail here, with a suggestion
+        if not self.seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+            raise StudyError(f"DTDynamics.seeds must be one or more ints >= 0, got {self.seeds!r}")
+        for name in ("steps", "replicas"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise StudyError(f"DTDynamics.{name} must be None or a positive int, got {v!r}")
+
+
+CONFIG = DTDynamics
+HEADLINE = ("function_first_fraction", "function_first_fraction_all_replicas", "runs_counted")
+OUTPUTS = ("summary.json", "report.md", "dt_dynamics.png")
+
+
+def first_at_most(values: np.ndarray, threshold: float) -> int | None:
+    """Index of the first value <= threshold, or None."""
+    hit = np.nonzero(values <= threshold)[0]
+    return int(hit[0]) if len(hit) else None
+
+
+def moments(curves: dict) -> dict:
+    """Functional and structural steps of one replica's curves (History.curves)."""
+    step, loss = curves["step"], curves["loss"]
+    out = {"functional_step": None, "structural_step": None}
+    if len(step) == 0:
+        return out
+    f = first_at_most(loss, FUNCTIONAL * float(loss[0]))
+    entropies = [curves[k].mean(-1) for k in ("sel_entropy", "attn_entropy") if curves[k].size]
+    hard = np.ones(len(step), bool)
+    for e in entropies:
+        hard &= e <= STRUCTURAL * float(e[0])
+    s = first_at_most(np.where(hard, 0.0, 1.0), 0.0) if entropies else None
+    out["functional_step"] = None if f is None else int(step[f])
+    out["structural_step"] = None if s is None else int(step[s])
+    return out
+
+
+def function_first(m: dict) -> bool | None:
+    """True / False, or None when neither moment was reached (the run says nothing)."""
+    f, s = m["functional_step"], m["structural_step"]
+    if f is None and s is None:
+        return None
+    if f is None:
+        return False
+    return s is None or f < s
+
+
+def _one_run(task: str, seed: int, cfg: DTDynamics, progress: bool) -> dict:
+    import wtc
+    from wtc.dt import DTConfig
+
+    overrides = {k: v for k, v in (("steps", cfg.steps), ("replicas", cfg.replicas)) if v is not None}
+    config = DTConfig(max_attempts=1, grow=False, **overrides)
+    model, history = wtc.train(task, config, seed=seed, progress=progress)
+    R = history.arrays()["loss"].shape[1]
+    per_replica = []
+    for r in range(R):
+        m = moments(history.curves(r))
+        per_replica.append({**m, "function_first": function_first(m)})
+    chosen = per_replica[history.replica]
+    solved = bool(model.train_info["score"]["solved"])
+    return {"task": task, "seed": seed, "replica": history.replica, **chosen, "solved": solved,
+            "steps": int(history.step[-1]) if history.step else 0, "replicas": per_replica}
+
+
+def run(cfg: DTDynamics | None, out_dir, progress: bool = True) -> dict:
+    """Train every task x seed (resumably, one file per run), read the two moments, summarise."""
+    cfg = cfg or DTDynamics()
+    out = study_dir(out_dir, StudyError)
+    check_config(out, dataclasses.asdict(cfg), label="dt-dynamics")
+    clock = Clock(out)
+    runs_dir = out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for task in cfg.tasks:
+        for seed in cfg.seeds:
+            f = runs_dir / f"{task}_seed{seed}.json"
+            if f.exists():
+                runs.append(json.loads(f.read_text()))
+                continue
+            if progress:
+                print(f"dt-dynamics: {task} seed {seed}", flush=True)
+            row = _one_run(task, seed, cfg, progress)
+            f.write_text(json.dumps(row, indent=1))
+            clock.save()
+            runs.append(row)
+    counted = [r for r in runs if r["function_first"] is not None]
+    reps = [p for r in runs for p in r["replicas"] if p["function_first"] is not None]
+    summary = {
+        "function_first_fraction": (sum(r["function_first"] for r in counted) / len(counted)) if counted else None,
+        "function_first_fraction_all_replicas": (sum(p["function_first"] for p in reps) / len(reps)) if reps else None,
+        "runs_counted": len(counted), "replicas_counted": len(reps),
+        "thresholds": {"functional_loss_fraction": FUNCTIONAL, "structural_entropy_fraction": STRUCTURAL},
+        "runs": [{k: v for k, v in r.items() if k != "replicas"} for r in runs],
+        "seconds": round(clock.total(), 1),
+    }
+    clock.save()
+    _plot(runs, out / "dt_dynamics.png")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "report.md").write_text(_report(summary))
+    return summary
+
+
+def _plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    last = max([r["steps"] for r in runs] or [1])
+    for r in runs:
+        for p in r["replicas"]:
+            f = p["functional_step"] if p["functional_step"] is not None else last
+            s = p["structural_step"] if p["structural_step"] is not None else last
+            ax.scatter(f, s, s=10, color="lightgray")
+        f = r["functional_step"] if r["functional_step"] is not None else last
+        s = r["structural_step"] if r["structural_step"] is not None else last
+        ax.scatter(f, s, s=30, color="tab:blue")
+        ax.annotate(r["task"], (f, s), fontsize=6)
+    ax.plot([0, last], [0, last], color="gray", linestyle="--", linewidth=1)
+    ax.set_xlabel(f"functional step (loss <= {FUNCTIONAL:g} x initial)")
+    ax.set_ylabel(f"structural step (entropies <= {STRUCTURAL:g} x initial)")
+    ax.set_title("above the diagonal: function first (blue: returned replica; gray: all)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _report(s: dict) -> str:
+    def fmt(v):
+        return "-" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
+
+    lines = ["# Discrete Transformer: functional convergence vs structural discretization", "",
+             f"Function first in **{fmt(s['function_first_fraction'])}** of {s['runs_counted']} runs (the replica "
+             f"wtc.train returns), {fmt(s['function_first_fraction_all_replicas'])} of {s['replicas_counted']} "
+             "replicas.", "",
+             f"Functional step: training loss <= {FUNCTIONAL:g} x its first value. Structural step: mean selection "
+             f"and attention entropies <= {STRUCTURAL:g} x their first values. Not reached: '-'.", "",
+             "| task | seed | functional step | structural step | function first | solved | steps |",
+             "|---|---|---|---|---|---|---|"]
+    for r in s["runs"]:
+        lines.append(f"| {r['task']} | {r['seed']} | {fmt(r['functional_step'])} | {fmt(r['structural_step'])} | "
+                     f"{fmt(r['function_first'])} | {fmt(r['solved'])} | {r['steps']} |")
+    lines += ["", "![dynamics](dt_dynamics.png)"]
+    return "\n".join(lines) + "\n"
