@@ -78,9 +78,11 @@ WTC_INLINE void ple(float z, int64_t N, float* code) {
 WTC_INLINE float ple_grad(float z, int64_t N, const float* dcode) {
   const float zn = z * static_cast<float>(N);
   float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
   for (int64_t t = 0; t < N; ++t) {
     const float c = zn - static_cast<float>(t);
-    if ((t == 0 || c >= 0.0f) && (t == N - 1 || c <= 1.0f)) acc += dcode[t];
+    const bool live = (t == 0 || c >= 0.0f) && (t == N - 1 || c <= 1.0f);
+    acc += live ? dcode[t] : 0.0f;
   }
   return acc * static_cast<float>(N);
 }
@@ -242,10 +244,10 @@ WTC_CLONES void forward_unit(const DtRouteShapes& s, const DtRouteInputs& in, in
 }
 
 struct Back {
-  std::vector<float> dp, ds, dproj, denck, dcode, drr, dabsp, dvalp;
+  std::vector<float> dp, ds, dproj, denck, dcode, drr, dabsp, dvalp, WT;
   explicit Back(const DtRouteShapes& s, int64_t Lp)
       : dp(Lp), ds(Lp), dproj(s.T * s.N), denck(s.L * s.N), dcode(s.N), drr(s.H * (s.L + Lp)),
-        dabsp(s.H * Lp), dvalp(Lp) {}
+        dabsp(s.H * Lp), dvalp(Lp), WT(s.N * s.N) {}
 };
 
 // One sequence b of replica r: dval, dzq, dzk written; the replica's parameter gradients accumulated
@@ -340,17 +342,21 @@ WTC_CLONES void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
       const float* W = in.W + rh * N * N;
       const float* encq = u.encq.data() + h * T * N;
       float* dcode = bk.dcode.data();
+      float* WT = bk.WT.data();                           // W transposed: d code = W dproj without reductions
+      for (int64_t a = 0; a < N; ++a)
+        for (int64_t c = 0; c < N; ++c) WT[c * N + a] = W[a * N + c];
       for (int64_t i = 0; i < T; ++i) {
         const float* dpr = bk.dproj.data() + i * N;
         for (int64_t a = 0; a < N; ++a) {
           const float e = encq[i * N + a];
-          float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-          for (int64_t c = 0; c < N; ++c) {
-            dW[a * N + c] += e * dpr[c];
-            acc += dpr[c] * W[a * N + c];
-          }
-          dcode[a] = acc;
+#pragma omp simd
+          for (int64_t c = 0; c < N; ++c) dW[a * N + c] += e * dpr[c];
+          dcode[a] = 0.0f;
+        }
+        for (int64_t c = 0; c < N; ++c) {
+          const float d = dpr[c];
+#pragma omp simd
+          for (int64_t a = 0; a < N; ++a) dcode[a] += d * WT[c * N + a];
         }
 #pragma omp simd
         for (int64_t c = 0; c < N; ++c) du[c] += dpr[c];
@@ -364,15 +370,236 @@ WTC_CLONES void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
   }
 }
 
+// ---- position-only replicas (content = 0), 16 sequences at a time
+// Their scores pre(i, j) = rel[i + P - j] + abs[j] do not depend on the sequence, only the noise
+// does: the loops run over keys with the 16 sequences of a block as the vector lanes, so the
+// softmax's max and sums are lane-wise (no horizontal reductions, no masked key padding).
+constexpr int64_t LANES = 16;
+
+struct Lanes {
+  std::vector<float> noise, nzT, valT, z, p, pre, dp, acc_abs, acc_rel, acc_scale, dvalT;
+  std::vector<int32_t> arg;
+  explicit Lanes(const DtRouteShapes& s)
+      : noise(LANES * s.T * s.L), nzT(s.T * s.L * LANES), valT(s.H * s.L * LANES), z(s.L * LANES),
+        p(s.H * s.T * s.L * LANES), pre(s.H * s.T * s.L), dp(s.L * LANES), acc_abs(s.H * s.L * LANES),
+        acc_rel(s.H * s.L * LANES), acc_scale(s.H * LANES), dvalT(s.L * LANES), arg(s.H * s.T * LANES) {}
+};
+
+// Probabilities p[h][i][j][lane] (and argmax keys) of sequences b0 .. b0 + nb of replica r; lanes
+// past nb hold copies of lane 0's inputs and are never written out.
+WTC_INLINE void lanes_recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64_t r, int64_t b0, int64_t nb,
+                                Lanes& w) {
+  const int64_t H = s.H, T = s.T, L = s.L, P = s.pad, TL = T * L;
+  const float itau = in.inv_tau;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t rh = r * H + h;
+    const float sc = in.scale[rh];
+    float* pre = w.pre.data() + h * TL;
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j <= i + P; ++j) pre[i * L + j] = (0.0f + in.rel[rh * L + i + P - j]) + in.abs_[rh * L + j];
+    for (int64_t l = 0; l < LANES; ++l) {
+      const int64_t g = (r * s.B + b0 + (l < nb ? l : 0)) * H + h;
+      for (int64_t j = 0; j < L; ++j) w.valT[(h * L + j) * LANES + l] = in.val[g * L + j];
+    }
+    if (in.noise) {
+      for (int64_t l = 0; l < LANES; ++l)
+        gumbel_stream_cpu(in.seed, (r * s.B + b0 + (l < nb ? l : 0)) * H + h, TL, w.noise.data() + l * TL);
+      for (int64_t c = 0; c < TL; ++c)
+        for (int64_t l = 0; l < LANES; ++l) w.nzT[c * LANES + l] = w.noise[l * TL + c];
+    }
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t n = i + P + 1;
+      float m[LANES], sum[LANES];
+      int32_t best[LANES];
+      for (int64_t l = 0; l < LANES; ++l) { m[l] = ninf; sum[l] = 0.0f; best[l] = 0; }
+      for (int64_t j = 0; j < n; ++j) {
+        const float base = pre[i * L + j] * sc;
+        const float* nz = w.nzT.data() + (i * L + j) * LANES;
+        float* zj = w.z.data() + j * LANES;
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) {
+          const float z = base + (in.noise ? nz[l] : 0.0f);
+          zj[l] = z;
+          best[l] = z > m[l] ? static_cast<int32_t>(j) : best[l];   // strict: the first maximum
+          m[l] = std::max(m[l], z);
+        }
+      }
+      float* p = w.p.data() + (h * T + i) * L * LANES;
+      for (int64_t j = 0; j < n; ++j) {
+        const float* zj = w.z.data() + j * LANES;
+        float* pj = p + j * LANES;
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) {
+          const float e = exp_neg(zj[l] * itau - m[l] * itau);
+          pj[l] = e;
+          sum[l] += e;
+        }
+      }
+      float inv[LANES];
+      for (int64_t l = 0; l < LANES; ++l) inv[l] = 1.0f / sum[l];
+      for (int64_t j = 0; j < n; ++j) {
+        float* pj = p + j * LANES;
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) pj[l] *= inv[l];
+      }
+      for (int64_t j = n; j < L; ++j)
+        for (int64_t l = 0; l < LANES; ++l) p[j * LANES + l] = 0.0f;
+      for (int64_t l = 0; l < LANES; ++l) w.arg[(h * T + i) * LANES + l] = best[l];
+    }
+  }
+}
+
+WTC_CLONES void lanes_forward(const DtRouteShapes& s, const DtRouteInputs& in, int64_t r, int64_t b0, int64_t nb,
+                              Lanes& w, float* out, float* o_rows, float* ent) {
+  const int64_t H = s.H, T = s.T, L = s.L, P = s.pad;
+  lanes_recompute(s, in, r, b0, nb, w);
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t n = i + P + 1;
+      const float* p = w.p.data() + (h * T + i) * L * LANES;
+      const float* valT = w.valT.data() + h * L * LANES;
+      float acc[LANES];
+      if (in.hard) {
+        for (int64_t l = 0; l < LANES; ++l) acc[l] = valT[w.arg[(h * T + i) * LANES + l] * LANES + l];
+      } else {
+        for (int64_t l = 0; l < LANES; ++l) acc[l] = 0.0f;
+        for (int64_t j = 0; j < n; ++j) {
+#pragma omp simd
+          for (int64_t l = 0; l < LANES; ++l) acc[l] += p[j * LANES + l] * valT[j * LANES + l];
+        }
+      }
+      for (int64_t l = 0; l < nb; ++l) out[((r * s.B + b0 + l) * H + h) * T + i] = acc[l];
+      if (o_rows != nullptr) {
+        for (int64_t h2 = 0; h2 < H; ++h2) {
+          float o[LANES] = {};
+          if (h2 > h) {
+            const float* p2 = w.p.data() + (h2 * T + i) * L * LANES;
+            for (int64_t j = 0; j < n; ++j) {
+#pragma omp simd
+              for (int64_t l = 0; l < LANES; ++l) o[l] += p[j * LANES + l] * p2[j * LANES + l];
+            }
+          }
+          for (int64_t l = 0; l < nb; ++l) o_rows[(((r * s.B + b0 + l) * H + h) * H + h2) * T + i] = o[l];
+        }
+      }
+      if (ent != nullptr) {   // noise-free: the same for every sequence of the replica
+        const float f = in.scale[r * H + h] * in.inv_tau;
+        const float* pre = w.pre.data() + (h * T + i) * L;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < n; ++j) m = std::max(m, pre[j] * f);
+        float S = 0.0f, Sx = 0.0f;
+        for (int64_t j = 0; j < n; ++j) {
+          const float x = pre[j] * f;
+          const float e = exp_neg(x - m);
+          S += e;
+          Sx += e * x;
+        }
+        const float hval = m + std::log(S) - Sx / S;
+        for (int64_t l = 0; l < nb; ++l) ent[((r * s.B + b0 + l) * H + h) * T + i] = hval;
+      }
+    }
+  }
+}
+
+// One block of sequences of a position-only replica: dval, dzq = dzk = 0 written; the replica's
+// abs / rel / scale gradients accumulated per lane in w (summed over lanes by the caller).
+WTC_CLONES void lanes_backward(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
+                               const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r, int64_t b0,
+                               int64_t nb, Lanes& w) {
+  const int64_t H = s.H, T = s.T, L = s.L, P = s.pad;
+  const float itau = in.inv_tau;
+  lanes_recompute(s, in, r, b0, nb, w);
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t rh = r * H + h;
+    const float sc = in.scale[rh];
+    const float* valT = w.valT.data() + h * L * LANES;
+    float* dvalT = w.dvalT.data();
+    std::fill(w.dvalT.begin(), w.dvalT.end(), 0.0f);
+    float* acc_abs = w.acc_abs.data() + h * L * LANES;
+    float* acc_rel = w.acc_rel.data() + h * L * LANES;
+    float* acc_scale = w.acc_scale.data() + h * LANES;
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t n = i + P + 1;
+      const float* p = w.p.data() + (h * T + i) * L * LANES;
+      const float* pre = w.pre.data() + (h * T + i) * L;
+      float d[LANES];
+      for (int64_t l = 0; l < LANES; ++l) d[l] = l < nb ? dout[((r * s.B + b0 + l) * H + h) * T + i] : 0.0f;
+      if (in.hard) {
+        for (int64_t l = 0; l < LANES; ++l) dvalT[w.arg[(h * T + i) * LANES + l] * LANES + l] += d[l];
+      } else {
+        for (int64_t j = 0; j < n; ++j) {
+#pragma omp simd
+          for (int64_t l = 0; l < LANES; ++l) dvalT[j * LANES + l] += p[j * LANES + l] * d[l];
+        }
+      }
+      if (!score_grads) continue;
+      float* dp = w.dp.data();
+      for (int64_t j = 0; j < n; ++j) {
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) dp[j * LANES + l] = d[l] * valT[j * LANES + l];
+      }
+      if (cgrad != nullptr) {
+        for (int64_t h2 = 0; h2 < H; ++h2) {
+          if (h2 == h) continue;
+          float c[LANES];
+          for (int64_t l = 0; l < LANES; ++l)
+            c[l] = l < nb ? cgrad[(((r * s.B + b0 + l) * H + h) * H + h2) * T + i] : 0.0f;
+          const float* p2 = w.p.data() + (h2 * T + i) * L * LANES;
+          for (int64_t j = 0; j < n; ++j) {
+#pragma omp simd
+            for (int64_t l = 0; l < LANES; ++l) dp[j * LANES + l] += c[l] * p2[j * LANES + l];
+          }
+        }
+      }
+      float D[LANES] = {};
+      for (int64_t j = 0; j < n; ++j) {
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) D[l] += p[j * LANES + l] * dp[j * LANES + l];
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const float pr = pre[j];
+        float* aa = acc_abs + j * LANES;
+        float* ar = acc_rel + (i + P - j) * LANES;
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) {
+          const float dz = p[j * LANES + l] * (dp[j * LANES + l] - D[l]) * itau;   // 0 on padding lanes (d = c = 0)
+          acc_scale[l] += dz * pr;
+          const float dpre = dz * sc;
+          aa[l] += dpre;
+          ar[l] += dpre;
+        }
+      }
+    }
+    for (int64_t l = 0; l < nb; ++l) {
+      const int64_t g = (r * s.B + b0 + l) * H + h;
+      for (int64_t j = 0; j < L; ++j) gr.dval[g * L + j] = dvalT[j * LANES + l];
+      if (score_grads) {
+        for (int64_t i = 0; i < T; ++i) gr.dzq[g * T + i] = 0.0f;
+        for (int64_t j = 0; j < L; ++j) gr.dzk[g * L + j] = 0.0f;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* out, float* o_rows, float* ent,
                       int threads) {
+  const int64_t blocks = (s.B + LANES - 1) / LANES;
 #pragma omp parallel num_threads(std::max(1, threads))
   {
     Unit u(s);
+    Lanes w(s);
 #pragma omp for schedule(static)
-    for (int64_t rb = 0; rb < s.R * s.B; ++rb) forward_unit(s, in, rb, u, out, o_rows, ent);
+    for (int64_t rk = 0; rk < s.R * blocks; ++rk) {   // (replica, block of 16 sequences)
+      const int64_t r = rk / blocks, b0 = (rk % blocks) * LANES, nb = std::min(LANES, s.B - b0);
+      if (in.content[r] == 0.0f) {
+        lanes_forward(s, in, r, b0, nb, w, out, o_rows, ent);
+      } else {
+        for (int64_t b = b0; b < b0 + nb; ++b) forward_unit(s, in, r * s.B + b, u, out, o_rows, ent);
+      }
+    }
   }
 }
 
@@ -383,6 +610,7 @@ void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const fl
   {
     Unit u(s);
     Back bk(s, u.Lp);
+    Lanes w(s);
     const int64_t Lp = u.Lp;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < s.R; ++r) {
@@ -392,6 +620,29 @@ void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const fl
         std::fill(gr.dscale + r * H, gr.dscale + (r + 1) * H, 0.0f);
         std::fill(bk.drr.begin(), bk.drr.end(), 0.0f);
         std::fill(bk.dabsp.begin(), bk.dabsp.end(), 0.0f);
+      }
+      if (in.content[r] == 0.0f) {   // position-only: 16 sequences at a time, per-lane sums, then lanes summed
+        std::fill(w.acc_abs.begin(), w.acc_abs.end(), 0.0f);
+        std::fill(w.acc_rel.begin(), w.acc_rel.end(), 0.0f);
+        std::fill(w.acc_scale.begin(), w.acc_scale.end(), 0.0f);
+        for (int64_t b0 = 0; b0 < s.B; b0 += LANES)
+          lanes_backward(s, in, dout, cgrad, score_grads, gr, r, b0, std::min(LANES, s.B - b0), w);
+        if (score_grads)
+          for (int64_t h = 0; h < H; ++h) {
+            float sc = 0.0f;
+            for (int64_t l = 0; l < LANES; ++l) sc += w.acc_scale[h * LANES + l];
+            gr.dscale[r * H + h] = sc;
+            for (int64_t k = 0; k < L; ++k) {
+              float a = 0.0f, d = 0.0f;
+              for (int64_t l = 0; l < LANES; ++l) {
+                a += w.acc_abs[(h * L + k) * LANES + l];
+                d += w.acc_rel[(h * L + k) * LANES + l];
+              }
+              gr.dabs[(r * H + h) * L + k] = a;
+              gr.drel[(r * H + h) * L + k] = d;
+            }
+          }
+        continue;
       }
       for (int64_t b = 0; b < s.B; ++b) backward_unit(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
       if (score_grads)
