@@ -1,0 +1,75 @@
+"""The agreement study's figure and report (wtc.studies.agreement)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def plot(out: Path, s: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(14, 4))
+    for r in s["models"]:
+        prof = r["layer_profile"]
+        a.plot(range(len(prof)), [p["flip_reversal"] for p in prof], marker="o", label=f"{r['name']} flip")
+        a.plot(range(len(prof)), [p["r2"] for p in prof], marker="x", ls="--", label=f"{r['name']} R²")
+    a.set(xlabel="layer (hook_resid_post)", ylabel="share", title="layer profile", ylim=(-0.02, 1.02))
+    a.legend(fontsize=6)
+    names = [r["name"] for r in s["models"]]
+    x = np.arange(len(names))
+    for k, key in enumerate(("baseline_acc", "keep_acc", "remove_acc", "flip_acc", "flip_reversal", "generation_flip")):
+        b.bar(x + (k - 2.5) * 0.13, [r[key] for r in s["models"]], 0.13, label=key)
+    b.set_xticks(x, names, rotation=20, fontsize=6)
+    b.set(title="keep / remove / flip (attractor set)", ylim=(0, 1.05))
+    b.legend(fontsize=6)
+    im = c.imshow(np.array(s["spearman"]), vmin=-1, vmax=1, cmap="coolwarm")
+    c.set_xticks(x, names, rotation=20, fontsize=6)
+    c.set_yticks(x, names, fontsize=6)
+    for i in range(len(names)):
+        for j in range(len(names)):
+            c.text(j, i, f"{s['spearman'][i][j]:.2f}", ha="center", va="center", fontsize=7)
+    c.set_title("Spearman of the 1-D coordinate")
+    fig.colorbar(im, ax=c)
+    fig.tight_layout()
+    fig.savefig(out / "agreement.png", dpi=120)
+    plt.close(fig)
+
+
+def markdown(s: dict) -> str:
+    def f(v):
+        return "n/a" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    rows = ["| model | rank | suff / nec | baseline | keep | remove | flip acc | flip reversal | generation flip | "
+            "R² | lemma acc (attr / no attr) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in s["models"]:
+        rows.append(f"| {r['name']} | {r['rank']} | {f(r['minimal_sufficient_rank'])} / {f(r['minimal_necessary_rank'])} | "
+                    f"{f(r['baseline_acc'])} | {f(r['keep_acc'])} | {f(r['remove_acc'])} | {f(r['flip_acc'])} | "
+                    f"{f(r['flip_reversal'])} | {f(r['generation_flip'])} | {f(r['r2'])} | "
+                    f"{f(r['lemma_acc'])} / {f(r['no_attractor_lemma_acc'])} |")
+    prof = ["", "Layer profile (rank / R² / flip reversal at each hook_resid_post):", ""]
+    for r in s["models"]:
+        prof.append(f"- {r['name']}: " + "; ".join(f"L{i} {p['rank']} / {p['r2']:.3f} / {p['flip_reversal']:.3f}"
+                                                 for i, p in enumerate(r["layer_profile"])))
+    dist = ["", "Agreement accuracy (own verb) by distance on the attractor set:", ""]
+    for r in s["models"]:
+        dist.append(f"- {r['name']}: " + ", ".join(f"{d}: {v:.3f}" for d, v in r["lemma_acc_by_distance"].items()))
+    names = [r["name"] for r in s["models"]]
+    sp = ["", "Spearman of the 1-D coordinate over the same attractor sentences:", "",
+          "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for n, row in zip(names, s["spearman"]):
+        sp.append(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+    sp += ["", "The same within each subject number (the mean over singular and plural sentences; the class split "
+           "alone gives 0.75 above for two equal classes the coordinates separate):", "",
+           "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for n, row in zip(names, s["spearman_within_number"]):
+        sp.append(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+    c = s["config"]
+    head = (f"# Agreement study ({'model ' + str(c['model']) if c['model'] else str(len(names)) + ' trained models, ' + str(c['steps']) + ' steps'}; "
+            f"{s['seconds']} s)")
+    return "\n".join([head, "", f"Core of the last layer's residual stream at the verb-predicting position, readout "
+                      f"(log P(singular verbs), log P(plural verbs)); fitted on {s['fit_n']} held-out sentences, evaluated "
+                      f"on {s['eval_n']} held-out attractor sentences. Chance 0.5.", ""] + rows + prof + dist + sp +
+                     ["", "![agreement](agreement.png)"]) + "\n"
