@@ -17,7 +17,7 @@ def _sides(tokens):
 
 
 def test_training_batches_are_well_formed_and_respect_the_split(rng):
-    task = AssignAdd(f=0.7, r=0.3, seed=int(rng.integers(1000)))
+    task = AssignAdd(f=0.7, r=0.3, seed=int(rng.integers(1000)), variant="wtc-v1")
     x, y = task.sample_train(rng, 4000)
     assert x.shape == (4000, aa.SEQ_LEN) and x.dtype == np.int64
     assert x.min() >= 0 and x.max() < aa.VOCAB
@@ -44,20 +44,23 @@ def test_training_batches_are_well_formed_and_respect_the_split(rng):
         assert len(set(heads.tolist())) == len(heads)
 
 
-def test_surface_forms_are_fresh_every_batch():
-    task = AssignAdd()
+@pytest.mark.parametrize("variant", ["authors", "wtc-v1"])
+def test_surface_forms_are_fresh_every_batch(variant):
+    task = AssignAdd(variant=variant)
     a, _ = task.sample_train(np.random.default_rng(1), 256)
     b, _ = task.sample_train(np.random.default_rng(2), 256)
     assert len({r.tobytes() for r in a} & {r.tobytes() for r in b}) < 5
 
 
-def test_pools_cover_the_held_out_pairs_and_the_restricted_positions():
-    task = AssignAdd(seed=3)
+@pytest.mark.parametrize("variant", ["authors", "wtc-v1"])
+def test_pools_cover_the_held_out_pairs_and_the_restricted_positions(variant):
+    task = AssignAdd(seed=3, variant=variant)
     pools = task.pools(n=256)
     x, y = pools["0var_heldout"]
     pairs = {tuple(p) for p in np.stack(_sides(x), 1).tolist()}
     assert pairs == {tuple(p) for p in task.heldout_pairs.tolist()} and len(x) == len(task.heldout_pairs)
-    assert len(task.heldout_pairs) == round(0.3 * 59 * 59)
+    n_train = int(0.7 * 59 * 59) if variant == "authors" else round(0.7 * 59 * 59)     # floor vs round
+    assert len(task.heldout_pairs) == 59 * 59 - n_train
     for name, (px, py) in pools.items():
         assert (aa.resolve(px) == py).all(), name
     left, right = _sides(pools["2var_restricted2"][0])
@@ -68,10 +71,20 @@ def test_pools_cover_the_held_out_pairs_and_the_restricted_positions():
     ref = an.referenced_positions(held)
     rows = np.arange(len(held))
     assert not task.is_train[held[rows, ref[:, 0]], held[rows, ref[:, 1]]].any()
-    assert len(pools["2var_union"][0]) == sum(len(pools[k][0]) for k in aa.TWO_VAR_POOLS)
+    if variant == "wtc-v1":
+        assert len(pools["2var_union"][0]) == sum(len(pools[k][0]) for k in aa.TWO_VAR_POOLS)
+    else:                                    # a sample of the exhaustive union: no in-distribution part
+        ux = pools["2var_union"][0]
+        ref = an.referenced_positions(ux)
+        rows = np.arange(len(ux))
+        seen = task.is_train[ux[rows, ref[:, 0]], ux[rows, ref[:, 1]]]
+        barred = np.isin(_sides(ux)[0], task.left_barred) | np.isin(_sides(ux)[1], task.right_barred)
+        assert not (seen & ~barred).any() and not (~seen & barred).any()
 
 
-@pytest.mark.parametrize("kwargs, match", [({"f": 0.0}, "training fraction"), ({"r": 1.5}, "2-var share"),
+@pytest.mark.parametrize("kwargs, match", [({"f": 0.0}, "training fraction"), ({"r": 1.5}, "keep-probability"),
+                                           ({"r": 1.5, "variant": "wtc-v1"}, "2-var share"),
+                                           ({"variant": "v9"}, "variant"),
                                            ({"no_left": ("a",), "no_right": ("a",)}, "both sides"),
                                            ({"no_left": ("z",)}, "a-l")])
 def test_bad_task_arguments_are_named(kwargs, match):
