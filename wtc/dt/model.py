@@ -17,6 +17,7 @@ import fnmatch
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from wtc.errors import ModelInputError
@@ -156,13 +157,13 @@ class DiscreteTransformer(Hooked):
         """Append module outputs new (R, B, T, n) with zeros at the pads; track their ranges."""
         V, n = stream.shape[-1], new.shape[-1]
         if track:
-            with torch.no_grad():
-                lo, hi = new.amin(dim=(1, 2)), new.amax(dim=(1, 2))              # (R, n)
+            with torch.no_grad():   # (R, n); over contiguous rows: a strided amin/amax over (B, T) is 10x slower
+                flat = new.reshape(new.shape[0], -1, n).transpose(1, 2).contiguous()
+                lo, hi = flat.amin(-1), flat.amax(-1)
                 m = RANGE_MOMENTUM if track == "ema" else 1.0
                 self.var_lo[:, V:V + n].lerp_(lo, m)
                 self.var_hi[:, V:V + n].lerp_(hi, m)
-        pads = new.new_zeros(new.shape[0], new.shape[1], self.P, n)
-        return torch.cat([stream, torch.cat([pads, new], dim=2)], dim=-1)
+        return torch.cat([stream, F.pad(new, (0, 0, self.P, 0))], dim=-1)      # zeros at the pads
 
     def forward(self, x: torch.Tensor, sampling: Sampling = EVAL, *, track_ranges: bool | str = False):
         """Normalised inputs x (B, T, n_in) -> (normalised predictions (R, B, T, O), stats dict).
