@@ -184,3 +184,20 @@ def test_largest_complexity_is_bounded():
     X = rng.uniform(0.2, 3, (300, 2))
     f = sr.fit(X, np.sin(1 / X[:, 0]) * np.exp(X[:, 1]), max_complexity=60)
     assert not f.exact and all(r.complexity <= 60 for r in f.candidates)
+
+
+def test_formula_fitted_in_scaled_units_maps_back_without_blowing_up():
+    """Inputs ~1e-7 are fitted in units of 1e-7; a cosine found there maps back to
+    cos(86000000*x), which sympy.simplify cannot take (it ran out of memory): no simplify there."""
+    rng = np.random.default_rng(7)
+    X = rng.uniform(1e-8, 1e-6, (40, 3))
+    y = rng.standard_normal(40)
+    f = sr.fit(X, y, max_complexity=12)
+    assert not f.exact and isinstance(f.equation, str)
+
+
+def test_equation_text_survives_huge_constants():
+    import sympy as sp
+    from wtc.sr.pareto import equation_str
+    x = sp.Symbol("x")
+    assert "e+5000" in equation_str(sp.Integer(10) ** 5000 * x)

@@ -10,7 +10,8 @@ from wtc.sr import search
 from wtc.sr.data import REL_FLOOR, TOL_FACTOR, check_inputs, check_tol, prepare
 from wtc.sr.expr import evaluate, to_str, uses_integer_ops
 from wtc.sr.noise_level import STRUCTURE_Z, neighbour_index, residual_structure
-from wtc.sr.pareto import Row, boolean_canonical, choose, equation_str, sympy_form, sympy_size, table
+from wtc.sr.pareto import (Row, boolean_canonical, choose, equation_str, safe_to_simplify, sympy_form,
+                           sympy_size, table)
 from wtc.errors import SRError
 
 DEFAULT_MAX_COMPLEXITY = 20
@@ -236,7 +237,8 @@ def _unscale(expr: sp.Expr, syms, scales) -> sp.Expr:
     """y/sy = g(x/sx)  ->  y = sy * g(x / sx), the powers of ten exact, so y = x comes back as x."""
     sx, sy = scales
     out = sy * expr.subs({s: s / e for s, e in zip(syms, sx)}, simultaneous=True)
-    return sp.simplify(sp.expand(out)) if sp.count_ops(out) < 60 else sp.expand(out)
+    out = sp.expand(out)
+    return sp.simplify(out) if safe_to_simplify(out) else out
 
 
 def _unscale_row(row: Row, syms, scales) -> Row:

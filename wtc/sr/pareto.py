@@ -96,7 +96,7 @@ def sympy_form(tree, symbols, binary_syms=(), simplify: bool = True, nonneg=()) 
     real = {s: sp.Symbol(s.name, real=True, nonnegative=True if s in nonneg else None) for s in symbols}
     back = {v: k for k, v in real.items()}
     e = to_sympy(tree, [real[s] for s in symbols])
-    if simplify:
+    if simplify and safe_to_simplify(e):
         try:
             s = sp.simplify(e)
             if sp.count_ops(s) < sp.count_ops(e):
@@ -104,6 +104,16 @@ def sympy_form(tree, symbols, binary_syms=(), simplify: bool = True, nonneg=()) 
         except Exception:  # simplification is cosmetic: never lose the answer to it
             pass
     return multilinear(e.xreplace(back), binary_syms)
+
+
+def safe_to_simplify(e: sp.Expr) -> bool:
+    """sympy.simplify runs out of memory on cos(86000000*x) (a formula fitted in scaled units and
+    mapped back): not on expressions with rationals past a million inside a function."""
+    for f in e.atoms(sp.Function):
+        for r in f.atoms(sp.Rational):
+            if abs(r.p) > 10**6 or r.q > 10**6:
+                return False
+    return sp.count_ops(e) < 60
 
 
 def multilinear(e: sp.Expr, binary_syms) -> sp.Expr:
@@ -141,10 +151,17 @@ class _Printer(StrPrinter):
 
 def equation_str(e: sp.Expr) -> str:
     """Readable text: short decimals (4.905) instead of 981/200, floats at their own precision."""
-    try:
-        return _Printer({"full_prec": False}).doprint(_decimalise(e))
-    except ValueError:   # a constant with thousands of digits (e.g. exp of a large rational)
-        return _Printer({"full_prec": False}).doprint(e.xreplace({n: sp.Float(n, 6) for n in e.atoms(sp.Rational)}))
+    printer = _Printer({"full_prec": False})
+    attempts = (lambda: printer.doprint(_decimalise(e)),
+                # a constant with thousands of digits (exp of a large rational, 10**5000)
+                lambda: printer.doprint(e.xreplace({n: sp.Float(n, 6) for n in e.atoms(sp.Rational)})),
+                lambda: printer.doprint(e.evalf(6)))
+    for attempt in attempts:
+        try:
+            return attempt()
+        except (ValueError, OverflowError, TypeError):
+            continue
+    return "<formula whose constants are too large to print>"
 
 
 def max_abs_err(pred: np.ndarray, y: np.ndarray) -> float:
