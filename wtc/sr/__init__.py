@@ -20,12 +20,17 @@ Functional entry point (what the extraction code calls)::
     f.note          # why it is not exact, or other caveats ('' when none)
     f.predict(X)    # evaluate the formula
 
-X is (n, k) or (n,), k <= 3; y is (n,). ``tol`` is the relative rms error a formula may have
-(rmse <= tol * rms(y)); with ``tol=None`` it is 1.3 x the noise standard deviation estimated from
-the data itself (replicated inputs, else local quadratic fits), plus 1e-9 * rms(y) for
-noise-free data. A network's smooth approximation error is invisible to that estimate: pass ``tol``
-when you know the error level. Bad input (NaN/inf, shape mismatch, fewer than 8 points, k > 3,
-bad names) raises ValueError naming the problem.
+X is (n, k) or (n,), k <= 10 (the search is sized for 1-3); y is (n,). ``tol`` is the relative
+rms error a formula may have (rmse <= tol * rms(y)); with ``tol=None`` it is 1.3 x the noise
+standard deviation estimated from the data itself (replicated inputs, else local quadratic fits),
+plus 1e-9 * rms(y) for noise-free data. "exact" means within the tolerance in rms *and* on every
+point (|error| <= 6 x tolerance); when the tolerance rests on a local noise estimate, the
+residuals must also look like noise (neighbours must not predict them), and a target on a lattice
+that moves by whole steps between neighbours (floor(x/3), x % 3 on integers) is taken as exact
+data. A network's smooth approximation error is invisible to these estimates: pass ``tol`` when
+you know the error level. Bad input (NaN/inf, shape mismatch, fewer than 8 points, k > 10, bad or
+reserved names such as 'sin' or 'pi', max_complexity outside [1, 60], a bad time_limit,
+random_state, tol or operators) raises SRError (a ValueError) naming the problem.
 
 Estimator (sklearn / PySR style)::
 
@@ -50,7 +55,12 @@ How the builtin engine works (one module each):
 - inner: constants inside nonlinearities (exp(-0.5 x), sin(2x + 1), x**0.75, 1/(1 + 0.3 x^2)) by
   variable projection: coarse grid, Levenberg-Marquardt, snapping;
 - search: operator sets widened only while nothing simple passes: {+,-,*,square} ->
-  +{/,max,min,abs,relu} -> +{neg,sqrt,exp,log,sin,cos,tanh}; then transforms, inner constants;
+  +{/,max,min,abs,relu} -> +{neg,sqrt,exp,log,sin,cos,tanh}; then transforms, inner constants
+  (with explicit compositions u(s), 1/s, x/s, x*u(s) of small polynomial terms: log(1 + a*b));
+  on integer inputs with an integer (or lattice) target an integer level comes second:
+  x % k, x // k, (a >= b), (a == b) with terms or small constants, max/min/abs, a threshold
+  pass (s >= c) and, for at most 64 distinct inputs, an exact-table pass; printed as Python
+  (x % 3, x // 3, (a >= b) -> (1 if a >= b else 0) in source);
 - select: smallest complexity within tolerance (ties: fewer constant digits), Pareto table,
   scores, sympy simplification; on 0/1 inputs the multilinear canonical form (x**2 == x).
 """

@@ -65,8 +65,9 @@ class SymbolicRegressor:
     SymbolicRegressor(max_complexity=20, operators=None, tol=None, variable_names=None,
                       backend='builtin', random_state=0, time_limit=None)
       operators    None or 'auto': staged operator sets ({+,-,*,square} -> +{/,max,min,abs,relu}
-                   -> +{neg,sqrt,exp,log,sin,cos,tanh}); or a list of names (add sub mul div max
-                   min abs relu sq neg sqrt exp log sin cos tanh, or + - * /): one fixed set
+                   -> +{neg,sqrt,exp,log,sin,cos,tanh}; integer data also get mod, floordiv, ge,
+                   eq); or a list of names (add sub mul div max min abs relu sq neg sqrt exp log
+                   sin cos tanh mod floordiv ge eq, or + - * / % // >= ==): one fixed set
       tol          relative rms error a formula may have (rmse <= tol * rms(y)); None: estimated
                    from the data's own noise
       backend      'builtin' (this package) or 'pysr' (needs PySR and Julia installed)
