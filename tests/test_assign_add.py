@@ -183,6 +183,18 @@ def test_virtual_addition_matches_a_real_forward_when_routing_is_ideal():
     assert 0.0 <= acc <= 1.0
 
 
+def test_study_defaults_are_the_authors_run():
+    cfg = AssignAddStudy()
+    assert (cfg.variant, cfg.steps, cfg.checkpoint_every, cfg.eval_every) == ("authors", 40000, 100, 100)
+    assert (cfg.lr, cfg.weight_decay, cfg.batch, cfg.r, cfg.f) == (1e-3, 0.02, 512, 1.0, 0.7)
+    assert cfg.no_right == ("a", "b") and cfg.no_left == ("k", "l")
+    assert len(cfg.sweep_f) >= 6 and len(cfg.sweep_r) >= 6
+    task = cfg.task()
+    assert task.seed == 42 and task.variant == "authors"
+    v1 = AssignAddStudy(variant="wtc-v1", seed=3).task()
+    assert (v1.r, v1.no_right, v1.no_left, v1.seed) == (0.25, ("a", "b", "c"), ("d", "e", "f"), 3)
+
+
 def _tiny(**kw):
     base = dict(steps=30, eval_every=10, checkpoint_every=10, sweep_steps=0, pool_size=32, threads=1,
                 d_model=16, d_mlp=32)
@@ -201,7 +213,12 @@ def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
         torch.testing.assert_close(wa["state"][k]["exp_avg"], wb["state"][k]["exp_avg"], rtol=0, atol=0)
     assert straight["pools"] == resumed["pools"]
     s = json.loads((tmp_path / "b/summary.json").read_text())
-    for key in ("acc_0var_heldout", "acc_2var_union", "steps", "seconds", "phases", "l1_prev_token_rate",
+    assert s["variant"] == "authors" and s["config"]["no_left"] == ["k", "l"] and s["config"]["r"] == 1.0
+    ue = s["union_exhaustive"]
+    assert ue["union_n"] == 193580 and s["acc_2var_union_exhaustive"] == ue["acc_2var_union_exhaustive"]
+    assert ue["acc_2var_union_exhaustive"] == pytest.approx(
+        sum(ue[f"union_{c}"] * ue[f"union_{c}_n"] for c in aa.UNION_CATEGORIES) / ue["union_n"])
+    for key in ("acc_0var_heldout", "acc_2var_union", "acc_2var_union_exhaustive", "steps", "seconds", "phases", "l1_prev_token_rate",
                 "l2_value_routing_rate", "key_frequencies"):
         assert key in s
     assert s["steps"] == 30 and [c["step"] for c in json.loads((tmp_path / "b/curve.json").read_text())] == \
@@ -216,7 +233,8 @@ def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs", [{"steps": 0}, {"eval_every": 7, "checkpoint_every": 10}, {"r": 2.0},
-                                    {"sweep_f": (1.5,)}])
+                                    {"sweep_f": (1.5,)}, {"sweep_r": (-0.1,)}, {"variant": "v2"},
+                                    {"no_left": ("a",)}])
 def test_bad_study_config_is_refused(kwargs):
     with pytest.raises(StudyError):
         _tiny(**kwargs)

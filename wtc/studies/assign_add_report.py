@@ -75,11 +75,15 @@ def plot(out: Path, s: dict, curve: list[dict]) -> None:
 
 def markdown(out: Path, s: dict) -> None:
     cfg = s["config"]
-    lines = [f"# Assign-and-Add study (seed {cfg['seed']}, f = {cfg['f']}, r = {cfg['r']}, {s['steps']} steps, "
+    lines = [f"# Assign-and-Add study ({cfg.get('variant', 'wtc-v1')} task, seed {cfg['seed']}, f = {cfg['f']}, "
+             f"r = {cfg['r']}, {s['steps']} steps, "
              f"{s['seconds']} s)", "",
              f"- 0-var held-out pairs: **{_fmt(s['acc_0var_heldout'])}** (first >= 0.99 at step "
              f"{_fmt(s['first_step_0var_heldout_99'])}); 2-var union: **{_fmt(s['acc_2var_union'])}** "
-             f"(first >= 0.97 at step {_fmt(s['first_step_2var_union_97'])})",
+             f"(first >= 0.97 at step {_fmt(s['first_step_2var_union_97'])}); exhaustive 2-var union (the "
+             f"authors' mix, {s['union_exhaustive']['union_n']} sequences): **{_fmt(s['acc_2var_union_exhaustive'])}** "
+             f"(held-out pairs {_fmt(s['union_exhaustive']['union_heldout_pairs'])}, one restricted variable "
+             f"{_fmt(s['union_exhaustive']['union_restricted1'])}, two {_fmt(s['union_exhaustive']['union_restricted2'])})",
              f"- layer-1 previous-token routing {_fmt(s['l1_prev_token_rate'])}; layer-2 exact value routing "
              f"{_fmt(s['l2_value_routing_rate'])} (attention mass on the two values "
              f"{_fmt(s['l2_value_attention_mass'])})",
@@ -121,6 +125,18 @@ def markdown(out: Path, s: dict) -> None:
         lines += [f"| {p['f']:g} | {p['r']:g}{' (main run)' if p.get('main_run') else ''} | {p['steps']} | "
                   f"{_fmt(p['0var_heldout'])} | {_fmt(p['2var_union'])} | {_fmt(p.get('1var_restricted'))} |"
                   for p in s["sweeps"]]
+    a = s.get("authors")
+    if a:
+        fin = a.get("final") or {}
+        lines += ["", f"## The authors' checkpoints ({a['dir']}), measured by this code on their task", ""]
+        if fin:
+            lines.append(f"Final model: 0-var held-out {_fmt(fin['acc_0var_heldout'])}, exhaustive 2-var union "
+                         f"{_fmt(fin['acc_2var_union_exhaustive'])} (held-out pairs {_fmt(fin['union_heldout_pairs'])}, "
+                         f"one restricted {_fmt(fin['union_restricted1'])}, two {_fmt(fin['union_restricted2'])}).")
+        keys = ("0var_heldout", "1var_heldout", "1var_restricted", "2var_union", "l1_prev_token_rate",
+                "l2_value_routing_rate", "virtual_addition")
+        lines += ["", "| step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+        lines += [f"| {t['step']} | " + " | ".join(_fmt(t.get(k)) for k in keys) + " |" for t in a["timeline"]]
     lines += ["", "![curves](assign_add.png)"]
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
