@@ -206,7 +206,9 @@ def _pools(task: AssignAdd, cfg: AssignAddStudy) -> dict:
 
 @torch.no_grad()
 def checkpoint_analysis(model, pools: dict, grid) -> dict:
-    return {"fourier": an.fourier(model, grid),
+    qk = an.qk_identity(model)
+    return {"fourier": an.fourier(model, grid), "fourier_additive": an.fourier_additive(model),
+            "qk_identity": {k: v for k, v in qk.items() if k != "scores"}, "prev_token_qk": an.prev_token_qk(model),
             "twin_cosine": {k: an.twin_cosine(model, pools[k][0].numpy()) for k in ("1var_heldout", "2var_valid")}}
 
 
@@ -302,7 +304,7 @@ def _authors(out: Path, cfg: AssignAddStudy, progress: bool) -> dict:
     for step, path in tqdm([(s, p) for s, p in ck.items() if s != "final"], desc="authors' checkpoints",
                            disable=not progress, leave=False):
         m = authors.load_checkpoint(path)
-        timeline.append({"step": step, **evaluate(m, pools, grid)})
+        timeline.append({"step": step, **evaluate(m, pools, grid), **checkpoint_analysis(m, pools, grid)})
     rec = {"dir": str(cfg.authors_dir), "union_seed": cfg.union_seed, "timeline": timeline, "final": None}
     if "final" in ck:
         m = authors.load_checkpoint(ck["final"])
@@ -381,6 +383,8 @@ def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
             "first_step_2var_union_97": next((c["step"] for c in curve if c["2var_union"] >= 0.97), None),
             "key_frequencies": last["fourier"]["key_frequencies"],
             "fourier": last["fourier"], "twin_cosine": last["twin_cosine"],
+            "fourier_additive": last["fourier_additive"], "qk_identity": last["qk_identity"],
+            "prev_token_qk": last["prev_token_qk"],
             "phases": found, "ace_core": core, "sweeps": sweeps, "weight_scan": scanned,
             "two_var_pools": list(TWO_VAR_POOLS),
             "seconds": round(clock.total(), 1), "train_seconds": round(train_seconds, 1),

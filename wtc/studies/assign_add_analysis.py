@@ -160,6 +160,97 @@ def frequency_analysis(pre: torch.Tensor, share: float = 0.5, key_min: float = 0
             "frequency_counts": {q: c for q, c in counts.items() if c}}
 
 
+def pad_grid() -> np.ndarray:
+    """(59^2, 16) the authors' Fourier inputs: 12 PADs, then "+ n m =", rows in (n, m) row-major order."""
+    from wtc.tasks.assign_add import EQUALS, PAD, PLUS
+    n, m = np.meshgrid(np.arange(P), np.arange(P), indexing="ij")
+    tokens = np.full((P * P, 16), PAD, np.int64)
+    tokens[:, PREFIX], tokens[:, PREFIX + 1], tokens[:, PREFIX + 2], tokens[:, ANSWER_POS] = PLUS, n.ravel(), m.ravel(), EQUALS
+    return tokens
+
+
+def additive_fourier_fit(pre, r2_min: float = 0.9) -> dict:
+    """pre (59^2, M) in (n, m) row-major order: per neuron and frequency k = 1..29 the least-squares
+    fit of c + A cos(2 pi k n / 59 + alpha) + B cos(2 pi k m / 59 + beta) (the authors' additive
+    form); each neuron's best k and its R^2. A neuron fits when R^2 >= r2_min."""
+    pre = torch.as_tensor(pre).double()
+    if pre.ndim != 2 or pre.shape[0] != P * P:
+        raise ValueError(f"pre-activations must be ({P * P}, neurons), got {tuple(pre.shape)}")
+    n, m = torch.meshgrid(torch.arange(P, dtype=torch.float64), torch.arange(P, dtype=torch.float64), indexing="ij")
+    n, m = n.flatten(), m.flatten()
+    y = pre - pre.mean(0, keepdim=True)
+    total = y.pow(2).sum(0)
+    alive = total > 1e-12 * float(total.max().clamp_min(1e-300))
+    best_r2 = torch.full((pre.shape[1],), -1.0, dtype=torch.float64)
+    best_k = torch.zeros(pre.shape[1], dtype=torch.long)
+    amp_ratio = torch.zeros(pre.shape[1], dtype=torch.float64)
+    for k in range(1, P // 2 + 1):
+        w = 2 * np.pi * k / P
+        X = torch.stack([torch.cos(w * n), torch.sin(w * n), torch.cos(w * m), torch.sin(w * m)], 1)  # orthogonal, mean 0
+        coef = (X.T @ y) / X.pow(2).sum(0)[:, None]                                                  # (4, M)
+        r2 = (coef.pow(2) * X.pow(2).sum(0)[:, None]).sum(0) / total.clamp_min(1e-300)
+        better = r2 > best_r2
+        best_r2 = torch.where(better, r2, best_r2)
+        best_k = torch.where(better, torch.full_like(best_k, k), best_k)
+        a, b = coef[:2].pow(2).sum(0).sqrt(), coef[2:].pow(2).sum(0).sqrt()
+        amp_ratio = torch.where(better, torch.minimum(a, b) / torch.maximum(a, b).clamp_min(1e-300), amp_ratio)
+    fits = alive & (best_r2 >= r2_min)
+    counts = {int(q): int(((best_k == q) & fits).sum()) for q in range(1, P // 2 + 1)}
+    return {"neurons": int(pre.shape[1]), "alive": int(alive.sum()), "r2_min": r2_min,
+            "fit_fraction": float(fits.sum()) / max(int(alive.sum()), 1),
+            "median_r2": float(best_r2[alive].quantile(0.5)) if alive.any() else None,
+            "median_amplitude_ratio": float(amp_ratio[fits].quantile(0.5)) if fits.any() else None,
+            "frequency_counts": {q: c for q, c in counts.items() if c},
+            "top_frequencies": [q for q, _ in sorted(counts.items(), key=lambda t: -t[1])[:8] if counts[q]]}
+
+
+@torch.no_grad()
+def fourier_additive(model, r2_min: float = 0.9) -> dict:
+    """additive_fourier_fit of the layer-2 MLP pre-activations at "=" on pad_grid()."""
+    pre = _cache(model, pad_grid(), (L2_MLP_PRE,))[L2_MLP_PRE][:, ANSWER_POS]
+    return additive_fourier_fit(pre, r2_min)
+
+
+@torch.no_grad()
+def qk_identity(model) -> dict:
+    """The layer-2 QK pattern between variables seen through layer-1 OV: query q_i = W_E[v_i] OV1 (a
+    side variable moved into "=" by layer 1), key k_j = W_E[v_j] OV1 (the variable moved into its
+    value's position); S = (q W_Q2)(k W_K2)^T / sqrt(d_head) over the 12 variables. Identity: each
+    row's maximum on the diagonal; margin: diagonal minus the row's largest other entry."""
+    W_E = model.embed.W_E.double()
+    a1, a2 = model.blocks[0].attn, model.blocks[1].attn
+    ov1 = a1.W_V[0].double() @ a1.W_O[0].double()
+    v = W_E[VAR0:VAR0 + 12] @ ov1
+    S = (v @ a2.W_Q[0].double()) @ (v @ a2.W_K[0].double()).T / np.sqrt(a2.W_Q.shape[-1])
+    diag = S.diagonal()
+    off = S.masked_fill(torch.eye(12, dtype=torch.bool), float("-inf")).max(1).values
+    return {"identity_rows": int((S.argmax(1) == torch.arange(12)).sum()), "variables": 12,
+            "min_margin": float((diag - off).min()), "mean_margin": float((diag - off).mean()),
+            "scores": S.tolist()}
+
+
+@torch.no_grad()
+def prev_token_qk(model) -> dict:
+    """Layer-1 previous-token QK from the weights: a value token at prefix position t (query: the
+    mean number embedding + W_pos[t]) against a variable at each earlier position s < t (key: the
+    mean variable embedding + W_pos[s]) and against itself (its own number key); "previous token" at
+    t when s = t - 1 scores highest. Also on positions alone (W_pos only, keys s <= t)."""
+    a1 = model.blocks[0].attn
+    pos = model.pos_embed.W_pos.double()
+    W_E = model.embed.W_E.double()
+    num, var = W_E[:P].mean(0), W_E[VAR0:VAR0 + 12].mean(0)
+    Wq, Wk = a1.W_Q[0].double(), a1.W_K[0].double()
+    T = torch.arange(1, PREFIX)
+    tok_hits = pos_hits = 0
+    for t in T.tolist():
+        q = (num + pos[t]) @ Wq
+        keys = torch.cat([(var + pos[:t]) @ Wk, ((num + pos[t]) @ Wk)[None]], 0)      # s = 0..t-1, then itself
+        tok_hits += int(int((keys @ q).argmax()) == t - 1)
+        sp = (pos[:t + 1] @ Wk) @ (pos[t] @ Wq)
+        pos_hits += int(int(sp.argmax()) == t - 1)
+    return {"prev_token_positions": tok_hits, "positions_only": pos_hits, "positions": int(len(T))}
+
+
 @torch.no_grad()
 def twin_cosine(model, tokens: np.ndarray) -> float:
     """Mean cosine between the pre-MLP residual at "=" of each sequence and of its constant twin."""
@@ -263,6 +354,6 @@ def transition(curve: list[dict], key: str) -> dict | None:
     return {"metric": key, "from": float(lo), "to": float(hi), **at}
 
 
-__all__ = ["weight_scan", "transition", "routing", "virtual_addition", "value_vectors", "fourier",
+__all__ = ["pad_grid", "additive_fourier_fit", "fourier_additive", "qk_identity", "prev_token_qk", "weight_scan", "transition", "routing", "virtual_addition", "value_vectors", "fourier",
            "frequency_analysis", "twin_cosine", "phases", "zero_var_grid", "value_positions",
            "referenced_positions", "constant_twin"]
