@@ -1,8 +1,11 @@
 """The CLI on hostile input: exit status 2, one line on stderr naming the problem, no traceback."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,3 +83,44 @@ def test_cli_user_errors_are_one_line(case, checkpoint):
 def test_debug_shows_the_traceback(checkpoint):
     r = wtc("--debug", "scan", checkpoint / "model", "--tokens", checkpoint / "neg.npy", "--out", checkpoint / "o10")
     assert r.returncode != 0 and "Traceback" in r.stderr and "negative token id" in r.stderr
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_killing_discover_leaves_no_workers_running(tmp_path, how):
+    """A discover killed by SIGTERM (timeout, a scheduler) or even -9 must not leave its rung
+    workers training on, unseen."""
+    proc = subprocess.Popen([sys.executable, "-m", "wtc", "discover", "prev2", "--quiet", "--out", str(tmp_path / "o")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    kids: list[int] = []
+    while time.time() < deadline and len(kids) < 2:
+        time.sleep(0.5)
+        kids = _children(proc.pid)
+    assert len(kids) >= 2, "the workers did not start"
+    proc.send_signal(how)
+    proc.wait(timeout=60)
+    deadline = time.time() + 30
+    while time.time() < deadline and any(_running(k) for k in kids):
+        time.sleep(0.5)
+    alive = [k for k in kids if _running(k)]
+    assert not alive, f"workers {alive} still running after the parent got {how!r}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

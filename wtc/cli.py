@@ -356,6 +356,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("WTC_DEBUG", "") not in ("", "0")
+    if argv is None:              # run as the command: SIGTERM cleans up like Ctrl-C (workers stopped)
+        import signal
+
+        def terminate(signum, frame):
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, terminate)
     try:
         if getattr(args, "out", None):
             _check_writable(Path(args.out))       # before the work, not after it

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,7 @@ def run_wave(job_name: str, task, task_ref: str | None, rungs: list[Rung], seed:
                     results[rung.attempt] = done
                     continue
                 spec = {"job": job_name, "task": task_ref, "attempt": rung.attempt, "label": rung.label,
+                        "parent": os.getpid(),
                         "config": rung.config.to_dict(), "seed": seed,
                         "opts": {**opts, "progress": False, "milestones": bool(opts.get("progress"))},
                         "path": str(path), "error": str(Path(scratch) / f"attempt{rung.attempt}_error.json")}
@@ -172,9 +174,25 @@ def _worker_failure(task, attempt: int, code: int, tail: str, err: Path) -> Exce
     return WorkerError(f"{task.name} attempt {attempt} failed in its worker (exit {code}):\n{tail}")
 
 
+def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """Stop this worker when the process that started it is gone (killed by SIGTERM or -9, its
+    cleanup never ran): an orphaned rung would train on, unseen, for minutes."""
+    import os
+    import threading
+
+    def watch():
+        while True:
+            time.sleep(every_s)
+            if os.getppid() != parent:
+                os._exit(3)
+    threading.Thread(target=watch, daemon=True, name="wtc-parent-watch").start()
+
+
 def main(spec: dict) -> None:
     from wtc import tasks as task_registry
 
+    if spec.get("parent"):
+        _exit_with_parent(int(spec["parent"]))
     path = Path(spec["path"])
     try:
         job = _job(spec["job"])
