@@ -6,7 +6,9 @@
     mlp_bank(...)   all sub-MLPs of a layer in one launch: gather k inputs, hidden layer, output
 
 Each op lives in its own file (kernels, launcher, autograd.Function); the torch reference in wtc.dt
-is the CPU path and the oracle the tests compare against. Whether an op runs here is
+is the complete CPU path and the oracle the tests compare against. wtc.kernels.cpu holds the CPU
+twins of route and mlp_bank (C++/OpenMP in wtc._C, csrc/dt_route.cpp and csrc/dt_mlp.cpp), chosen for
+float32 CPU tensors when wtc._C is built. Whether an op runs here is
 wtc.backend.choose's decision (ops "dt.route", "dt.mlp_bank", "scan.kl_rows", "scan.kl_rank1").
 Nothing here imports triton until an op runs.
 """
