@@ -332,7 +332,7 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", default=",".join(str(v) for v in NOISE_LEVELS), help="noise levels")
     ap.add_argument("--only", default="", help="comma list of formula names")
     ap.add_argument("--n", type=int, default=N_POINTS, help="points per formula")
-    ap.add_argument("--out", default=None, help="output stem (default bench/results/sr[_quick])")
+    ap.add_argument("--out", default=None, help="output stem (default bench/results/sr[_quick|_extra])")
     ap.add_argument("--seed", type=int, default=0, help="offset of the data seeds (robustness checks)")
     ap.add_argument("--extra", action="store_true",
                     help=f"only the {len(EXTRA)} extra formulas (compositions, integer domain)")
@@ -353,7 +353,7 @@ def main(argv=None) -> int:
             skipped[p] = why
             print(f"skipping {p}: {why}", file=sys.stderr)
     levels = [float(v) for v in args.noise.split(",")]
-    stem = Path(args.out) if args.out else RESULTS / ("sr_quick" if args.quick else "sr")
+    stem = Path(args.out) if args.out else RESULTS / ("sr_extra" if args.extra else "sr_quick" if args.quick else "sr")
     stem.parent.mkdir(parents=True, exist_ok=True)
 
     import wtc.sr
