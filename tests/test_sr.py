@@ -197,6 +197,6 @@ def test_time_limit_is_respected_and_reported():
     rng = np.random.default_rng(5)
     X = rng.uniform(0.2, 3, (N, 3))
     y = np.sin(1 / X[:, 0]) * np.exp(X[:, 1]) + X[:, 2] ** 3
-    r = sr.fit(X, y, time_limit=1.0)
-    assert r.seconds < 5.0
-    assert not r.exact
+    r = sr.fit(X, y, time_limit=0.05)   # far below what this search needs: it must stop early
+    assert r.timed_out and "time limit" in r.note
+    assert not r.exact and r.candidates
