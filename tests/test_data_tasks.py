@@ -83,7 +83,7 @@ def test_bad_recordings_are_refused(kw, match):
 def test_an_input_recorded_with_two_outputs_is_refused():
     x, y = recorded()
     x[5], y[5] = x[4], y[4] + 1
-    with pytest.raises(TaskError, match="sequence 5 repeats an earlier input with other outputs"):
+    with pytest.raises(TaskError, match=r"sequence 5 repeats an earlier input \(sequence 4\) with other outputs"):
         Task.from_arrays(x, y)
 
 
@@ -107,3 +107,40 @@ def test_discover_reads_a_program_from_recorded_data():
     xs, ys = held.batch(np.random.default_rng(0), held.size)
     for seq, want in zip(xs[..., 0], ys[..., 0]):
         assert ns["program"](list(seq)) == list(want)
+
+
+def test_duplicated_records_are_one_sequence():
+    """100 copies of 10 sequences are 10 sequences: too few, and never split across train / held out."""
+    x, y = recorded(n=10)
+    with pytest.raises(TaskError, match="10 distinct recorded sequences are too few"):
+        Task.from_arrays(np.vstack([x] * 10), np.vstack([y] * 10))
+    x, y = recorded(n=120)
+    task = Task.from_arrays(np.vstack([x, x]), np.vstack([y, y]))
+    assert task.size + task.heldout.size == 120
+    rows = lambda t: {r.tobytes() for r in t.sample(np.random.default_rng(0), t.size)}   # noqa: E731
+    assert not rows(task) & rows(task.heldout)
+
+
+def test_huge_whole_numbers_are_real_data():
+    u = np.random.default_rng(0).uniform(size=(100, 4))
+    assert Task.from_arrays(u * 1e20, u * 1e25).output == "real"        # every float64 past 2**53 is whole
+    with pytest.raises(TaskError, match="rescale"):
+        Task.from_arrays(u * 1e200, u)
+    with pytest.raises(TaskError, match="not whole numbers"):
+        Task.from_arrays(u, u + 0.5, output="integer")
+
+
+def test_train_on_data_reports_the_heldout_score():
+    """wtc.train scored a data task on its training records (solved, while held out it was wrong)."""
+    x, y = recorded(n=100)
+    task = Task.from_arrays(x, y)
+    held = {r.tobytes() for r in task.heldout.sample(np.random.default_rng(0), task.heldout.size)[..., None]
+            .reshape(task.heldout.size, -1)}
+    y2 = y.copy()
+    for k in range(len(x)):                                    # the held-out records say something else
+        if x[k].tobytes() in held:
+            y2[k] = y[k] + 7
+    model, history = wtc.train(Task.from_arrays(x, y2), wtc.DTConfig(steps=200, replicas=2, max_attempts=1),
+                               progress=False)
+    assert model.train_info["score_on"] == "20 held-out sequences" and history.final["heldout"]["accuracy"] < 0.5
+    assert not model.train_info["score"]["solved"]

@@ -146,3 +146,41 @@ def test_transformer_inputs_are_model_input_errors(tokens, match):
 
     with pytest.raises(ModelInputError, match=match):
         _lm()(tokens)
+
+
+def _ace_case():
+    from wtc.ace import extract_core
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(n_layers=1, d_model=8, n_heads=2, d_head=4, d_mlp=16, d_vocab=5, n_ctx=6))
+    x = torch.randint(0, 5, (64, 6))
+    readout = lambda o: o[:, -1, :2]                                  # noqa: E731
+    core = extract_core(model, x, "blocks.0.hook_resid_post", readout=readout)
+    labels = readout(model(x)).argmax(-1)
+    return model, x, readout, core, labels
+
+
+def test_ace_labels_must_have_the_predictions_shape():
+    """(B, 1) labels broadcast against (B,) predictions gave accuracies of 41."""
+    from wtc.ace import patched_accuracy, validate
+    from wtc.errors import AceError
+
+    model, x, readout, core, labels = _ace_case()
+    with pytest.raises(AceError, match=r"labels of shape \(64, 1\) do not match"):
+        validate(core, model, x, labels[:, None], readout=readout)
+    with pytest.raises(AceError, match="not a class of the readout's 2 outputs"):
+        patched_accuracy(model, x, labels + 5, core, "clean", readout=readout)
+    assert patched_accuracy(model, x, labels, core, "clean", readout=readout) == 1.0
+
+
+@pytest.mark.parametrize("rank", [-1, 100, 1.5, True])
+def test_ace_ranks_out_of_range_are_refused(rank):
+    from wtc.ace import keep_kl, patched
+    from wtc.errors import AceError
+
+    model, x, readout, core, _ = _ace_case()
+    with pytest.raises(AceError, match="rank must be an integer in"):
+        with patched(model, core, "keep", rank=rank):
+            model(x)
+    with pytest.raises(AceError, match="rank must be an integer in"):
+        keep_kl(model, x, core, rank, readout=readout)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -46,7 +47,7 @@ class Core:
         """(D, D) rank-r projector P (P h projects a column h). orthogonal: Q_r Q_r^T onto the core
         subspace; oblique: T_r W_r^T, the same range, whose null space holds the unobservable and
         the other balanced directions (balanced truncation)."""
-        r = self.rank if rank is None else rank
+        r = self._rank(rank)
         if kind == "orthogonal":
             Q = self.basis[:, :r]
             return Q @ Q.T
@@ -56,9 +57,18 @@ class Core:
             return self.right[:, :r] @ self.left[:, :r].T
         raise AceError(f"projector kind must be 'orthogonal' or 'oblique', got {kind!r}")
 
+    def _rank(self, rank) -> int:
+        """rank as an int in [0, basis columns] (a negative one would slice from the end)."""
+        if rank is None:
+            return self.rank
+        top = self.basis.shape[1]
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank <= top:
+            raise AceError(f"rank must be an integer in [0, {top}] (this core's basis), got {rank!r}")
+        return int(rank)
+
     def project(self, h: torch.Tensor, rank: int | None = None) -> torch.Tensor:
         """Core coordinates (..., rank) of activations (..., D), centred."""
-        Q = self.basis[:, : self.rank if rank is None else rank]
+        Q = self.basis[:, : self._rank(rank)]
         return (h.double() - self.mean) @ Q
 
 
@@ -283,8 +293,14 @@ def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | N
     for start in range(0, len(inputs), chunk):
         p = None if pos is None else pos[start:start + chunk]
         with _patched(model, core, mode, rank, projector, p) if mode != "clean" else contextlib.nullcontext():
-            pred = _read(readout, model(inputs[start:start + chunk]), p).argmax(-1)
+            logits = _read(readout, model(inputs[start:start + chunk]), p)
+        pred, K = logits.argmax(-1), logits.shape[-1]
         lab = labels[start:start + chunk]
+        if pred.shape != lab.shape:                  # (B, 1) against (B,) would broadcast to (B, B)
+            raise AceError(f"labels of shape {tuple(labels.shape)} do not match the readout's predictions, "
+                           f"shaped {(len(labels),) + tuple(pred.shape[1:])}")
+        if int(lab.max()) >= K:
+            raise AceError(f"label {int(lab.max())} is not a class of the readout's {K} outputs")
         hits += int(((pred == lab) & (lab >= 0)).sum())              # label -1: not scored
     return hits / int((labels >= 0).sum())
 

@@ -13,6 +13,8 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
+
 from wtc import arguments
 from wtc import tasks as task_registry
 from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
@@ -74,6 +76,13 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
                     max_attempts=config.max_attempts, name=task.name, progress=progress)
     _, model, history = best
     history.seconds = time.perf_counter() - t0
+    if task.heldout is not None:        # a data task: the score that is reported is the held-out one
+        held, n = task.verification(10000)
+        x, y = held.batch(np.random.default_rng([seed, 999]), n)
+        heldout = held.score(model.predict(x), y)
+        history.final = {**(history.final or {}), "heldout": heldout}
+        model.train_info = {**model.train_info, "score": heldout, "score_on": f"{n} held-out sequences",
+                            "train_score": model.train_info.get("score")}
     score = (history.final or {}).get("scores", [{}])[history.replica] if history.final else {}
     if score and not math.isfinite(score.get("max_abs_err", 0.0)):
         raise TrainingError(f"{task.name}: every attempt diverged (the best model predicts NaN/inf on fresh data); "

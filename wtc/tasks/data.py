@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from wtc.errors import TaskError
+from wtc.tasks.limits import MAX_MAGNITUDE
 
 MIN_HELDOUT = 16           # held-out sequences a verification needs to mean anything
 MIN_TRAIN = 32             # training sequences below which a fit is a lookup of a handful of rows
@@ -90,20 +91,32 @@ def from_arrays(inputs, outputs, *, name: str = "data", output: str | None = Non
         at = np.argwhere(~np.isfinite(valid))[0]
         at[1] += valid_from
         raise TaskError(f"task {name!r}: outputs hold NaN or inf at a valid position {tuple(map(int, at))}")
-    if output is None:
-        output = "integer" if np.all(valid == np.round(valid)) else "real"
-    n_held = int(round(n * heldout))
-    if n_held < MIN_HELDOUT or n - n_held < MIN_TRAIN:
-        raise TaskError(f"task {name!r}: {n} recorded sequences are too few to train on and verify: with "
-                        f"heldout={heldout}, {n - n_held} train and {n_held} are held out; a data task needs "
-                        f">= {MIN_TRAIN} to train on and >= {MIN_HELDOUT} held out")
+    if np.abs(x3).max() > MAX_MAGNITUDE or np.abs(valid).max() > MAX_MAGNITUDE:
+        raise TaskError(f"task {name!r}: recorded values beyond |{MAX_MAGNITUDE:g}| (the DT trains in float32); rescale them")
+    whole = bool(np.all(valid == np.round(valid)))
+    if output is None:     # past 2**53 every float64 is whole: such data are real numbers, not integers
+        output = "integer" if whole and np.abs(valid).max() < 2**53 else "real"
+    if output not in ("integer", "real"):
+        raise TaskError(f"task {name!r}: output must be 'integer', 'real' or None, got {output!r}")
+    if output == "integer" and not whole:
+        raise TaskError(f"task {name!r}: output='integer' but the recorded outputs are not whole numbers")
     table: dict[bytes, np.ndarray] = {}
+    first: dict[bytes, int] = {}                  # each distinct input sequence once (duplicates are one)
     for k, key in enumerate(_keys(x3)):
         seen = table.get(key)
         if seen is not None and not np.array_equal(seen[valid_from:], y3[k, valid_from:], equal_nan=True):
-            raise TaskError(f"task {name!r}: sequence {k} repeats an earlier input with other outputs; the outputs "
-                            "are not a function of the inputs")
+            raise TaskError(f"task {name!r}: sequence {k} repeats an earlier input (sequence {first[key]}) with "
+                            "other outputs; the outputs are not a function of the inputs")
         table[key] = y3[k]
+        first.setdefault(key, k)
+    distinct = np.array(sorted(first.values()))
+    n = len(distinct)
+    n_held = int(round(n * heldout))
+    if n_held < MIN_HELDOUT or n - n_held < MIN_TRAIN:
+        raise TaskError(f"task {name!r}: {n} distinct recorded sequences are too few to train on and verify: "
+                        f"with heldout={heldout}, {n - n_held} train and {n_held} are held out; a data task needs "
+                        f">= {MIN_TRAIN} to train on and >= {MIN_HELDOUT} held out")
+    x3, y3 = x3[distinct], y3[distinct]
     order = np.random.default_rng([seed, 1729]).permutation(n)
     held, train = order[:n_held], order[n_held:]
     shape = {"seq_len": T, "n_inputs": x3.shape[2], "n_outputs": y3.shape[2], "output": output,

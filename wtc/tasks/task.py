@@ -7,12 +7,9 @@ from typing import Callable
 import numpy as np
 
 from wtc.errors import TaskError
+from wtc.tasks.limits import MAX_MAGNITUDE, REAL_TOLERANCE  # noqa: F401  (REAL_TOLERANCE: re-exported)
 
 OUTPUT_KINDS = ("integer", "real")
-# Inputs and targets are trained on in float32 (max 3.4e38); past this magnitude normalisation
-# statistics and float32 copies overflow into a NaN model, so such values are refused up front.
-MAX_MAGNITUDE = 1e30
-REAL_TOLERANCE = 1e-3  # max |pred - y| / (1 + |y|) for real tasks (the suite's tolerance)
 
 
 def shift(x: np.ndarray, k: int) -> np.ndarray:

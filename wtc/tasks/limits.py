@@ -1,0 +1,6 @@
+"""Numeric limits every task obeys (wtc.tasks.task for callables, wtc.tasks.data for records)."""
+
+# Inputs and targets are trained on in float32 (max 3.4e38); past this magnitude normalisation
+# statistics and float32 copies overflow into a NaN model, so such values are refused up front.
+MAX_MAGNITUDE = 1e30
+REAL_TOLERANCE = 1e-3  # max |pred - y| / (1 + |y|) for real tasks (the suite's tolerance)
