@@ -131,7 +131,7 @@ def test_hooks_must_be_callables_that_keep_the_shape():
     model, tokens = _lm(), torch.randint(0, 256, (2, 6))
     with pytest.raises(HookTypeError, match="must be callable"):
         model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pre", 3)])
-    with pytest.raises(HookError, match=r"returned \(2, 2, 8\); a hook returns None or a tensor of the shape"):
+    with pytest.raises(HookError, match=r"returned \(2, 2, 8\) torch.float32; a hook returns None or a tensor of the shape"):
         model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: x[:, :2])])
     with pytest.raises(HookError, match="returned str"):
         model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: "no")])
@@ -184,3 +184,26 @@ def test_ace_ranks_out_of_range_are_refused(rank):
             model(x)
     with pytest.raises(AceError, match="rank must be an integer in"):
         keep_kl(model, x, core, rank, readout=readout)
+
+
+@pytest.mark.parametrize("fn, match", [(lambda t, m: 3, "returned int"), (lambda t, m: t[:1], r"returned \(1, "),
+                                       (lambda t, m: t.double(), "torch.float64")])
+def test_hook_modules_checks_what_hooks_return(fn, match):
+    from wtc.errors import HookError
+    from wtc.hooks import hook_modules
+
+    model, tokens = _lm(), torch.randint(0, 256, (2, 6))
+    with pytest.raises(HookError, match=match):
+        with hook_modules(model, [("blocks.0.mlp", fn)]):
+            model(tokens)
+
+
+@pytest.mark.parametrize("hooks, match", [(None, "list of"), (["blocks.0.mlp"], r"\(path, fn\) pairs"),
+                                          ([("blocks.0.mlp", 3)], "must be callable")])
+def test_hook_modules_refuses_bad_hook_lists_before_attaching(hooks, match):
+    from wtc.errors import HookTypeError
+    from wtc.hooks import hook_modules
+
+    with pytest.raises(HookTypeError, match=match):
+        with hook_modules(_lm(), hooks):
+            pass

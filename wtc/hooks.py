@@ -59,12 +59,7 @@ class HookPoint(nn.Module):
                                 f"got {type(fn).__name__}")
 
         def call(module, args, out):
-            new = fn(out, module)
-            if new is not None and (not torch.is_tensor(new) or new.shape != out.shape):
-                got = tuple(new.shape) if torch.is_tensor(new) else type(new).__name__
-                raise HookError(f"the hook on {self.name!r} returned {got}; a hook returns None or a tensor of "
-                                f"the shape it was given, {tuple(out.shape)}")
-            return new
+            return _replacement(fn(out, module), out, repr(self.name))
         handle = self.register_forward_hook(call)
         # drop handles removed meanwhile, so repeated hooks() contexts do not grow the list
         self._handles = [h for h in self._handles if h.id in self._forward_hooks] + [handle]
@@ -183,6 +178,18 @@ def _unpack(value, path: str, what: str):
     raise HookTypeError(f"module {path!r} {what} {type(value).__name__}, not a tensor (or a tuple starting with one)")
 
 
+def _replacement(new, value: torch.Tensor, where: str):
+    """What a hook returned, checked: None (keep the value) or a tensor of the value's shape and
+    dtype (anything else would broadcast, or fail later deep inside the model)."""
+    if new is None:
+        return None
+    if not torch.is_tensor(new) or new.shape != value.shape or new.dtype != value.dtype:
+        got = f"{tuple(new.shape)} {new.dtype}" if torch.is_tensor(new) else type(new).__name__
+        raise HookError(f"the hook on {where} returned {got}; a hook returns None or a tensor of the shape and "
+                        f"dtype it was given, {tuple(value.shape)} {value.dtype}")
+    return new
+
+
 @contextlib.contextmanager
 def hook_modules(model: nn.Module, hooks: Iterable[tuple[str, HookFn]], *, on: str = "output"):
     """Within the block, fn(tensor, module) runs on each module named by path in hooks=[(path, fn)]
@@ -191,13 +198,22 @@ def hook_modules(model: nn.Module, hooks: Iterable[tuple[str, HookFn]], *, on: s
     replacement is packed back in. Unknown paths raise HookNameError before anything is attached."""
     if on not in ("output", "input"):
         raise HookError(f"on must be 'output' or 'input', got {on!r}")
-    targets = [(path, _module(model, path), fn) for path, fn in hooks]
+    if isinstance(hooks, (str, bytes)) or not isinstance(hooks, Iterable):
+        raise HookTypeError(f"hooks must be a list of (path, fn) pairs, got {type(hooks).__name__}")
+    targets = []
+    for item in hooks:
+        if not isinstance(item, (tuple, list)) or len(item) != 2 or not isinstance(item[0], str):
+            raise HookTypeError(f"hooks must be (path, fn) pairs, got {item!r}")
+        if not callable(item[1]):
+            raise HookTypeError(f"the hook for {item[0]!r} must be callable (tensor, module) -> tensor | None, "
+                                f"got {type(item[1]).__name__}")
+        targets.append((item[0], _module(model, item[0]), item[1]))
     handles = []
 
     def output_hook(path, fn):
         def hook(module, args, out):
             value, repack = _unpack(out, path, "returns")
-            new = fn(value, module)
+            new = _replacement(fn(value, module), value, f"module {path!r}")
             return None if new is None else repack(new)
         return hook
 
@@ -206,7 +222,7 @@ def hook_modules(model: nn.Module, hooks: Iterable[tuple[str, HookFn]], *, on: s
             if not args:
                 raise HookError(f"module {path!r} was called without a positional input to hook")
             value, repack = _unpack(args[0], path, "takes")
-            new = fn(value, module)
+            new = _replacement(fn(value, module), value, f"the input of module {path!r}")
             return None if new is None else (repack(new), *args[1:])
         return hook
 
