@@ -78,3 +78,17 @@ def test_a_failure_report_says_what_was_tried_and_what_is_missing(tmp_path):
     d.save(tmp_path)
     report = (tmp_path / "report.md").read_text()
     assert "## Why it is not solved" in report and "whole prefix" in report
+
+
+def test_a_rarely_visible_dependence_does_not_grow_the_model():
+    """'any one so far' shows its dependence on early bits only when all later ones are zero: one
+    probe saw scattered offsets (5 pointer heads); two probes must agree, so nothing spurious grows."""
+    for seed in range(4):
+        d = dependence(wtc.tasks.get("any_one"), seed=seed)
+        assert sized_for(DTConfig(), d)[0] == DTConfig(), d.describe()
+
+
+@pytest.mark.parametrize("task, seed, match", [("prev2", -1, "seed"), ("prev2", "x", "seed"), (None, 0, "a task is a name")])
+def test_probe_arguments_are_checked(task, seed, match):
+    with pytest.raises(wtc.tasks.TaskError, match=match):
+        dependence(task, seed=seed)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wtc.errors import TaskError
 from wtc.tasks.task import Task
 
 PROBE_SEQUENCES = 512
@@ -55,10 +56,25 @@ def _changed(y0: np.ndarray, y1: np.ndarray, output: str) -> np.ndarray:
 
 
 def dependence(task: Task, seed: int = 0) -> Dependence | None:
-    """The dependence of task's outputs on its inputs, or None for a task that cannot be probed."""
+    """The dependence of task's outputs on its inputs, or None for a task that cannot be probed.
+    Two independent probes must agree: an offset, position or prefix counts only when both find
+    it (a dependence that rarely shows, like "any one so far", otherwise changed with the seed)."""
+    from wtc import arguments, tasks
+
+    task = tasks.get(task)
+    seed = arguments.seed(seed, error=TaskError)
     if task.size is not None:                     # recorded data: target answers only for the records
         return None
-    rng = np.random.default_rng([seed, 8123])
+    a, b = (_read(task, _table(task, np.random.default_rng([seed, 8123, k]))) for k in (0, 1))
+    both = [[v for v in u if v in w] for u, w in zip(a[0], b[0])]
+    absolute = [[v for v in u if v in w] for u, w in zip(a[1], b[1])]
+    prefix = [p and q for p, q in zip(a[2], b[2])]
+    offsets = [[d for d in offs if not pre or d == 0] for offs, pre in zip(both, prefix)]
+    return Dependence(offsets, absolute, prefix, a[3] & b[3])
+
+
+def _table(task: Task, rng: np.random.Generator) -> np.ndarray:
+    """(n_inputs, T source, T output) whether swapping the source position moved the output."""
     x, y = task.batch(rng, PROBE_SEQUENCES)
     donor = task.draw(rng, PROBE_SEQUENCES)
     T, k = task.seq_len, task.n_inputs
@@ -70,6 +86,12 @@ def dependence(task: Task, seed: int = 0) -> Dependence | None:
             if np.array_equal(x1, x):
                 continue
             table[c, j] = _changed(y, task.targets(x1), task.output).any(axis=0)
+    return table
+
+
+def _read(task: Task, table: np.ndarray):
+    """(offsets, absolute positions, prefix flags, table) per input channel from one table."""
+    T, k = task.seq_len, task.n_inputs
     # output positions that depend on anything: where the output is constant (a vote that
     # cannot be won yet at t = 0, 1) there is nothing to learn about offsets
     live = table.any(axis=(0, 1))
@@ -94,4 +116,4 @@ def dependence(task: Task, seed: int = 0) -> Dependence | None:
         offsets.append(offs)
         absolute.append(ab)
         prefix.append(bool(pre))
-    return Dependence(offsets, absolute, prefix, table)
+    return offsets, absolute, prefix, table
