@@ -51,6 +51,8 @@ CASES = [
     ("chained max/min", _grid(3, 0, 6), lambda a, b, c: np.maximum(a, np.minimum(b, c)), ("a", "b", "c"),
      ("Max", "Min")),
     ("scaled staircase", X100, lambda x: 0.5 * np.floor(x / 3), ("x",), ("//",)),
+    ("band", X100, lambda x: ((x >= 20) & (x < 70)).astype(float), ("x",), ("(x >= 20)", "(x >= 70)")),
+    ("sign", X100, lambda x: np.sign(x - 50), ("x",), ("(x >= 50)",)),
 ]
 
 

@@ -183,6 +183,7 @@ def _table_pass(data: Data, ops, int_consts, cands, fit, max_complexity, rng) ->
 
 
 THRESHOLD_TERMS = 300  # the smallest library terms get a fitted threshold: (s >= c)
+TWO_SPLIT_CUTS = 256  # ... or two, when the term takes at most this many distinct values
 
 
 def _threshold_pass(lib, data: Data, cands, fit, max_complexity) -> None:
@@ -213,14 +214,36 @@ def _threshold_pass(lib, data: Data, cands, fit, max_complexity) -> None:
         w2, y2, yy2 = W - w1, tot - y1, cyy[-1] - yy1
         sse = (yy1 - y1**2 / w1) + (yy2 - y2**2 / w2)
         j = int(np.argmin(sse))
-        if not sse[j] <= allowed:
+        if sse[j] <= allowed:
+            splits = [j]
+        elif lib.sizes[i] * 2 + 5 <= max_complexity and 2 <= len(cut) <= TWO_SPLIT_CUTS:
+            # two thresholds, three levels (sign(x - 50) = (x >= 50) + (x >= 51) - 1): every pair
+            # of cuts j1 < j2, segment sums from the cumulative sums
+            ends = np.concatenate([[-1], cut, [len(s_sorted) - 1]])
+
+            def seg(a, b):  # sse of sorted positions ends[a]+1 .. ends[b]
+                def cs(c, e):
+                    return np.where(e >= 0, c[np.maximum(e, 0)], 0.0)
+                ww = cs(cw, ends[b]) - cs(cw, ends[a])
+                yy_ = cs(cy, ends[b]) - cs(cy, ends[a])
+                return (cs(cyy, ends[b]) - cs(cyy, ends[a])) - yy_**2 / ww
+            n_c = len(cut)
+            j1, j2 = np.triu_indices(n_c, 1)
+            sse2 = seg(0, j1 + 1) + seg(j1 + 1, j2 + 1) + seg(j2 + 1, n_c + 1)
+            best2 = int(np.argmin(sse2))
+            if not sse2[best2] <= allowed:
+                continue
+            splits = [int(j1[best2]), int(j2[best2])]
+        else:
             continue
-        lo, hi = float(s_sorted[cut[j]]), float(s_sorted[cut[j] + 1])
-        c = next((nb.integer(v) for v in range(int(np.floor(lo)) + 1, int(np.floor(hi)) + 1)), None)
-        if c is None:
-            c = nb.simplest_in(np.nextafter(lo, np.inf), hi, hi) or nb.rounded(hi, 0)
-        term = ("ge", t[1], t[2]) if t[0] == "sub" and c.value == 0 else ("ge", t, ("k", c))  # a - b >= 0
-        cand = fit_terms([term], data, source="threshold", memo=fit["memo"], cols=fit["cols"])
+        terms = []
+        for j in splits:
+            lo, hi = float(s_sorted[cut[j]]), float(s_sorted[cut[j] + 1])
+            c = next((nb.integer(v) for v in range(int(np.floor(lo)) + 1, int(np.floor(hi)) + 1)), None)
+            if c is None:
+                c = nb.simplest_in(np.nextafter(lo, np.inf), hi, hi) or nb.rounded(hi, 0)
+            terms.append(("ge", t[1], t[2]) if t[0] == "sub" and c.value == 0 else ("ge", t, ("k", c)))  # a - b >= 0
+        cand = fit_terms(terms, data, source="threshold", memo=fit["memo"], cols=fit["cols"])
         if cand is not None:
             cands.append(cand)
             found += 1
