@@ -192,3 +192,20 @@ def test_a_tied_head_weight_is_scanned_exactly(head_first):
 def test_a_readout_that_does_not_return_float_logits_is_named(readout, match):
     with pytest.raises(ScanError, match=match):
         scan(tiny(), TOKENS, params="blocks.0.mlp.W_in", readout=readout, progress=False)
+
+
+class _Noisy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(5, 4)
+        self.head = torch.nn.Linear(4, 5)
+
+    def forward(self, tokens):
+        return self.head(self.emb(tokens)) + torch.randn(5)
+
+
+def test_a_model_whose_output_is_random_is_refused():
+    with pytest.raises(ScanError, match="different logits for the same tokens"):
+        scan(_Noisy(), torch.randint(0, 5, (2, 4)), progress=False)
+    dropout = torch.nn.Sequential(torch.nn.Embedding(5, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 5)).train()
+    scan(dropout, torch.randint(0, 5, (2, 4)), progress=False)     # scans run the model in eval mode

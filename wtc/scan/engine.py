@@ -114,10 +114,16 @@ class _Evaluator:
                 logits = self.suffix.logits
             else:
                 logits = self._generic_clean()
+                again = self.readout(self.model(self.tokens))
         if logits.ndim != 3 or logits.shape[:2] != tokens.shape[:2]:
             raise ScanError(f"readout must give logits (B, T, V) for tokens {tuple(tokens.shape)}, got {tuple(logits.shape)}")
         if not torch.isfinite(logits).all():
             raise ScanError("the clean logits hold NaN or inf; the model or readout is broken for these tokens")
+        if not self.is_wtc and not (again.shape == logits.shape and torch.allclose(
+                again, logits, rtol=1e-5, atol=1e-6 * max(float(logits.abs().max()), 1.0))):
+            raise ScanError("the model gives different logits for the same tokens on a second run (dropout in train "
+                            "mode, or another random op?): every KL would be noise; call model.eval() or make the "
+                            "forward deterministic")
         self.V = logits.shape[-1]
         self.logits = logits.detach()
         # (N, V) float64 whatever the model's precision (see wtc.scan.kl.kl_rows)
