@@ -207,3 +207,18 @@ def test_hook_modules_refuses_bad_hook_lists_before_attaching(hooks, match):
     with pytest.raises(HookTypeError, match=match):
         with hook_modules(_lm(), hooks):
             pass
+
+
+def test_a_checkpoint_with_its_digests_stripped_is_refused(tmp_path):
+    import json
+
+    from wtc.errors import CheckpointError
+    from wtc.models.io import load, save
+
+    d = save(_lm(), tmp_path / "m")
+    meta = json.loads((d / "model.json").read_text())
+    for key in ("_sha256", "_meta_sha256"):
+        stripped = {k: v for k, v in meta.items() if k != key}
+        (d / "model.json").write_text(json.dumps(stripped))
+        with pytest.raises(CheckpointError, match="no sha256 digests"):
+            load(d)

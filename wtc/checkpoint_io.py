@@ -10,7 +10,7 @@ Integrity: the JSON holds a sha256 digest of every tensor (key "_sha256"), check
 flipped bit in a weight is a CheckpointError naming the tensor, not a silently different model.
 The metadata is covered too (key "_meta_sha256", over its canonical JSON): an edited config that
 happens to fit the tensors (another activation, another task) would load as a different model, so
-an edit is refused. Pairs written before digests existed are read without the checks.
+an edit is refused. A pair without digests (stripped, or written by another program) is refused.
 """
 from __future__ import annotations
 
@@ -117,7 +117,10 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
             raise CheckpointError(f"checkpoint {tfile} and {jfile} are from different saves; delete them")
     meta.pop(_PAIR, None)
     recorded = meta.pop(_META_DIGEST, None)
-    if recorded is not None and recorded != meta_digest(meta):
+    if recorded is None or _DIGESTS not in meta:      # stripped digests would make every check optional
+        raise CheckpointError(f"{jfile}: no sha256 digests (edited, or written by another program); a wtc "
+                              "checkpoint records them, so this one cannot be trusted")
+    if recorded != meta_digest(meta):
         raise CheckpointError(f"{jfile}: the metadata does not match its recorded sha256 (the file was edited "
                               f"or corrupted after it was written)")
     check_digests(tensors, meta.pop(_DIGESTS, None), tfile)
