@@ -260,3 +260,26 @@ def test_callbacks_must_return_dicts():
     with pytest.raises(TrainingError, match="Eval 'e' must return a dict or None, got float"):
         T.Trainer(model, T.TrainConfig(steps=2, lr=1e-3), lambda s: None, loss,
                   evals=(T.Eval("e", lambda t: 1.0, every=1),), progress=False).run()
+
+
+def test_trainer_arguments_that_would_be_silently_odd(tmp_path):
+    model = make()
+
+    def batch(step):
+        return torch.zeros(2, 8, dtype=torch.long)
+
+    def loss(b):
+        return F.cross_entropy(model(b)[:, :-1].reshape(-1, 11), b[:, 1:].reshape(-1))
+
+    cfg = T.TrainConfig(steps=4, lr=1e-3)
+    with pytest.raises(TrainConfigError, match="checkpoint_every must be None or a positive int"):
+        T.Trainer(model, cfg, batch, loss, checkpoint_every=0)
+    with pytest.raises(TrainConfigError, match="checkpoint_at must be a collection of step numbers"):
+        T.Trainer(model, cfg, batch, loss, checkpoint_at="12")
+    with pytest.raises(TrainConfigError, match="is the stem of a checkpoint pair"):
+        T.Trainer(model, cfg, batch, loss, path=tmp_path)                 # a directory: would write tmp.json
+    with pytest.raises(TrainConfigError, match="warmup"):
+        T.TrainConfig(steps=5, warmup=100)
+    T.Trainer(model, T.TrainConfig(steps=6, lr=1e-3), batch, loss, path=tmp_path / "s", progress=False).run()
+    with pytest.raises(CheckpointError, match="6 steps done, more than steps=1"):
+        T.Trainer(model, T.TrainConfig(steps=1, lr=1e-3), batch, loss, path=tmp_path / "s", progress=False).run()

@@ -66,6 +66,8 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
                 bad(name, f"an int >= {lo}")
+        if self.warmup > self.steps:
+            bad("warmup", f"at most steps ({self.steps}); the learning rate would never reach lr")
         if not number(self.lr) or self.lr <= 0:
             bad("lr", "a number > 0")
         if not number(self.eps) or self.eps <= 0:
@@ -240,6 +242,19 @@ class Trainer:
         for name, g in (rngs or {}).items():
             if not isinstance(g, (np.random.Generator, torch.Generator)):
                 raise TypeError(f"rngs[{name!r}] must be a numpy or torch Generator, got {type(g).__name__}")
+        if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
+                                             or checkpoint_every < 1):
+            raise TrainConfigError(f"checkpoint_every must be None or a positive int, got {checkpoint_every!r}")
+        if isinstance(checkpoint_at, (str, bytes)) or not all(
+                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in checkpoint_at):
+            raise TrainConfigError(f"checkpoint_at must be a collection of step numbers (ints >= 0), got {checkpoint_at!r}")
+        if path is not None and (Path(path).is_dir() or (Path(path).exists() and Path(path).suffix not in
+                                                          (".safetensors", ".json"))):
+            raise TrainConfigError(f"path {str(path)!r} is the stem of a checkpoint pair ({path}.safetensors + "
+                                   f"{path}.json), but {path} itself exists; name a new stem, e.g. {path}/state")
+        for name in ("batch_fn", "loss_fn"):
+            if not callable({"batch_fn": batch_fn, "loss_fn": loss_fn}[name]):
+                raise TrainConfigError(f"{name} must be callable")
         self.model, self.cfg, self.batch_fn, self.loss_fn = model, cfg, batch_fn, loss_fn
         self.path = None if path is None else Path(path)
         self.identity = _jsonable(identity or {})
@@ -341,6 +356,9 @@ class Trainer:
             raise CheckpointError(f"{self.path}: cannot resume, the recorded config differs in {diff} (saved "
                                   f"{[was.get(k) for k in diff]}, now {[now.get(k) for k in diff]}); use another "
                                   "directory or delete the checkpoint")
+        if st.step > self.cfg.steps:
+            raise CheckpointError(f"{self.path}: cannot resume, the checkpoint has {st.step} steps done, more than "
+                                  f"steps={self.cfg.steps}; use another directory or delete the checkpoint")
         if st.no_decay is not None and st.no_decay != self.no_decay:
             moved = sorted(set(st.no_decay) ^ set(self.no_decay))
             raise CheckpointError(f"{self.path}: cannot resume, weight decay applies to other parameters than "
