@@ -201,3 +201,15 @@ def test_equation_text_survives_huge_constants():
     from wtc.sr.pareto import equation_str
     x = sp.Symbol("x")
     assert "e+5000" in equation_str(sp.Integer(10) ** 5000 * x)
+
+
+def test_a_large_offset_does_not_let_a_constant_pass_as_exact():
+    """y = u + 1e9: a floor relative to |y| (1e-9 x 1e9 = 1) certified the constant 1e9 as exact."""
+    import numpy as np
+
+    from wtc import sr
+
+    u = np.random.default_rng(0).uniform(size=200)
+    fit = sr.fit(u[:, None], u + 1e9)
+    assert not fit.exact or np.max(np.abs(fit.predict(u[:, None]) - (u + 1e9))) < 1e-3
+    assert fit.expr.free_symbols                                      # it reads the input

@@ -270,7 +270,11 @@ def prepare(X: np.ndarray, y: np.ndarray, names: tuple, tol: float | None,
             note = (f"y lies on a lattice of step {q:.6g} and varies by whole steps between neighbours: "
                     "treated as exact data (no noise); pass tol to allow an error")
             sigma, method = 0.0, "lattice"
-    thr = TOL_FACTOR * sigma + REL_FLOOR * max(y_rms, 1e-300)
+    # the exactness floor follows y's spread, not its size (y = u + 1e9 would let a constant that
+    # ignores u through at 1e-9 of rms(y)), and never goes below float64's resolution of y
+    y_spread = float(np.std(y))
+    thr = TOL_FACTOR * sigma + max(REL_FLOOR * y_spread, 64 * np.finfo(np.float64).eps * float(np.abs(y).max()),
+                                   REL_FLOOR * 1e-300 if y_rms == 0 else 0.0, 1e-300)
     binary = tuple(i for i in range(k) if np.all((X[:, i] == 0) | (X[:, i] == 1)))
     warning = ""
     if tol is None and sigma > MAX_REL_NOISE * y_rms:
