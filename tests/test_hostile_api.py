@@ -222,3 +222,28 @@ def test_a_checkpoint_with_its_digests_stripped_is_refused(tmp_path):
         (d / "model.json").write_text(json.dumps(stripped))
         with pytest.raises(CheckpointError, match="no sha256 digests"):
             load(d)
+
+
+@pytest.mark.parametrize("position", [10, -7, torch.full((64,), 9), torch.full((64,), -7)])
+def test_ace_positions_outside_the_sequence_are_named(position):
+    from wtc.ace import extract_core
+    from wtc.errors import AceError
+
+    model, x, _, _, _ = _ace_case()
+    with pytest.raises(AceError, match="outside the layer output's 6 positions"):
+        extract_core(model, x, "blocks.0.hook_resid_post", readout=lambda o: o[:, -1, :2], position=position)
+
+
+def test_small_argument_errors_are_wtc_errors(tmp_path):
+    from wtc.errors import ArgumentError, CheckpointError, WtcError
+    from wtc.extraction.reader import ExtractionInputError
+
+    with pytest.raises(ArgumentError, match="n must be a positive integer"):
+        wtc.extraction.verify(lambda x: x[..., 0], "prev2", n=0)
+    for bad in (5, None):
+        with pytest.raises(CheckpointError, match="a checkpoint is a directory path"):
+            wtc.load(bad)
+    assert issubclass(ArgumentError, WtcError) and issubclass(ExtractionInputError, WtcError)
+    from wtc.tasks import Task, TaskError
+    with pytest.raises(TaskError, match="not a numeric array"):
+        Task.from_arrays([[1, 2], [1]], [[1, 2], [1]])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import numbers
 
+from wtc.errors import ArgumentError
+
 SEED_LIMIT = 2**63          # numpy and torch both take seeds in [0, 2**63)
 
 
@@ -13,14 +15,14 @@ def _error(error, name: str, value, what: str):
     return error(f"{name} must be {what}, got {value!r}")
 
 
-def seed(value, name: str = "seed", error=ValueError) -> int:
+def seed(value, name: str = "seed", error=ArgumentError) -> int:
     """A seed: an integer in [0, 2**63) (bools and floats refused, not rounded)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < SEED_LIMIT:
         raise _error(error, name, value, "a seed (an integer in [0, 2**63))")
     return int(value)
 
 
-def positive_int(value, name: str, error=ValueError, upper: int | None = None) -> int:
+def positive_int(value, name: str, error=ArgumentError, upper: int | None = None) -> int:
     """An integer >= 1 (and <= upper when given)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1 or \
             (upper is not None and int(value) > upper):
@@ -28,14 +30,14 @@ def positive_int(value, name: str, error=ValueError, upper: int | None = None) -
     return int(value)
 
 
-def positive_seconds(value, name: str, error=ValueError) -> float:
+def positive_seconds(value, name: str, error=ArgumentError) -> float:
     """A finite number of seconds > 0 (nan, inf, 0 and negatives never stop or never start)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
         raise _error(error, name, value, "a finite positive number of seconds")
     return float(value)
 
 
-def fraction(value, name: str, error=ValueError) -> float:
+def fraction(value, name: str, error=ArgumentError) -> float:
     """A number in (0, 1]."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
         raise _error(error, name, value, "a number in (0, 1]")

@@ -363,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
             raise KeyboardInterrupt
         signal.signal(signal.SIGTERM, terminate)
     try:
+        if getattr(args, "out", None) == "":
+            raise CLIError("--out must name a directory, got an empty string")
         if getattr(args, "out", None):
             _check_writable(Path(args.out))       # before the work, not after it
         return args.func(args)

@@ -77,3 +77,7 @@ class ModelInputError(WtcError, ValueError):
 
 class TaskError(WtcError, ValueError):
     """A task definition or one of its callables is wrong; the message names the task."""
+
+
+class ArgumentError(WtcError, ValueError):
+    """An argument of a public function is out of range or of the wrong kind (wtc.arguments)."""

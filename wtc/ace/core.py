@@ -98,9 +98,21 @@ def _select(act: torch.Tensor, position) -> torch.Tensor:
         return act
     if _is_all(position):
         return act.reshape(-1, act.shape[-1])
+    _check_in_range(position, act)
     if _per_input(position):
         return act[torch.arange(act.shape[0], device=act.device), position.to(act.device)]
     return act[:, position]
+
+
+def _check_in_range(position, act: torch.Tensor) -> None:
+    """AceError for a position (an int or per-input tensor) outside the output's T positions."""
+    if act.ndim < 3:
+        raise AceError(f"a position was given, but the layer's output has shape {tuple(act.shape)} (no positions); "
+                       "use position=None")
+    T = act.shape[1]
+    lo, hi = (int(position.min()), int(position.max())) if _per_input(position) else (position, position)
+    if lo < -T or hi >= T:
+        raise AceError(f"position {lo if lo < -T else hi} is outside the layer output's {T} positions")
 
 
 def _read(readout, out, position):
@@ -235,12 +247,14 @@ def _patch_hook(core: Core, mode: str, rank: int | None, projector: str = "ortho
         if positions is not None:
             if out.shape[0] != len(positions):
                 raise AceError(f"per-input positions: {len(positions)} positions for a batch of {out.shape[0]}")
+            _check_in_range(positions, out)
             rows = torch.arange(out.shape[0], device=out.device)
             out = out.clone()
             out[rows, positions] = patch(out[rows, positions])
             return out
         if core.position is None or _is_all(core.position):
             return patch(out)
+        _check_in_range(core.position, out)
         out = out.clone()
         out[:, core.position] = patch(out[:, core.position])
         return out

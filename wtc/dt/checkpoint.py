@@ -75,6 +75,8 @@ def save(model, directory, extra: dict | None = None) -> Path:
 
 def load(directory):
     """Load a model saved by save() (weights_only by construction: safetensors + JSON)."""
+    if not isinstance(directory, (str, Path)):
+        raise CheckpointError(f"a checkpoint is a directory path, got {type(directory).__name__} {directory!r}")
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"no checkpoint directory at {directory}")

@@ -41,6 +41,10 @@ class ExtractionError(WtcError, RuntimeError):
     """A step of the extraction could not run (not: could not find a rule or formula)."""
 
 
+class ExtractionInputError(WtcError, ValueError):
+    """extract() was given a model it cannot read for this task."""
+
+
 @dataclass
 class Reading:
     """What extraction concluded about one module (a row of the report)."""
@@ -89,11 +93,11 @@ def extract(model, task, *, n: int = 2048, seed: int = 0) -> Program:
     task = task_registry.get(task)
     n, seed = arguments.positive_int(n, "n"), arguments.seed(seed)
     if getattr(model, "R", 1) != 1:
-        raise ValueError(f"extract() reads one model; this one holds {model.R} replicas (use model.replica(i))")
+        raise ExtractionInputError(f"extract() reads one model; this one holds {model.R} replicas (use model.replica(i))")
     if not bool(model.frozen):
-        raise ValueError("extract() needs a frozen model (wtc.train returns one; or call model.freeze())")
+        raise ExtractionInputError("extract() needs a frozen model (wtc.train returns one; or call model.freeze())")
     if (model.seq_len, model.n_inputs, model.n_outputs) != (task.seq_len, task.n_inputs, task.n_outputs):
-        raise ValueError(f"model shape (seq_len, n_inputs, n_outputs) = {(model.seq_len, model.n_inputs, model.n_outputs)}"
+        raise ExtractionInputError(f"model shape (seq_len, n_inputs, n_outputs) = {(model.seq_len, model.n_inputs, model.n_outputs)}"
                          f" does not match task {task.name!r}: {(task.seq_len, task.n_inputs, task.n_outputs)}")
     return _Extraction(model, task, n, seed).run()
 

@@ -246,12 +246,14 @@ def load(source, tokenizer=None, dtype: torch.dtype | None = None) -> HFModel:
     try:
         model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
                                                         **({} if dtype is None else {"dtype": dtype}))
-    except (OSError, ValueError, KeyError) as exc:
+    except Exception as exc:     # transformers / safetensors raise their own types for a bad directory
+
         raise HFModelError(f"{path}: cannot load a causal LM ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     if tokenizer is None and any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         try:
             tokenizer = tf.AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError, KeyError) as exc:
+        except Exception as exc:  # e.g. ImportError for a tokenizer that needs protobuf
+
             raise HFModelError(f"{path}: cannot load its tokenizer ({type(exc).__name__}: "
                                f"{str(exc).splitlines()[0]})") from None
     return HFModel(model, tokenizer)
@@ -265,7 +267,11 @@ def word_tokenizer(words, unk: str = "<unk>", bos: str | None = None):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    if isinstance(words, (str, bytes)):
+        raise HFModelError("word_tokenizer: words must be a list of words, not one string")
     words = list(words)
+    if not all(isinstance(w, str) for w in words):
+        raise HFModelError("word_tokenizer: every word must be a str")
     if len(set(words)) != len(words):
         raise HFModelError("word_tokenizer: the words are not unique")
     if unk not in words:

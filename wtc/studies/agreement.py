@@ -230,7 +230,7 @@ def train_model(cfg: AgreementStudy, spec: ModelSpec, corpus, data, out: Path | 
         i = torch.randint(0, len(x), (cfg.batch,), generator=gen)
         return x[i], real[i], verb[i]
 
-    tc = TrainConfig(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup, schedule="cosine", min_lr_frac=0.1)
+    tc = TrainConfig(steps=cfg.steps, lr=cfg.lr, warmup=min(cfg.warmup, cfg.steps), schedule="cosine", min_lr_frac=0.1)
     r = train(model, tc, batch_fn, lambda b: agreement_loss(model, b, cfg.verb_weight), rngs={"batch": gen},
               path=None if out is None else out / spec.name / "train_state",
               identity={**{k: getattr(cfg, k) for k in _TRAIN_FIELDS}, **asdict(spec)}, checkpoint_every=200,

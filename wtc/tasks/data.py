@@ -19,7 +19,11 @@ MIN_TRAIN = 32             # training sequences below which a fit is a lookup of
 
 
 def _as_array(a, what: str, name: str) -> np.ndarray:
-    if np.iscomplexobj(a):
+    try:
+        complex_ = np.iscomplexobj(a)
+    except (TypeError, ValueError) as exc:        # ragged lists
+        raise TaskError(f"task {name!r}: {what} are not a numeric array: {exc}") from None
+    if complex_:
         raise TaskError(f"task {name!r}: {what} are complex; recorded values must be real numbers")
     try:
         a = np.asarray(a, dtype=np.float64)
