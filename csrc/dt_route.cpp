@@ -89,8 +89,11 @@ WTC_INLINE float ple_grad(float z, int64_t N, const float* dcode) {
 
 // Fill `u` for pair (r, b): every head's scores, probabilities and (hard) argmax keys; entries
 // past a query's last key are 0 (pre, p).
+// NC: the PLE bins as a compile-time constant (16, the default; the loops over bins become single
+// vectors) or 0 (any number, read from s.N).
+template <int NC>
 WTC_INLINE void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64_t r, int64_t b, Unit& u) {
-  const int64_t H = s.H, T = s.T, L = s.L, N = s.N, P = s.pad, Lp = u.Lp;
+  const int64_t H = s.H, T = s.T, L = s.L, N = NC > 0 ? NC : s.N, P = s.pad, Lp = u.Lp;
   const float cr = in.content[r], itau = in.inv_tau;
   const bool hard = in.hard, noise = in.noise;
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -185,10 +188,11 @@ WTC_INLINE void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64
   }
 }
 
-WTC_CLONES void forward_unit(const DtRouteShapes& s, const DtRouteInputs& in, int64_t rb, Unit& u, float* out,
+template <int NC>
+WTC_INLINE void forward_unit(const DtRouteShapes& s, const DtRouteInputs& in, int64_t rb, Unit& u, float* out,
                              float* o_rows, float* ent) {
   const int64_t H = s.H, T = s.T, Lp = u.Lp;
-  recompute(s, in, rb / s.B, rb % s.B, u);
+  recompute<NC>(s, in, rb / s.B, rb % s.B, u);
   if (ent != nullptr) {   // entropy of the noise-free softmax(scale * pre / tau): H = m + log S - sum e x / S
     const float ninf = -std::numeric_limits<float>::infinity();
     for (int64_t h = 0; h < H; ++h) {
@@ -252,13 +256,14 @@ struct Back {
 
 // One sequence b of replica r: dval, dzq, dzk written; the replica's parameter gradients accumulated
 // (drel reversed in bk.drr, dabs in bk.dabsp).
-WTC_CLONES void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
+template <int NC>
+WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
                               const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r,
                               int64_t b, Unit& u, Back& bk) {
-  const int64_t B = s.B, H = s.H, T = s.T, L = s.L, N = s.N, P = s.pad, Lp = u.Lp;
+  const int64_t B = s.B, H = s.H, T = s.T, L = s.L, N = NC > 0 ? NC : s.N, P = s.pad, Lp = u.Lp;
   const float cr = in.content[r], itau = in.inv_tau;
   const bool hard = in.hard;
-  recompute(s, in, r, b, u);
+  recompute<NC>(s, in, r, b, u);
   for (int64_t h = 0; h < H; ++h) {
     const int64_t g = (r * B + b) * H + h, rh = r * H + h;
     const float* valp = u.valp.data() + h * Lp;
@@ -368,6 +373,19 @@ WTC_CLONES void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
       for (int64_t j = 0; j < L; ++j) gr.dzk[g * L + j] = 0.0f;
     }
   }
+}
+
+WTC_CLONES void forward_seq(const DtRouteShapes& s, const DtRouteInputs& in, int64_t rb, Unit& u, float* out,
+                            float* o_rows, float* ent) {
+  if (s.N == 16) forward_unit<16>(s, in, rb, u, out, o_rows, ent);
+  else forward_unit<0>(s, in, rb, u, out, o_rows, ent);
+}
+
+WTC_CLONES void backward_seq(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
+                             const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r, int64_t b,
+                             Unit& u, Back& bk) {
+  if (s.N == 16) backward_unit<16>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
+  else backward_unit<0>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
 }
 
 // ---- position-only replicas (content = 0), 16 sequences at a time
@@ -597,7 +615,7 @@ void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* ou
       if (in.content[r] == 0.0f) {
         lanes_forward(s, in, r, b0, nb, w, out, o_rows, ent);
       } else {
-        for (int64_t b = b0; b < b0 + nb; ++b) forward_unit(s, in, r * s.B + b, u, out, o_rows, ent);
+        for (int64_t b = b0; b < b0 + nb; ++b) forward_seq(s, in, r * s.B + b, u, out, o_rows, ent);
       }
     }
   }
@@ -644,7 +662,7 @@ void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const fl
           }
         continue;
       }
-      for (int64_t b = 0; b < s.B; ++b) backward_unit(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
+      for (int64_t b = 0; b < s.B; ++b) backward_seq(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
       if (score_grads)
         for (int64_t h = 0; h < H; ++h)
           for (int64_t k = 0; k < L; ++k) {
