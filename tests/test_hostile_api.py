@@ -247,3 +247,11 @@ def test_small_argument_errors_are_wtc_errors(tmp_path):
     from wtc.tasks import Task, TaskError
     with pytest.raises(TaskError, match="not a numeric array"):
         Task.from_arrays([[1, 2], [1]], [[1, 2], [1]])
+
+
+def test_sr_refuses_an_empty_operator_list():
+    from wtc.errors import SRError
+
+    X = np.random.default_rng(0).uniform(size=(50, 2))
+    with pytest.raises(SRError, match="operators is an empty list"):
+        wtc.sr.fit(X, X[:, 0] * X[:, 1], operators=[])

@@ -151,6 +151,11 @@ class HFModel(Hooked):
         vocab = int(self.hf.config.vocab_size)
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
             raise HFModelError(f"token ids must lie in [0, {vocab}), got [{int(tokens.min())}, {int(tokens.max())}]")
+        if tokens.shape[1] == 0:
+            raise HFModelError("tokens are empty: a forward needs at least one position")
+        ctx = getattr(self.hf.config, "n_positions", None) or getattr(self.hf.config, "max_position_embeddings", None)
+        if ctx is not None and tokens.shape[1] > int(ctx):
+            raise HFModelError(f"tokens have {tokens.shape[1]} positions, more than the model's context of {ctx}")
         kwargs.setdefault("use_cache", False)
         with self._routing():
             return self.hf(input_ids=tokens.long(), **kwargs).logits

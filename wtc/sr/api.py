@@ -211,6 +211,9 @@ def check_options(*, max_complexity, time_limit, random_state, tol, operators) -
         bad = [o for o in ops if not isinstance(o, str)]
         if bad:
             raise SRError(f"operators must be names (strings), got {bad[0]!r} in {operators!r}")
+        if not ops:    # an empty list would still search the basic arithmetic: say what it means
+            raise SRError("operators is an empty list; pass None (or 'auto') for the default set, or name the "
+                          "operators to use")
 
 
 # Magnitudes the enumeration handles directly; beyond them the data are rescaled by powers of ten
