@@ -41,6 +41,12 @@ here because every built-in task has T = 10):
 
     python bench/dt_step.py [--quick] [--rounds 5] [--steps 10] [--compile-cases first|default|all|none]
                             [--modes default,max-autotune-no-cudagraphs]
+    python bench/dt_step.py --versus REV [--quick] [--rounds 5] [--steps 10]
+
+--versus REV: only the eager step time, side by side in three worker processes interleaved round by
+round (1 thread each): the package at git revision REV (a temporary copy, this checkout's wtc._C
+copied in), this checkout with WTC_KERNELS=reference, and this checkout as wtc.backend chooses; every
+task x rung case (--quick: parity_last2 rung 0); writes bench/results/dt_step_versus.json.
 
 Prints markdown tables and writes bench/results/dt_step.json. --quick: parity_last2 only, rungs 0
 and 1, 3 rounds of 5 steps, torch.compile for rung 0 only.
