@@ -255,3 +255,27 @@ def test_sr_refuses_an_empty_operator_list():
     X = np.random.default_rng(0).uniform(size=(50, 2))
     with pytest.raises(SRError, match="operators is an empty list"):
         wtc.sr.fit(X, X[:, 0] * X[:, 1], operators=[])
+
+
+@pytest.mark.parametrize("readout, kw, match", [
+    (lambda o: 1 / 0, {}, "the readout raised ZeroDivisionError"),
+    (lambda o: o[:, -1, :2].detach(), {}, "does not depend on"),
+    (lambda o: o[:, -1, :2] * float("nan"), {}, "NaN or inf"),
+    (lambda o: o[:, -1, :2].long(), {}, "floating-point tensor"),
+    (lambda o: o[:, -1, :2], {"energy": "0.9"}, "energy must be a number"),
+])
+def test_ace_readouts_that_cannot_work_are_named(readout, kw, match):
+    from wtc.ace import extract_core
+    from wtc.errors import AceError
+
+    model, x, _, _, _ = _ace_case()
+    with pytest.raises(AceError, match=match):
+        extract_core(model, x, "blocks.0.hook_resid_post", readout=readout, **kw)
+
+
+def test_a_scan_readout_that_raises_is_named():
+    from wtc.scan import scan
+
+    with pytest.raises(ScanError, match="the readout raised KeyError"):
+        scan(_lm(), torch.randint(0, 256, (2, 6)), params="blocks.0.mlp.W_in", readout=lambda o: {}["x"],
+             progress=False)

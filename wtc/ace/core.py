@@ -123,7 +123,16 @@ def _read(readout, out, position):
             raise AceError(f"with per-input positions the model output must be (batch, T, ...), got "
                            f"{tuple(getattr(out, 'shape', ()))}")
         out = _select(out, position)
-    return readout(out)
+    try:
+        y = readout(out)
+    except AceError:
+        raise
+    except Exception as exc:                  # the user's readout: name it, keep the chain
+        raise AceError(f"the readout raised {type(exc).__name__}: {exc}") from exc
+    if not torch.is_tensor(y) or not y.is_floating_point():
+        raise AceError(f"the readout must return a floating-point tensor, got "
+                       f"{f'a {y.dtype} tensor' if torch.is_tensor(y) else type(y).__name__}")
+    return y
 
 
 def activations_and_jacobians(model, inputs, layer: str, readout, position: int | None = -1):
@@ -147,8 +156,14 @@ def activations_and_jacobians(model, inputs, layer: str, readout, position: int 
         # one backward per output k over the whole chunk: sample i's gradient is its own
         # Jacobian row because samples do not interact (batch elements; with position="all",
         # positions after the last layer that mixes them, e.g. the final residual stream)
-        grads = [torch.autograd.grad(y[:, k].sum(), act, retain_graph=k + 1 < y.shape[1])[0]
+        if not y.requires_grad:
+            raise AceError(f"the readout's output does not depend on {layer!r} through autograd (detached, or "
+                           "computed without gradients): ACE needs its Jacobian")
+        if not torch.isfinite(y).all():
+            raise AceError("the readout holds NaN or inf for these inputs")
+        grads = [torch.autograd.grad(y[:, k].sum(), act, retain_graph=k + 1 < y.shape[1], allow_unused=True)[0]
                  for k in range(y.shape[1])]
+        grads = [torch.zeros_like(act) if g is None else g for g in grads]
     J = torch.stack([_select(g, position) for g in grads], 1)                 # (n, K, D)
     return _select(act.detach(), position), J
 
@@ -175,6 +190,8 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
         raise AceError(f"layer must be a module path (str), e.g. 'blocks.0.hook_resid_post', got {layer!r}")
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
         raise AceError(f"rank must be None or a non-negative integer, got {rank!r}")
+    if isinstance(energy, bool) or not isinstance(energy, (int, float)) or not 0 < energy <= 1:
+        raise AceError(f"energy must be a number in (0, 1], got {energy!r}")
     if len(inputs) == 0:
         raise AceError("inputs are empty")
     readout = readout or _default_readout(position)

@@ -60,7 +60,12 @@ def _checked(readout):
     """A user readout whose result is checked: a tuple or integer logits would fail obscurely or
     be scored after truncation."""
     def logits(out):
-        got = readout(out)
+        try:
+            got = readout(out)
+        except ScanError:
+            raise
+        except Exception as exc:                  # the user's readout: name it, keep the chain
+            raise ScanError(f"the readout raised {type(exc).__name__}: {exc}") from exc
         if not torch.is_tensor(got) or not got.is_floating_point():
             what = f"a {got.dtype} tensor" if torch.is_tensor(got) else type(got).__name__
             raise ScanError(f"readout must return floating-point logits (B, T, V), got {what}")
