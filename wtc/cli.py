@@ -201,8 +201,9 @@ def _cmd_study(args) -> int:
     cfg = study.CONFIG.quick() if args.quick else study.CONFIG()
     if args.seed is not None:
         if "seed" not in {f.name for f in dataclasses.fields(cfg)}:
-            print(f"wtc: error: the {args.name} study runs its own seeds {getattr(cfg, 'seeds', '')}; --seed does "
-                  "not apply", file=sys.stderr)
+            seeds = getattr(cfg, "seeds", None)
+            print(f"wtc: error: the {args.name} study runs its own seeds{f' {seeds}' if seeds else ''}; --seed "
+                  "does not apply", file=sys.stderr)
             return 2
         cfg = dataclasses.replace(cfg, seed=args.seed)
     if args.model is not None:
