@@ -56,3 +56,14 @@ def test_cli_runs_a_study_prints_its_headline_and_resumes(tmp_path, monkeypatch,
     assert json.loads((tmp_path / "summary.json").read_text())["seeds"][0]["final_loss"] == s["seeds"][0]["final_loss"]
     assert main(args + ["--seed", "3"]) == 2
     assert "--seed does not apply" in capsys.readouterr().err
+
+
+def test_a_study_dir_with_nothing_computed_takes_another_config(tmp_path):
+    from wtc.errors import StudyError
+    from wtc.studies.clock import check_config
+
+    check_config(tmp_path, {"a": 1})
+    check_config(tmp_path, {"a": 2})                       # only config.json there: nothing to lose
+    (tmp_path / "result.json").write_text("{}")
+    with pytest.raises(StudyError, match="different config"):
+        check_config(tmp_path, {"a": 3})

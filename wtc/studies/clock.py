@@ -51,7 +51,10 @@ def check_config(out: Path, config: dict, free=(), label: str = "study", error: 
         except json.JSONDecodeError as exc:
             raise error(f"{f}: corrupt ({exc})") from None
         diff = sorted(k for k in set(mine) | set(theirs) if k not in free and mine.get(k) != theirs.get(k))
-        if diff:
+        # a run that failed before computing anything (e.g. a --model it could not use) left only
+        # its config: nothing would be lost, so another config may start there
+        computed = [p for p in out.iterdir() if p.name not in ("config.json", "time.json")]
+        if diff and computed:
             raise error(f"{out} holds a study ({label}) with a different config ({', '.join(diff)}: "
                         f"{[theirs.get(k) for k in diff]} there, {[mine.get(k) for k in diff]} here); "
                         "use another --out or delete it")
