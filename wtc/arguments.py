@@ -42,3 +42,21 @@ def fraction(value, name: str, error=ArgumentError) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
         raise _error(error, name, value, "a number in (0, 1]")
     return float(value)
+
+
+def float_readout(readout, out, error, what: str = "the readout"):
+    """readout(out) for a user's readout: what it raises becomes `error` naming it (chained), and a
+    result that is not a floating-point tensor is refused (a tuple or integer logits would fail
+    obscurely later, or be scored after truncation)."""
+    import torch
+
+    try:
+        y = readout(out)
+    except error:
+        raise
+    except Exception as exc:
+        raise error(f"{what} raised {type(exc).__name__}: {exc}") from exc
+    if not torch.is_tensor(y) or not y.is_floating_point():
+        got = f"a {y.dtype} tensor" if torch.is_tensor(y) else type(y).__name__
+        raise error(f"{what} must return a floating-point tensor, got {got}")
+    return y

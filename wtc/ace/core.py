@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from wtc.arguments import float_readout
 from wtc.ace.balanced import balanced_svd, balanced_truncation, rank_for_energy
 from wtc.ace.gramians import GramianAccumulator
 from wtc.hooks import hook_modules
@@ -123,16 +124,7 @@ def _read(readout, out, position):
             raise AceError(f"with per-input positions the model output must be (batch, T, ...), got "
                            f"{tuple(getattr(out, 'shape', ()))}")
         out = _select(out, position)
-    try:
-        y = readout(out)
-    except AceError:
-        raise
-    except Exception as exc:                  # the user's readout: name it, keep the chain
-        raise AceError(f"the readout raised {type(exc).__name__}: {exc}") from exc
-    if not torch.is_tensor(y) or not y.is_floating_point():
-        raise AceError(f"the readout must return a floating-point tensor, got "
-                       f"{f'a {y.dtype} tensor' if torch.is_tensor(y) else type(y).__name__}")
-    return y
+    return float_readout(readout, out, AceError)
 
 
 def activations_and_jacobians(model, inputs, layer: str, readout, position: int | None = -1):

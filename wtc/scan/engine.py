@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from wtc.hooks import has_hooks, hook_modules
 from wtc.errors import ScanError, UnknownName
+from wtc.arguments import float_readout
 from wtc.scan.inputs import architecture, as_tokens, positive_int, readout_identity
 from wtc.scan.generic import Generic
 from wtc.scan.kl import importance_positions, kl_rows, kl_unembed
@@ -59,18 +60,7 @@ def _default_readout(out):
 def _checked(readout):
     """A user readout whose result is checked: a tuple or integer logits would fail obscurely or
     be scored after truncation."""
-    def logits(out):
-        try:
-            got = readout(out)
-        except ScanError:
-            raise
-        except Exception as exc:                  # the user's readout: name it, keep the chain
-            raise ScanError(f"the readout raised {type(exc).__name__}: {exc}") from exc
-        if not torch.is_tensor(got) or not got.is_floating_point():
-            what = f"a {got.dtype} tensor" if torch.is_tensor(got) else type(got).__name__
-            raise ScanError(f"readout must return floating-point logits (B, T, V), got {what}")
-        return got
-    return logits
+    return lambda out: float_readout(readout, out, ScanError)
 
 
 def _select_params(model: nn.Module, params) -> dict[str, nn.Parameter]:
