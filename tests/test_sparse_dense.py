@@ -1,32 +1,56 @@
-"""The sparse-vs-dense study end to end on a tiny corpus and tiny models (seconds)."""
+"""The sparse-vs-dense study end to end on a tiny corpus and tiny models (seconds): four models
+(sparse, dense and the two controls) scored by one pipeline under every definition, with intervals."""
 import json
 
 import pytest
 
 from wtc.studies.sparse_dense import SparseDenseStudy, StudyError, run
+from wtc.studies.sparse_dense_defs import DEFINITIONS
 
 
 def _tiny(**kw):
-    base = dict(steps=40, batch=8, d_model=32, n_layers=1, ctx=32, sample=5, slices=3, n_search=8, n_slice=4,
+    base = dict(steps=40, batch=8, d_model=32, n_layers=1, ctx=32, sample=6, slices=3, n_search=8, n_slice=4,
                 max_bytes=200_000, threads=1)
     return SparseDenseStudy(**{**base, **kw})
 
 
-def test_study_writes_both_models_and_reuses_finished_work(tmp_path):
+def _fractions_ok(obj):
+    for fig in ("interpretable", "robust"):
+        f, ci = obj[f"{fig}_fraction"], obj[f"{fig}_ci"]
+        assert 0 <= f <= 1 and 0 <= ci[0] <= f <= ci[1] <= 1
+
+
+def test_study_scores_four_models_under_every_definition_and_reuses_finished_work(tmp_path):
     s = run(_tiny(), tmp_path, progress=False)
     saved = json.loads((tmp_path / "summary.json").read_text())
-    for kind in ("sparse", "dense"):
-        for key in ("weights_scored", "interpretable_fraction", "robust_fraction", "reliability"):
-            assert key in saved[kind]
+    models = {"dense": saved["dense"], "sparse": saved["sparse"], **saved["controls"]}
+    assert set(saved["controls"]) == {"random", "shuffled"}
+    for kind, obj in models.items():
+        for key in ("weights_scored", "interpretable_fraction", "robust_fraction", "reliability", "heldout_loss"):
+            assert key in obj, (kind, key)
+        assert obj["weights_scored"] > 0
+        _fractions_ok(obj)
+        assert set(obj["definitions"]) == {d.name for d in DEFINITIONS}
+        for row in obj["definitions"].values():
+            _fractions_ok(row)
+            assert row["robust"] <= row["interpretable"] <= row["weights_scored"] == obj["weights_scored"]
         assert (tmp_path / kind / "model" / "model.safetensors").exists()
         assert (tmp_path / kind / "explain" / "report.md").exists()
-    assert s["dense"]["density"] == 1.0
+    assert s["dense"]["density"] == 1.0 and s["controls"]["random"]["density"] == 1.0
     assert s["sparse"]["density"] < 0.5             # 2% target plus at least 4 per unit of 32 channels
-    assert (tmp_path / "sparse_vs_dense.png").exists() and (tmp_path / "report.md").exists()
+    assert not s["controls"]["random"]["trained"] and s["controls"]["shuffled"]["trained"]
+    # the untrained model is far from the trained ones; the shuffled one learns byte frequencies only
+    assert s["controls"]["random"]["heldout_loss"] > s["dense"]["heldout_loss"] + 0.5
+    assert s["controls"]["shuffled"]["heldout_loss"] > s["dense"]["heldout_loss"]
+    assert set(s["verdict"]) == {d.name for d in DEFINITIONS}
+    assert (tmp_path / "sparse_vs_dense.png").exists() and "controls near zero" in (tmp_path / "report.md").read_text()
     again = run(_tiny(), tmp_path, progress=False)  # training and explanations are reused, not redone
     for kind in ("sparse", "dense"):
         assert again[kind]["scores"] == s[kind]["scores"]
         assert again[kind]["heldout_loss"] == s[kind]["heldout_loss"]
+    for kind in ("random", "shuffled"):
+        for key in ("scores", "definitions", "heldout_loss"):
+            assert again["controls"][kind][key] == s["controls"][kind][key]
 
 
 @pytest.mark.parametrize("kw", [{"density": 1.0}, {"steps": 0}, {"d_model": 40}])

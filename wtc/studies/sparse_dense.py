@@ -1,14 +1,18 @@
 """Sparse vs dense: are single weights of weight-sparse transformers more often explained by one
-short predicate than those of dense ones? (issue 7; Marin-Llobet & Heimersheim report 17-35% of
-nonzero weights interpretable in sparse models vs 5-9% in dense ones).
+short predicate than those of dense ones? (issues 7 and 19; Marin-Llobet & Heimersheim report 17-35%
+of nonzero weights interpretable in sparse models vs 5-9% in dense ones).
 
 One corpus (the Python standard library sources, wtc.explain.corpus, split by file), one model shape
 (wtc.models.sparse.lm_config: 2 layers, d_model 128, RMSNorm, byte vocabulary), two trainings with
 the same data, steps and seed: dense, and weight-sparse (top-k per matrix annealed to `density`
-over the first half, AbsTopK 1/4 on the MLP). Then the same explanation procedure on both
-(wtc.explain.explainer: `sample` weights drawn uniformly from the nonzero matrix weights, grammar
-predicates, exact conditional-ablation scores on held-out text, K = 10 slices). Everything is
-resumable: training from its checkpoints, explanations from their summary.json.
+over the first half, AbsTopK 1/4 on the MLP). Two controls (wtc.studies.sparse_dense_controls): the
+dense architecture untrained (`random`) and trained on the same bytes shuffled within every
+sequence (`shuffled`). Then the same explanation procedure on all four (`sample` weights drawn
+uniformly from the nonzero matrix weights, grammar predicates, exact conditional-ablation scores on
+held-out text, K = 10 slices), judged under several definitions of "interpretable"
+(wtc.studies.sparse_dense_defs: ours, a coverage gate per slice, <= 2 atoms, and a strict "one
+short predicate" row), each fraction with a 95% Wilson interval. Everything is resumable: training
+from its checkpoints, explanations weight by weight from their weights.jsonl.
 """
 from __future__ import annotations
 
@@ -18,11 +22,16 @@ from pathlib import Path
 
 from wtc.errors import StudyError
 from wtc.explain import report as explain_report
-from wtc.models.sparse import SparseTrainConfig, lm_config, nonzero_fraction, train_lm
+from wtc.explain.corpus import build_corpus
 from wtc.models import Transformer
 from wtc.models import io as model_io
+from wtc.models.sparse import SparseTrainConfig, lm_config, lm_loss, eval_windows, nonzero_fraction, train_lm
+from wtc.studies import sparse_dense_defs as defs
+from wtc.studies import sparse_dense_report as report
 from wtc.studies.clock import Clock, study_dir
-from wtc.explain.corpus import build_corpus
+from wtc.studies.sparse_dense_controls import CONTROLS, shuffle_within_blocks
+
+MODELS = ("dense", "sparse") + CONTROLS
 
 
 @dataclass
@@ -35,13 +44,13 @@ class SparseDenseStudy:
     n_layers: int = 2
     d_model: int = 128
     ctx: int = 128
-    sample: int = 200                 # weights explained per model
+    sample: int = 500                 # weights explained per model
     slices: int = 10
     n_search: int = 32                # search windows (predicates chosen here)
     n_slice: int = 16                 # windows per held-out slice
     max_bytes: int | None = None      # corpus cap (None: the whole default stdlib corpus)
     seed: int = 0
-    threads: int = 2
+    threads: int = 1
 
     @classmethod
     def quick(cls) -> SparseDenseStudy:
@@ -60,11 +69,13 @@ class SparseDenseStudy:
 
 
 CONFIG = SparseDenseStudy
-# summary keys `wtc study sparse-vs-dense` prints (dotted: into the dense / sparse objects)
-HEADLINE = tuple(f"{kind}.{key}" for kind in ("dense", "sparse")
-                 for key in ("density", "heldout_loss", "weights_scored", "interpretable_fraction", "robust_fraction",
-                             "reliability"))
+# summary keys `wtc study sparse-vs-dense` prints (dotted: into the model objects)
+HEADLINE = tuple(f"{kind}.{key}" for kind in ("dense", "sparse", "controls.random", "controls.shuffled")
+                 for key in ("heldout_loss", "weights_scored", "interpretable_fraction", "robust_fraction",
+                             "definitions.strict.interpretable_fraction"))
 OUTPUTS = ("summary.json", "report.md", "sparse_vs_dense.png")
+_KEEP = ("weights_sampled", "weights_scored", "interpretable_fraction", "interpretable_ci", "robust_fraction",
+         "robust_ci", "reliability", "mean_heldout_score", "definitions")
 
 
 def _model(cfg: SparseDenseStudy, sparse: bool) -> Transformer:
@@ -73,9 +84,68 @@ def _model(cfg: SparseDenseStudy, sparse: bool) -> Transformer:
     return Transformer(shape, seed=cfg.seed)
 
 
+def _train_config(cfg: SparseDenseStudy, kind: str) -> SparseTrainConfig:
+    return SparseTrainConfig(steps=cfg.steps, batch=cfg.batch, lr=cfg.lr, seed=cfg.seed, threads=cfg.threads,
+                             density=cfg.density if kind == "sparse" else 1.0, eval_every=max(cfg.steps // 10, 1))
+
+
+def prepare(cfg: SparseDenseStudy, out: Path, kind: str, corpus, progress: bool = True) -> tuple[Transformer, dict]:
+    """The model of `kind` (one of MODELS), trained (resumably) unless it is the random control,
+    saved under out/kind/model; returns (model, training figures)."""
+    if kind not in MODELS:
+        raise StudyError(f"unknown model kind {kind!r} (one of {', '.join(MODELS)})")
+    model = _model(cfg, kind == "sparse")
+    held = corpus.tokens("heldout")
+    tcfg = _train_config(cfg, kind)
+    if kind == "random":
+        import torch
+        torch.set_num_threads(cfg.threads)
+        loss = lm_loss(model, eval_windows(held, cfg.ctx, tcfg.eval_windows), cfg.batch)
+        train_loss = lm_loss(model, eval_windows(corpus.tokens("train"), cfg.ctx, tcfg.eval_windows), cfg.batch)
+        figures = {"heldout_loss": loss, "train_loss": train_loss, "train_seconds": 0.0, "trained": False}
+    else:
+        tokens = corpus.tokens("train")
+        if kind == "shuffled":
+            tokens = shuffle_within_blocks(tokens, cfg.ctx + 1, cfg.seed)
+        trained = train_lm(model, tokens, tcfg, out=out / kind / "train", heldout_tokens=held, progress=progress)
+        figures = {"heldout_loss": trained["heldout_loss"], "train_loss": trained["train_loss"],
+                   "train_seconds": round(trained["seconds"], 1), "trained": True}
+    model_io.save(model, out / kind / "model", extra={"study": "sparse-vs-dense", "kind": kind,
+                                                     "train": asdict(tcfg) if kind != "random" else None})
+    dens = nonzero_fraction(model, matrices_only=True)
+    figures.update(density=sum(dens.values()) / len(dens), densities=dens)
+    return model, figures
+
+
+def explain(cfg: SparseDenseStudy, out: Path, kind: str, model: Transformer, corpus, progress: bool = True,
+            budget_s: float | None = None) -> dict | None:
+    """Explain cfg.sample weights of `model` under every definition (resumably, out/kind/explain/);
+    writes summary.json, explanations.json (the `ours` choices) and report.md there once finished.
+    Returns the summary, or None when budget_s ran out first."""
+    import torch
+    torch.set_num_threads(cfg.threads)
+    where = out / kind / "explain"
+    sets = explain_report.heldout_sets(corpus, cfg.ctx, cfg.n_search, cfg.n_slice, cfg.slices, cfg.seed)
+    settings = {"ctx": cfg.ctx, "k": cfg.slices, "n_search": cfg.n_search, "n_slice": cfg.n_slice,
+                "corpus_sha256": corpus.manifest()["sha256"]}
+    records, finished = defs.explain_all(model, sets.search, sets.slices, where, cfg.sample, cfg.seed, settings,
+                                         progress=progress, label=kind, budget_s=budget_s)
+    if not finished:
+        return None
+    s = defs.summarise(records)
+    expl = defs.to_explanations(records)
+    (where / "explanations.json").write_text(json.dumps(expl, indent=1))
+    md = {**s, "threshold": defs.THRESHOLD, "slices": cfg.slices, "max_coverage": defs.DEFINITIONS[0].max_coverage,
+          "search_positions": int(sets.search.size), "seconds": "-", "examples": explain_report.examples(expl, 8)}
+    (where / "report.md").write_text(explain_report.markdown(md, f"{kind} model"))
+    s["scores"] = [w["heldout_score"] for w in expl]
+    (where / "summary.json").write_text(json.dumps(s, indent=2))
+    return s
+
+
 def run(cfg: SparseDenseStudy | None, out_dir, progress: bool = True) -> dict:
-    """Train both models (resumably, cfg.threads torch threads), explain both; writes summary.json,
-    report.md and sparse_vs_dense.png; returns the summary."""
+    """Train the three trained models (resumably, cfg.threads torch threads), explain all four;
+    writes summary.json, report.md and sparse_vs_dense.png; returns the summary."""
     cfg = cfg or SparseDenseStudy()
     if not isinstance(cfg, SparseDenseStudy):
         raise StudyError(f"cfg must be a SparseDenseStudy, got {type(cfg).__name__}")
@@ -84,79 +154,27 @@ def run(cfg: SparseDenseStudy | None, out_dir, progress: bool = True) -> dict:
     clock = Clock(out)
     corpus = build_corpus(max_bytes=cfg.max_bytes, seed=cfg.seed)
     corpus.save_manifest(out / "corpus_manifest.json")
-    train_tokens, held = corpus.tokens("train"), corpus.tokens("heldout")
     result = {}
-    for kind in ("dense", "sparse"):
-        model = _model(cfg, kind == "sparse")
-        tcfg = SparseTrainConfig(steps=cfg.steps, batch=cfg.batch, lr=cfg.lr, seed=cfg.seed, threads=cfg.threads,
-                                 density=cfg.density if kind == "sparse" else 1.0,
-                                 eval_every=max(cfg.steps // 10, 1))
-        trained = train_lm(model, train_tokens, tcfg, out=out / kind / "train", heldout_tokens=held,
-                           progress=progress)
-        model_io.save(model, out / kind / "model", extra={"study": "sparse-vs-dense", "kind": kind,
-                                                         "train": asdict(tcfg)})
-        dens = nonzero_fraction(model, matrices_only=True)
-        summary = explain_report.run(model, corpus, out / kind / "explain", sample=cfg.sample, seed=cfg.seed,
-                                     k=cfg.slices, n_search=cfg.n_search, n_slice=cfg.n_slice, progress=progress,
-                                     label=f"{kind} model")
-        result[kind] = {k: summary[k] for k in ("weights_sampled", "weights_scored", "interpretable_fraction",
-                                                 "robust_fraction", "reliability", "mean_heldout_score")}
-        result[kind].update(heldout_loss=trained["heldout_loss"], train_loss=trained["train_loss"],
-                            train_seconds=round(trained["seconds"], 1), explain_seconds=summary["seconds"],
-                            density=sum(dens.values()) / len(dens), densities=dens,
-                            scores=[w["heldout_score"] for w in json.loads(
-                                (out / kind / "explain" / "explanations.json").read_text())])
+    for kind in MODELS:
+        model, figures = prepare(cfg, out, kind, corpus, progress)
+        s = explain(cfg, out, kind, model, corpus, progress)
+        result[kind] = {**{k: s[k] for k in _KEEP}, **figures, "scores": s["scores"]}
+        clock.save()
     summary = {"config": asdict(cfg), "corpus": {"sha256": corpus.manifest()["sha256"], "files": len(corpus.files),
                                                  "train_bytes": corpus.n_bytes("train"),
                                                  "heldout_bytes": corpus.n_bytes("heldout")},
-               **result, "seconds": round(clock.total(), 1)}
+               "dense": result["dense"], "sparse": result["sparse"],
+               "controls": {k: result[k] for k in CONTROLS},
+               "definitions": [{"name": d.name, "label": d.label, "max_atoms": d.max_atoms,
+                                "max_coverage": d.max_coverage, "slice_gate": d.slice_gate} for d in defs.DEFINITIONS],
+               "ci": "95% Wilson score interval", "threshold": defs.THRESHOLD,
+               "seconds": round(clock.total(), 1)}
+    summary["verdict"] = report.verdict(summary)
     clock.save()
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot(out, summary)
-    (out / "report.md").write_text(markdown(summary))
+    report.plot(out, summary)
+    (out / "report.md").write_text(report.markdown(summary))
     return summary
 
 
-def plot(out: Path, s: dict) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    kinds = ("dense", "sparse")
-    x = range(2)
-    a.bar([i - 0.2 for i in x], [s[k]["interpretable_fraction"] or 0 for k in kinds], 0.4, label="interpretable")
-    a.bar([i + 0.2 for i in x], [s[k]["robust_fraction"] or 0 for k in kinds], 0.4, label="robust (all 10 slices)")
-    a.set_xticks(list(x), [f"{k}\n(density {s[k]['density']:.3f}, loss {s[k]['heldout_loss']:.2f})" for k in kinds])
-    a.set(ylabel="fraction of scored weights", title="weights explained by one predicate (score >= 0.75)")
-    a.legend(fontsize=8)
-    for k, color in zip(kinds, ("C0", "C1")):
-        scores = [v for v in s[k]["scores"] if v is not None]
-        if scores:
-            b.hist(scores, bins=20, range=(0, 1), alpha=0.6, color=color, label=k)
-    b.axvline(0.75, color="k", ls=":", lw=0.8)
-    b.set(xlabel="held-out score min(R, 1 - I) of the best predicate", ylabel="weights", title="score distribution")
-    b.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "sparse_vs_dense.png", dpi=110)
-    plt.close(fig)
-
-
-def markdown(s: dict) -> str:
-    c = s["config"]
-    rows = ["| model | density | held-out loss (nats/byte) | scored | interpretable | robust | reliability | mean score |",
-            "|---|---|---|---|---|---|---|---|"]
-    for k in ("dense", "sparse"):
-        r = s[k]
-        rows.append(f"| {k} | {r['density']:.4f} | {r['heldout_loss']:.3f} | {r['weights_scored']} | "
-                    f"{explain_report._fmt(r['interpretable_fraction'])} | {explain_report._fmt(r['robust_fraction'])} | "
-                    f"{explain_report._fmt(r['reliability'])} | {explain_report._fmt(r['mean_heldout_score'])} |")
-    return "\n".join([f"# Sparse vs dense ({c['steps']} steps, batch {c['batch']}, target density {c['density']}, "
-                      f"{c['sample']} weights each, {s['seconds']} s)", "",
-                      f"Corpus: {s['corpus']['files']} stdlib files, {s['corpus']['train_bytes']} train / "
-                      f"{s['corpus']['heldout_bytes']} held-out bytes (sha256 {s['corpus']['sha256'][:12]}).", ""]
-                     + rows + ["", "Examples: dense/explain/report.md, sparse/explain/report.md.", "",
-                               "![sparse vs dense](sparse_vs_dense.png)"]) + "\n"
-
-
-__all__ = ["CONFIG", "HEADLINE", "OUTPUTS", "SparseDenseStudy", "StudyError", "run"]
+__all__ = ["CONFIG", "HEADLINE", "MODELS", "OUTPUTS", "SparseDenseStudy", "StudyError", "explain", "prepare", "run"]
