@@ -63,16 +63,63 @@ def check_digests(tensors: dict[str, torch.Tensor], expected: dict[str, str] | N
                                   f"changed or corrupted after it was written)")
 
 
+def stem(path) -> Path:
+    """The pair's stem as a Path. Its files are stem.with_suffix(...): a stem with another suffix
+    ("run.1") would share its files with every stem that differs only there ("run.2"), so it is refused."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise CheckpointError(f"a checkpoint path must be a non-empty str or Path, got {path!r}")
+    path = Path(path)
+    if path.suffix not in ("", ".safetensors", ".json"):
+        raise CheckpointError(f"checkpoint stem {str(path)!r} has the suffix {path.suffix!r}: its files would be "
+                              f"{path.with_suffix('.safetensors').name} / .json, shared with any stem differing "
+                              "only after the last dot; name a stem without a dot")
+    return path
+
+
+def _checked(tensors, meta) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors (dense, on the CPU) and the metadata as a reader gets them back (JSON), refusing
+    what cannot be written faithfully, before anything is."""
+    if not isinstance(tensors, dict):
+        raise CheckpointError(f"tensors must be a dict of name -> torch.Tensor, got {type(tensors).__name__}")
+    for k, v in tensors.items():
+        if not isinstance(k, str):
+            raise CheckpointError(f"tensor names must be str, got {k!r}")
+        if not isinstance(v, torch.Tensor):
+            raise CheckpointError(f"tensor {k!r} must be a torch.Tensor, got {type(v).__name__} (torch.as_tensor it)")
+        if v.layout != torch.strided:
+            raise CheckpointError(f"tensor {k!r} is {v.layout}; only dense tensors can be written (.to_dense() it)")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"meta must be a dict, got {type(meta).__name__}")
+    bad = [k for k in meta if not isinstance(k, str)]
+    if bad:
+        raise CheckpointError(f"meta keys must be str (JSON would turn {bad[0]!r} into {str(bad[0])!r}), got {bad[:3]}")
+    taken = sorted({_PAIR, _DIGESTS, _META_DIGEST} & set(meta))
+    if taken:
+        raise CheckpointError(f"meta keys {taken} are reserved for the pair's id and digests")
+    try:
+        meta = json.loads(json.dumps(meta))         # what a reader gets back (tuples -> lists, ...)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"meta must be JSON data: {exc}") from None
+    out, seen = {}, {}
+    for k, v in tensors.items():
+        v = v.detach().contiguous().cpu()
+        ptr = (v.untyped_storage().data_ptr(), v.untyped_storage().nbytes()) if v.numel() else None
+        if ptr is not None and ptr in seen:
+            v = v.clone()                           # safetensors refuses shared memory; a copy reads back the same
+        seen.setdefault(ptr, k)
+        out[k] = v
+    return out, meta
+
+
 def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     """Write <path>.safetensors and <path>.json so that a crash never leaves a half-written pair."""
-    path = Path(path)
+    path = stem(path)
+    tensors, meta = _checked(tensors, meta)
     path.parent.mkdir(parents=True, exist_ok=True)
     pair = uuid.uuid4().hex
     tmp_t, tmp_j = path.with_suffix(".safetensors.tmp"), path.with_suffix(".json.tmp")
-    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     save_file(tensors, str(tmp_t), metadata={_PAIR: pair})
     meta = {**meta, _DIGESTS: digests(tensors)}
-    meta = json.loads(json.dumps(meta))             # what a reader gets back (tuples -> lists, ...)
     tmp_j.write_text(json.dumps({**meta, _PAIR: pair, _META_DIGEST: meta_digest(meta)}, indent=1))
     os.replace(tmp_t, path.with_suffix(".safetensors"))
     os.replace(tmp_j, path.with_suffix(".json"))
@@ -80,7 +127,7 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> No
 
 def exists(path: Path) -> bool:
     """Whether a pair (possibly one whose commit read() will finish) is at path."""
-    path = Path(path)
+    path = stem(path)
     return path.with_suffix(".safetensors").is_file() and (
         path.with_suffix(".json").is_file() or path.with_suffix(".json.tmp").is_file())
 
@@ -96,7 +143,7 @@ def _json(f: Path) -> dict:
 
 
 def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    path = Path(path)
+    path = stem(path)
     tfile, jfile = path.with_suffix(".safetensors"), path.with_suffix(".json")
     for f in (tfile, jfile):
         if not f.is_file() and not (f == jfile and path.with_suffix(".json.tmp").is_file()):

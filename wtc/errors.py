@@ -48,6 +48,10 @@ class TrainConfigError(WtcError, ValueError):
     """A training configuration (wtc.models.training, wtc.models.sparse) has a bad value; the message names the field."""
 
 
+class TrainConfigTypeError(TrainConfigError, TypeError):
+    """Something of the wrong kind was passed to the training loop (a dict for a TrainConfig, ...)."""
+
+
 class ScanError(WtcError, ValueError):
     """A scan was given tokens, parameters or options it cannot use, or a store it cannot resume."""
 

@@ -120,6 +120,8 @@ class HFModel(Hooked):
         super().__init__()
         if not isinstance(model, nn.Module):
             raise HFModelError(f"model must be a transformers causal LM (an nn.Module), got {type(model).__name__}")
+        if tokenizer is not None and not callable(tokenizer):
+            raise HFModelError(f"tokenizer must be None or a transformers tokenizer, got {type(tokenizer).__name__}")
         self.layout = layout_of(model)
         self.hf = model.eval()
         self.tokenizer = tokenizer
@@ -156,9 +158,33 @@ class HFModel(Hooked):
         ctx = getattr(self.hf.config, "n_positions", None) or getattr(self.hf.config, "max_position_embeddings", None)
         if ctx is not None and tokens.shape[1] > int(ctx):
             raise HFModelError(f"tokens have {tokens.shape[1]} positions, more than the model's context of {ctx}")
+        if kwargs:
+            self._check_kwargs(kwargs)
         kwargs.setdefault("use_cache", False)
         with self._routing():
             return self.hf(input_ids=tokens.long(), **kwargs).logits
+
+    _NOT_KWARGS = ("input_ids", "inputs_embeds", "return_dict")   # the tokens are the first argument; logits come back
+
+    def _check_kwargs(self, kwargs: dict) -> None:
+        """Refuse keyword arguments the Hugging Face forward does not name (its **kwargs would take
+        and ignore a misspelt attention_mask) or that would change what this forward returns."""
+        import inspect
+
+        try:
+            params = inspect.signature(self.hf.forward).parameters
+        except (TypeError, ValueError):
+            return
+        named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        taken = sorted(k for k in kwargs if k in self._NOT_KWARGS)
+        if taken:
+            raise HFModelError(f"{', '.join(taken)} cannot be passed to HFModel's forward (tokens are its first "
+                               "argument and it returns the logits)")
+        unknown = sorted(k for k in kwargs if k not in named)
+        if unknown:
+            raise HFModelError(f"unknown keyword argument(s) {', '.join(map(repr, unknown))} for "
+                               f"{type(self.hf).__name__}.forward (it takes: "
+                               f"{', '.join(n for n in named if n not in self._NOT_KWARGS)})")
 
     @contextlib.contextmanager
     def _routing(self):
@@ -230,13 +256,38 @@ def _transformers():
     return transformers
 
 
+@contextlib.contextmanager
+def _quiet(tf):
+    """transformers' logging and Python warnings held back while loading: what matters (weights
+    missing from the checkpoint, a failure) becomes an HFModelError, so a user sees one line."""
+    import warnings
+
+    verbosity = tf.logging.get_verbosity()
+    tf.logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        tf.logging.set_verbosity(verbosity)
+
+
 def load(source, tokenizer=None, dtype: torch.dtype | None = None) -> HFModel:
     """An HFModel from a local directory (config.json + weights, as save_pretrained writes; the
     tokenizer too when its files are there) or from a transformers model object. Nothing is
     downloaded: a directory is read with local_files_only. dtype: convert to it (None: as saved /
-    as given)."""
+    as given). A directory whose weights lack some of the model's parameters (transformers would
+    initialise them at random) or hold them in other shapes is refused."""
     if isinstance(source, HFModel):
+        if tokenizer is not None or dtype is not None:
+            raise HFModelError("load(an HFModel) takes no tokenizer= or dtype=: it returns the model as it is")
         return source
+    if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
+        dtype = getattr(torch, dtype)                # "float16", as transformers takes it
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise HFModelError(f"dtype must be None or a floating-point torch.dtype (e.g. torch.float32), got {dtype!r}")
+    if tokenizer is not None and not callable(tokenizer):
+        raise HFModelError(f"tokenizer must be None or a transformers tokenizer, got {type(tokenizer).__name__}")
     if isinstance(source, nn.Module):
         model = source if dtype is None else source.to(dtype)
         return HFModel(model, tokenizer)
@@ -248,19 +299,25 @@ def load(source, tokenizer=None, dtype: torch.dtype | None = None) -> HFModel:
     if not (path / "config.json").is_file():
         raise HFModelError(f"{path} has no config.json: not a Hugging Face model directory")
     tf = _transformers()
-    try:
-        model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
-                                                        **({} if dtype is None else {"dtype": dtype}))
-    except Exception as exc:     # transformers / safetensors raise their own types for a bad directory
-
-        raise HFModelError(f"{path}: cannot load a causal LM ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
-    if tokenizer is None and any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+    with _quiet(tf):
         try:
-            tokenizer = tf.AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except Exception as exc:  # e.g. ImportError for a tokenizer that needs protobuf
-
-            raise HFModelError(f"{path}: cannot load its tokenizer ({type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0]})") from None
+            model, info = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, output_loading_info=True,
+                                                                  **({} if dtype is None else {"dtype": dtype}))
+        except Exception as exc:     # transformers / safetensors raise their own types for a bad directory
+            raise HFModelError(f"{path}: cannot load a causal LM ({type(exc).__name__}: "
+                               f"{(str(exc).splitlines() or [''])[0]})") from None
+        for what, keys in (("lacks", info.get("missing_keys")), ("holds in other shapes", info.get("mismatched_keys"))):
+            if keys:
+                names = [k if isinstance(k, str) else k[0] for k in keys]
+                raise HFModelError(f"{path}: the weights file {what} {len(names)} of the model's parameters "
+                                   f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); transformers would "
+                                   "initialise them at random")
+        if tokenizer is None and any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+            try:
+                tokenizer = tf.AutoTokenizer.from_pretrained(path, local_files_only=True)
+            except Exception as exc:  # e.g. ImportError for a tokenizer that needs protobuf
+                raise HFModelError(f"{path}: cannot load its tokenizer ({type(exc).__name__}: "
+                                   f"{(str(exc).splitlines() or [''])[0]})") from None
     return HFModel(model, tokenizer)
 
 

@@ -164,14 +164,23 @@ def _corpus_lm(spec: ModelSpec, model, corpus) -> LM:
               corpus.encode(list(plur)), spec.n_layers)
 
 
-def hf_lm(path, corpus) -> LM:
+def hf_lm(path, corpus, n_ctx: int | None = None) -> LM:
     """A local Hugging Face model directory as an LM (its tokenizer; the first token of " form" for
-    each verb form; pairs whose forms share that token are dropped)."""
+    each verb form; pairs whose forms share that token are dropped). Refused before any analysis: a
+    context shorter than n_ctx (the length the sentences are padded to), non-finite weights."""
     from wtc.models.hf import load
 
     model = load(path)
     if model.tokenizer is None:
         raise StudyError(f"{path}: the model directory has no tokenizer (the sentences must be tokenized)")
+    cfg = model.hf.config
+    ctx = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+    if n_ctx is not None and ctx is not None and int(ctx) < n_ctx:
+        raise StudyError(f"{path}: the model's context ({int(ctx)} positions) is shorter than the study's "
+                         f"n_ctx={n_ctx} (the sentences are padded to it)")
+    for name, p in model.hf.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            raise StudyError(f"{path}: the model's weight {name} holds NaN or inf; every result would be NaN")
     tok = model.tokenizer
     sing, plur = [], []
     for s, p in zip(*corpus.verb_forms):
@@ -394,7 +403,7 @@ def run(cfg: AgreementStudy | None, out_dir, progress: bool = True) -> dict:
     from wtc.tasks.agreement import AgreementCorpus
 
     corpus = AgreementCorpus(cfg.corpus_seed)
-    user = hf_lm(cfg.model, corpus) if cfg.model is not None else None     # a bad directory fails before anything is written
+    user = hf_lm(cfg.model, corpus, cfg.n_ctx) if cfg.model is not None else None     # a bad directory fails before anything is written
     check_config(out, {k: v for k, v in asdict(cfg).items() if k in _TRAIN_FIELDS + ("models", "model")},
                  free=("models",), label="agreement")
     with torch_threads(cfg.threads):

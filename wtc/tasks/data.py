@@ -26,9 +26,24 @@ def _as_array(a, what: str, name: str) -> np.ndarray:
     if complex_:
         raise TaskError(f"task {name!r}: {what} are complex; recorded values must be real numbers")
     try:
-        a = np.asarray(a, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
+        raw = np.asarray(a)
+        a = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError) as exc:
         raise TaskError(f"task {name!r}: {what} are not a numeric array: {exc}") from None
+    if raw.dtype.kind in "iuO" and raw.size:      # integers past 2**53 round in float64: distinct records would merge
+        try:
+            with np.errstate(invalid="ignore"):
+                exact = np.asarray(raw == a.astype(raw.dtype) if raw.dtype.kind != "O" else
+                                   [int(v) == int(f) for v, f in zip(raw.reshape(-1), a.reshape(-1))]).reshape(-1)
+        except (TypeError, ValueError, OverflowError):
+            exact = np.ones(raw.size, bool)
+        if raw.dtype.kind in "iu":
+            exact &= np.abs(a.reshape(-1)) < 2.0**63        # float64 -> int64 wraps at 2**63
+        if not exact.all():
+            at = tuple(map(int, np.unravel_index(int(np.argmin(exact)), raw.shape)))
+            raise TaskError(f"task {name!r}: {what} hold the integer {int(raw[at])} at {at}, which float64 (what "
+                            f"records are kept in) cannot represent exactly (integers are exact up to 2**53); "
+                            "subtract an offset or rescale them")
     if a.ndim not in (2, 3):
         raise TaskError(f"task {name!r}: {what} must be (n, T) or (n, T, k), got shape {a.shape}")
     return a

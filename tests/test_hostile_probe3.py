@@ -1,0 +1,223 @@
+"""Hostile inputs, third probe: each case an error of wtc's own type (a WtcError) whose message
+names the problem, or, for a legitimate input, the right answer."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import wtc
+from wtc import checkpoint_io
+from wtc.errors import CheckpointError, StudyError, TaskError, TrainConfigError, TrainingError, WtcError
+from wtc.models.training import Eval, TrainConfig, Trainer
+
+
+# ---------------------------------------------------------------------------- Hugging Face models
+
+@pytest.fixture(scope="module")
+def gpt2_dirs(tmp_path_factory):
+    """Tiny GPT-2 directories with the agreement corpus's word tokenizer: ok, a short context, NaN
+    weights, a weights file missing layer 1."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+
+    from wtc.models.hf import word_tokenizer
+    from wtc.tasks.agreement import AgreementCorpus
+
+    c = AgreementCorpus()
+    root = tmp_path_factory.mktemp("hf")
+
+    def make(name, n_positions=32, nan=False):
+        torch.manual_seed(0)
+        m = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, n_inner=32,
+                                                                 vocab_size=c.d_vocab, n_positions=n_positions))
+        if nan:
+            with torch.no_grad():
+                m.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
+        m.save_pretrained(root / name)
+        word_tokenizer(c.vocab).save_pretrained(root / name)
+        return root / name
+
+    make("ok")
+    make("short", n_positions=8)
+    make("nan", nan=True)
+    d = make("missing")
+    w = load_file(d / "model.safetensors")
+    save_file({k: v for k, v in w.items() if ".h.1." not in k}, d / "model.safetensors", metadata={"format": "pt"})
+    return root
+
+
+@pytest.mark.parametrize("name, match", [("short", r"context \(8 positions\) is shorter than the study's n_ctx=24"),
+                                         ("nan", r"weight transformer\.h\.0\.mlp\.c_fc\.weight holds NaN"),
+                                         ("missing", r"lacks 12 of the model's parameters")])
+def test_agreement_on_an_unusable_model_is_one_line_before_anything_is_written(gpt2_dirs, tmp_path, capsys, name,
+                                                                               match):
+    from wtc.cli import main
+
+    out = tmp_path / "out"
+    assert main(["study", "agreement", "--quick", "--quiet", "--model", str(gpt2_dirs / name), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wtc: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    import re
+    assert re.search(match, err), err
+    assert not (out / "config.json").exists()
+    from wtc.studies import agreement as A
+    from wtc.tasks.agreement import AgreementCorpus
+    with pytest.raises(WtcError, match=match):
+        A.hf_lm(gpt2_dirs / name, AgreementCorpus(), n_ctx=24)
+
+
+def test_hf_loading_prints_nothing_and_refuses_random_initialised_weights(gpt2_dirs, capfd):
+    from wtc.models.hf import HFModelError, load
+
+    capfd.readouterr()
+    with pytest.raises(HFModelError, match="lacks 12 .*transformer.h.1.*initialise them at random"):
+        load(gpt2_dirs / "missing")
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""           # transformers' "Some weights ... newly initialized" held back
+    assert load(gpt2_dirs / "ok", dtype="float64").hf.dtype == torch.float64      # a dtype named as transformers takes it
+
+
+def test_hf_forward_and_load_refuse_unknown_arguments_by_name(gpt2_dirs):
+    from wtc.models.hf import HFModel, HFModelError, load
+
+    m = load(gpt2_dirs / "ok")
+    x = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(HFModelError, match="unknown keyword argument.*'atention_mask'.*attention_mask"):
+        m(x, atention_mask=torch.ones(1, 4))
+    with pytest.raises(HFModelError, match="return_dict cannot be passed"):
+        m(x, return_dict=False)
+    assert torch.equal(m(x, attention_mask=torch.ones(1, 4)), m(x))           # a named argument still works
+    with pytest.raises(HFModelError, match="dtype must be None or a floating-point torch.dtype.*int32"):
+        load(gpt2_dirs / "ok", dtype=torch.int32)
+    with pytest.raises(HFModelError, match="dtype must be .*'half-ish'"):
+        load(gpt2_dirs / "ok", dtype="half-ish")
+    with pytest.raises(HFModelError, match="tokenizer must be None or a transformers tokenizer, got int"):
+        HFModel(m.hf, tokenizer=3)
+    with pytest.raises(HFModelError, match="takes no tokenizer= or dtype="):
+        load(m, dtype=torch.float64)
+
+
+# ---------------------------------------------------------------------------- the training loop
+
+def _trainer(**kw):
+    m = torch.nn.Linear(2, 1)
+    return Trainer(m, kw.pop("cfg", TrainConfig(steps=2)), lambda s: torch.ones(3, 2),
+                   lambda b: m(b).pow(2).mean(), progress=False, **kw)
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    ({"threads": 0}, TrainConfigError, "threads must be a positive integer, got 0"),
+    ({"threads": 1.5}, TrainConfigError, "threads must be a positive integer, got 1.5"),
+    ({"threads": True}, TrainConfigError, "threads must be a positive integer, got True"),
+    ({"identity": {"a": object()}}, TrainConfigError, "identity must be JSON data.*object"),
+    ({"identity": {"a": {1, 2}}}, TrainConfigError, "identity must be JSON data.*set"),
+    ({"identity": {"a": float("nan")}}, TrainConfigError, "identity must be JSON data.*Out of range"),
+    ({"identity": {(1, 2): 3}}, TrainConfigError, "identity must be JSON data.*tuple"),
+    ({"identity": [1, 2]}, TrainConfigError, "identity must be a dict.*list"),
+    ({"cfg": {"steps": 3}}, TypeError, r"cfg must be a TrainConfig \(TrainConfig\(\*\*d\) for a dict\), got dict"),
+    ({"cfg": None}, TypeError, "cfg must be a TrainConfig, got NoneType"),
+    ({"evals": (3,)}, TypeError, "evals must be a tuple of Eval"),
+    ({"evals": Eval("a", lambda t: {})}, TypeError, "evals must be a tuple of Eval"),
+    ({"rngs": [np.random.default_rng()]}, TypeError, "rngs must be a dict"),
+    ({"rngs": {"g": 3}}, TypeError, r"rngs\['g'\] must be a numpy or torch Generator"),
+    ({"decay": 3}, TypeError, "decay must be None or callable, got int"),
+    ({"post_step": 3}, TypeError, "post_step must be None or callable, got int"),
+    ({"path": 3}, TypeError, "path must be None or a path"),
+    ({"path": "ckpt.v1"}, TrainConfigError, "suffix '.v1'"),
+])
+def test_trainer_arguments_are_named(kw, error, match):
+    with pytest.raises(error, match=match) as e:
+        _trainer(**kw)
+    assert isinstance(e.value, WtcError)
+
+
+def test_trainer_model_must_be_a_module():
+    with pytest.raises(TrainConfigError, match="model must be a torch.nn.Module, got int"):
+        Trainer(3, TrainConfig(steps=1), lambda s: 0, lambda b: 0)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"every": 0}, "every must be None or a positive integer, got 0"),
+    ({"every": -1}, "every must be None or a positive integer, got -1"),       # ran at every step
+    ({"at": "12"}, "at must be a collection of step numbers"),
+    ({"at": (1.5,)}, "at must be a collection of step numbers"),
+    ({"fn": 3}, "fn must be callable"),
+    ({"name": 3}, "Eval.name must be a non-empty str, got 3"),
+    ({"show": "loss"}, "show must be a tuple of record keys"),
+])
+def test_eval_arguments_are_named(kw, match):
+    args = {"name": "a", "fn": lambda t: {}, **kw}
+    with pytest.raises(TrainConfigError, match=match):
+        Eval(**args)
+
+
+def test_post_step_cannot_overwrite_the_recorded_loss_or_give_text(tmp_path):
+    with pytest.raises(TrainingError, match=r"post_step returned \['loss'\], which the trainer records itself"):
+        _trainer(post_step=lambda t: {"loss": 5.0}).run()          # the history's loss was 5.0 at every step
+    with pytest.raises(TrainingError, match="post_step must return str keys with numbers, got 'x': 'a'"):
+        _trainer(post_step=lambda t: {"x": "a"}).run()
+    r = _trainer(post_step=lambda t: {"density": 0.5}).run()
+    assert r.history["density"] == [0.5, 0.5] and r.history["loss"][0] != 0.5
+
+
+def test_an_eval_record_that_cannot_be_checkpointed_is_named(tmp_path):
+    with pytest.raises(TrainingError, match="Eval 'a' must return JSON data.*Tensor"):
+        _trainer(path=tmp_path / "s", evals=(Eval("a", lambda t: {"x": torch.tensor(1.0)}, every=1),)).run()
+    r = _trainer(evals=(Eval("a", lambda t: {"x": torch.tensor(1.0)}, every=1),)).run()     # no checkpoint: kept
+    assert len(r.metrics["a"]) == 2
+
+
+# ---------------------------------------------------------------------------- checkpoint_io
+
+@pytest.mark.parametrize("tensors, meta, match", [
+    ({"a": np.zeros(3)}, {}, "tensor 'a' must be a torch.Tensor, got ndarray"),
+    ({"a": 1.0}, {}, "tensor 'a' must be a torch.Tensor, got float"),
+    ({1: torch.zeros(2)}, {}, "tensor names must be str, got 1"),
+    ([torch.zeros(2)], {}, "tensors must be a dict"),
+    ({"a": torch.zeros(2).to_sparse()}, {}, "only dense tensors"),
+    ({"a": torch.zeros(2)}, [1], "meta must be a dict, got list"),
+    ({"a": torch.zeros(2)}, {"x": object()}, "meta must be JSON data"),
+    ({"a": torch.zeros(2)}, {1: 2}, "meta keys must be str"),
+    ({"a": torch.zeros(2)}, {"_sha256": 1}, r"meta keys \['_sha256'\] are reserved"),
+])
+def test_write_atomic_refuses_what_it_cannot_write_before_writing(tmp_path, tensors, meta, match):
+    with pytest.raises(CheckpointError, match=match):
+        checkpoint_io.write_atomic(tmp_path / "c", tensors, meta)
+    assert list(tmp_path.iterdir()) == []                    # no .tmp file left behind
+
+
+def test_checkpoint_stems_with_a_dot_would_share_files_and_are_refused(tmp_path):
+    with pytest.raises(CheckpointError, match=r"suffix '\.1'.*run\.safetensors"):
+        checkpoint_io.write_atomic(tmp_path / "run.1", {"a": torch.zeros(2)}, {})
+    with pytest.raises(CheckpointError, match="non-empty str or Path, got 5"):
+        checkpoint_io.read(5)
+    t = torch.arange(4.0)                                    # views of one storage (tied weights) are written
+    checkpoint_io.write_atomic(tmp_path / "shared", {"a": t, "b": t[:2], "c": t}, {"v": 1})
+    back, meta = checkpoint_io.read(tmp_path / "shared")
+    assert torch.equal(back["a"], t) and torch.equal(back["b"], t[:2]) and torch.equal(back["c"], t) and meta == {"v": 1}
+
+
+# ---------------------------------------------------------------------------- data tasks
+
+@pytest.mark.parametrize("where", ["inputs", "outputs"])
+@pytest.mark.parametrize("values", [lambda: 2**60 + np.arange(200 * 4, dtype=np.int64).reshape(200, 4),
+                                    lambda: (2**60 + np.arange(200 * 4, dtype=np.int64).reshape(200, 4)).astype(np.uint64),
+                                    lambda: np.array([[2**70 + 4 * i + j for j in range(4)] for i in range(200)],
+                                                     dtype=object),
+                                    lambda: np.full((200, 4), 2**53 + 1)])
+def test_from_arrays_refuses_integers_float64_cannot_hold(where, values):
+    big = values()
+    small = np.arange(200 * 4).reshape(200, 4)
+    x, y = (big, small % 5) if where == "inputs" else (small, big)
+    with pytest.raises(TaskError, match=f"{where} hold the integer .* cannot represent exactly"):
+        wtc.Task.from_arrays(x, y)
+
+
+def test_from_arrays_takes_large_integers_float64_holds():
+    x = 2**52 + np.arange(200 * 4, dtype=np.int64).reshape(200, 4)
+    t = wtc.Task.from_arrays(x, x % 3)
+    s = t.sample(np.random.default_rng(0), 5)
+    assert np.array_equal(t.target(s), s % 3)
