@@ -48,6 +48,7 @@ class SparseDenseStudy:
     slices: int = 10
     n_search: int = 32                # search windows (predicates chosen here)
     n_slice: int = 16                 # windows per held-out slice
+    candidates: int = 5               # grammar predicates re-scored exactly per search (the explainer's default)
     max_bytes: int | None = None      # corpus cap (None: the whole default stdlib corpus)
     seed: int = 0
     threads: int = 1
@@ -58,7 +59,7 @@ class SparseDenseStudy:
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch", "n_layers", "d_model", "ctx", "sample", "slices", "n_search", "n_slice",
-                     "threads"):
+                     "candidates", "threads"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise StudyError(f"SparseDenseStudy.{name} must be a positive int, got {v!r}")
@@ -114,22 +115,27 @@ def prepare(cfg: SparseDenseStudy, out: Path, kind: str, corpus, progress: bool 
                                                      "train": asdict(tcfg) if kind != "random" else None})
     dens = nonzero_fraction(model, matrices_only=True)
     figures.update(density=sum(dens.values()) / len(dens), densities=dens)
+    (out / kind / "figures.json").write_text(json.dumps(figures, indent=1))
     return model, figures
 
 
+def _settings(cfg: SparseDenseStudy, corpus) -> dict:
+    return {"ctx": cfg.ctx, "k": cfg.slices, "n_search": cfg.n_search, "n_slice": cfg.n_slice,
+            "corpus_sha256": corpus.manifest()["sha256"]}
+
+
 def explain(cfg: SparseDenseStudy, out: Path, kind: str, model: Transformer, corpus, progress: bool = True,
-            budget_s: float | None = None) -> dict | None:
+            budget_s: float | None = None, max_weights: int | None = None) -> dict | None:
     """Explain cfg.sample weights of `model` under every definition (resumably, out/kind/explain/);
     writes summary.json, explanations.json (the `ours` choices) and report.md there once finished.
-    Returns the summary, or None when budget_s ran out first."""
+    Returns the summary, or None when budget_s / max_weights stopped it first."""
     import torch
     torch.set_num_threads(cfg.threads)
     where = out / kind / "explain"
     sets = explain_report.heldout_sets(corpus, cfg.ctx, cfg.n_search, cfg.n_slice, cfg.slices, cfg.seed)
-    settings = {"ctx": cfg.ctx, "k": cfg.slices, "n_search": cfg.n_search, "n_slice": cfg.n_slice,
-                "corpus_sha256": corpus.manifest()["sha256"]}
-    records, finished = defs.explain_all(model, sets.search, sets.slices, where, cfg.sample, cfg.seed, settings,
-                                         progress=progress, label=kind, budget_s=budget_s)
+    records, finished = defs.explain_all(model, sets.search, sets.slices, where, cfg.sample, cfg.seed,
+                                         _settings(cfg, corpus), progress=progress, label=kind, budget_s=budget_s,
+                                         max_weights=max_weights, candidates=cfg.candidates)
     if not finished:
         return None
     s = defs.summarise(records)
@@ -154,12 +160,31 @@ def run(cfg: SparseDenseStudy | None, out_dir, progress: bool = True) -> dict:
     clock = Clock(out)
     corpus = build_corpus(max_bytes=cfg.max_bytes, seed=cfg.seed)
     corpus.save_manifest(out / "corpus_manifest.json")
+    for kind in MODELS:
+        model, _ = prepare(cfg, out, kind, corpus, progress)
+        explain(cfg, out, kind, model, corpus, progress)
+        clock.save()
+    summary = write_summary(cfg, out, corpus, seconds=round(clock.total(), 1))
+    clock.save()
+    return summary
+
+
+def write_summary(cfg: SparseDenseStudy, out, corpus, seconds: float | None = None) -> dict:
+    """summary.json, report.md and the plot from what out/ holds: finished models in full, a model
+    still being explained from its finished weights (its `finished` is False), a model not yet
+    prepared left out (None). A run in pieces reports its progress with this."""
+    out = Path(out)
     result = {}
     for kind in MODELS:
-        model, figures = prepare(cfg, out, kind, corpus, progress)
-        s = explain(cfg, out, kind, model, corpus, progress)
-        result[kind] = {**{k: s[k] for k in _KEEP}, **figures, "scores": s["scores"]}
-        clock.save()
+        fig_path, where = out / kind / "figures.json", out / kind / "explain"
+        records = defs.load_records(where)
+        if not fig_path.exists() or not records:
+            result[kind] = None
+            continue
+        s = defs.summarise(records)
+        scores = [(r["defs"].get("ours") or {}).get("heldout_score") for r in records]
+        result[kind] = {**{k: s[k] for k in _KEEP}, **json.loads(fig_path.read_text()), "scores": scores,
+                        "finished": len(records) == cfg.sample}
     summary = {"config": asdict(cfg), "corpus": {"sha256": corpus.manifest()["sha256"], "files": len(corpus.files),
                                                  "train_bytes": corpus.n_bytes("train"),
                                                  "heldout_bytes": corpus.n_bytes("heldout")},
@@ -168,13 +193,13 @@ def run(cfg: SparseDenseStudy | None, out_dir, progress: bool = True) -> dict:
                "definitions": [{"name": d.name, "label": d.label, "max_atoms": d.max_atoms,
                                 "max_coverage": d.max_coverage, "slice_gate": d.slice_gate} for d in defs.DEFINITIONS],
                "ci": "95% Wilson score interval", "threshold": defs.THRESHOLD,
-               "seconds": round(clock.total(), 1)}
-    summary["verdict"] = report.verdict(summary)
-    clock.save()
+               "finished": all(r is not None and r["finished"] for r in result.values()), "seconds": seconds}
+    summary["verdict"] = report.verdict(summary) if all(r is not None for r in result.values()) else None
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    report.plot(out, summary)
-    (out / "report.md").write_text(report.markdown(summary))
+    if summary["verdict"] is not None:
+        report.plot(out, summary)
+        (out / "report.md").write_text(report.markdown(summary))
     return summary
 
 
-__all__ = ["CONFIG", "HEADLINE", "MODELS", "OUTPUTS", "SparseDenseStudy", "StudyError", "explain", "prepare", "run"]
+__all__ = ["CONFIG", "HEADLINE", "MODELS", "OUTPUTS", "SparseDenseStudy", "StudyError", "explain", "prepare", "run", "write_summary"]

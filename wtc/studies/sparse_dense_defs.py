@@ -76,13 +76,17 @@ def _finite(v):
     return None if v is None or not np.isfinite(v) else float(v)
 
 
-def _judge(scorers: list[Scorer], name, index, truth, cache: dict, source: str) -> dict:
-    """Per-slice scores and coverages of one predicate (cached by source: definitions often share it)."""
+def _judge(scorers: list[Scorer], name, index, truth, cache: dict, source: str, full: list) -> dict:
+    """Per-slice scores and coverages of one predicate, cached by source (definitions often share
+    it); `full` caches each slice's per-position KL of zeroing the weight everywhere (A(all) and,
+    for weights whose effect stays local, the additive shortcut), computed once per weight."""
     if source not in cache:
         sums, scores, covs = np.zeros(3), [], []
-        for sc in scorers:
+        for k, sc in enumerate(scorers):
+            if len(full) <= k:
+                full.append(sc.kl_map(name, index))
             F = truth(sc.tokens.numpy())
-            a = np.array(sc.triple(name, index, F))
+            a = np.array(sc.triple(name, index, F, full[k]))
             sums += a
             scores.append(_finite(_scores(*a)))
             covs.append(float(F.mean()))
@@ -101,7 +105,7 @@ def explain_weight(name, index, kl: torch.Tensor, search_np: np.ndarray, search_
         return rec
     flat = np.argsort(-kl_np, axis=None)[:5]
     rec["examples"] = [_context_text(search_np[i // kl_np.shape[1]], int(i % kl_np.shape[1])) for i in flat]
-    searched, judged = {}, {}
+    searched, judged, exact, full = {}, {}, {}, []
     for d in definitions:
         key = (d.max_atoms, d.max_coverage)
         if key not in searched:
@@ -113,7 +117,9 @@ def explain_weight(name, index, kl: torch.Tensor, search_np: np.ndarray, search_
                 cov = float(F.mean())
                 if not 0 < cov <= d.max_coverage:
                     continue
-                score = _scores(*search_scorer.triple(name, index, F, kl))
+                if p.source not in exact:          # exact search-set score, once per predicate
+                    exact[p.source] = _scores(*search_scorer.triple(name, index, F, kl))
+                score = exact[p.source]
                 if best is None or score > best[0]:
                     best = (score, p, cov)
             searched[key] = best
@@ -123,7 +129,7 @@ def explain_weight(name, index, kl: torch.Tensor, search_np: np.ndarray, search_
                                    "note": "no candidate predicate within the coverage gate"}
             continue
         score, pred, cov = best
-        j = _judge(slice_scorers, name, index, pred.evaluate, judged, pred.source)
+        j = _judge(slice_scorers, name, index, pred.evaluate, judged, pred.source, full)
         pooled = j["heldout_score"]
         gate_ok = all(0 < c <= d.max_coverage for c in j["slice_coverages"]) if d.slice_gate else True
         interp = pooled is not None and pooled >= threshold and gate_ok
@@ -158,6 +164,20 @@ def summarise(records: list[dict], definitions=DEFINITIONS) -> dict:
             "mean_heldout_score": float(np.mean(heldout)) if heldout else None, "definitions": rows}
 
 
+def load_records(out) -> list[dict]:
+    """The finished records in out/weights.jsonl whatever its settings (for a progress report)."""
+    path = Path(out) / "weights.jsonl"
+    if not path.exists():
+        return []
+    recs = []
+    for line in path.read_text().splitlines()[1:]:
+        try:
+            recs.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return recs
+
+
 def _load(path: Path, settings: dict) -> list[dict]:
     """Finished records of a run with these settings (a run with other settings is set aside)."""
     if not path.exists():
@@ -181,13 +201,16 @@ def _load(path: Path, settings: dict) -> list[dict]:
 
 def explain_all(model, search: np.ndarray, slices: list[np.ndarray], out, sample: int, seed: int = 0,
                 settings: dict | None = None, definitions=DEFINITIONS, progress: bool = True,
-                label: str = "model", budget_s: float | None = None) -> tuple[list[dict], bool]:
+                label: str = "model", budget_s: float | None = None, max_weights: int | None = None,
+                candidates: int = 5) -> tuple[list[dict], bool]:
     """Explain `sample` weights of `model` under every definition, appending each finished weight to
-    out/weights.jsonl (resumed by a rerun with the same settings). budget_s: stop (resumably) once
-    this many seconds have passed. Returns (records in sample order, finished)."""
+    out/weights.jsonl (resumed by a rerun with the same settings). budget_s / max_weights: stop
+    (resumably) once this many seconds have passed / this many more weights are done (checked
+    between chunks of CHUNK weights). candidates: the grammar's best predicates re-scored exactly
+    per search. Returns (records in sample order, finished)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {**(settings or {}), "sample": sample, "seed": seed, "threshold": THRESHOLD,
+    settings = {**(settings or {}), "sample": sample, "seed": seed, "threshold": THRESHOLD, "candidates": candidates,
                 "definitions": [d.__dict__ for d in definitions]}
     path = out / "weights.jsonl"
     done = _load(path, settings)
@@ -211,6 +234,8 @@ def explain_all(model, search: np.ndarray, slices: list[np.ndarray], out, sample
         for lo in range(len(done), len(weights), CHUNK):
             if budget_s is not None and time.perf_counter() - t0 > budget_s:
                 break
+            if max_weights is not None and len(records) - len(done) >= max_weights:
+                break
             chunk = weights[lo:lo + CHUNK]
             chosen = {}
             for name, index in chunk:
@@ -218,7 +243,8 @@ def explain_all(model, search: np.ndarray, slices: list[np.ndarray], out, sample
             scanned = scan(model, search_t, params=sorted(chosen), weights=chosen, keep_positions=True, progress=False)
             for name, index in chunk:
                 kl = scanned.position_kl(name, index).reshape(search_t.shape)
-                rec = explain_weight(name, index, kl, search, search_scorer, slice_scorers, definitions)
+                rec = explain_weight(name, index, kl, search, search_scorer, slice_scorers, definitions,
+                                     candidates=candidates)
                 records.append(rec)
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()
@@ -241,5 +267,5 @@ def to_explanations(records: list[dict], definition: str = "ours") -> list[dict]
     return out
 
 
-__all__ = ["DEFINITIONS", "Definition", "THRESHOLD", "explain_all", "explain_weight", "summarise",
+__all__ = ["DEFINITIONS", "Definition", "THRESHOLD", "explain_all", "explain_weight", "load_records", "summarise",
            "to_explanations", "wilson"]
