@@ -124,3 +124,25 @@ def test_a_model_directory_without_a_tokenizer_is_refused(tmp_path):
     with pytest.raises(StudyError, match="no tokenizer"):
         A.run(A.AgreementStudy(model=str(tmp_path), fit_n=20, eval_n=20), tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / "config.json").exists()          # refused before anything was written
+
+
+def test_cross_model_comparison_separates_the_class_split_from_the_order_inside(rng):
+    from wtc.studies.agreement_compare import compare, spearman
+
+    assert spearman([1, 2, 2, 3], [1, 2, 2, 3]) == pytest.approx(1.0)          # average ranks: ties share theirs
+    assert spearman([0, 0, 1, 1], [0, 1, 0, 1]) == pytest.approx(0.0)
+    n = 400
+    num = np.repeat([0, 1], n // 2)
+    shared = rng.standard_normal(n)
+    a = 5 * (2 * num - 1) + shared                               # both separate the classes ...
+    b = 5 * (2 * num - 1) + shared + 0.01 * rng.standard_normal(n)   # ... with the same order inside
+    c = 5 * (2 * num - 1) + rng.standard_normal(n)               # ... or another one
+    margins = [a, b, 3 * c]                                      # c's margin follows c
+    out = compare([a, b, c], margins, num, [a[:50], b[:50], c[:50]], [a[:50], b[:50], c[:50]], num[:50])
+    rho, within = np.array(out["spearman"]), np.array(out["spearman_within_number"])
+    assert rho[0, 1] > 0.99 and within[0, 1] > 0.99
+    assert abs(rho[0, 2] - 0.75) < 0.05 and abs(within[0, 2]) < 0.2              # the split alone: 0.75
+    assert out["min_spearman"] == pytest.approx(min(rho[0, 2], rho[1, 2]))
+    assert out["coordinate_margin_r_within_number"] == pytest.approx([1.0, 1.0, 1.0])
+    assert np.array(out["spearman_margin"])[0, 2] == pytest.approx(rho[0, 2])
+    assert len(out["spearman_mixed"]) == 3 and out["spearman_mixed"][0][0] == pytest.approx(1.0)

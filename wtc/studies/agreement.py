@@ -28,7 +28,9 @@ verbs)) (logsumexp of the logits over the number-marked forms) and margin = plur
 Across models: Spearman correlation of the 1-D coordinates over the same attractor sentences (each
 coordinate's sign fixed so that it grows with the margin), and the same within each subject number
 (`spearman_within_number`: for two equal classes that both coordinates separate, the split alone
-gives a Spearman of 0.75 whatever the order inside the classes). Writes summary.json (`models`: name,
+gives a Spearman of 0.75 whatever the order inside the classes), the same for the models' margins
+(how far their behaviour orders the sentences alike) and over a mixed set (wtc.studies.agreement_compare).
+Writes summary.json (`models`: name,
 rank, baseline_acc, keep_acc, remove_acc, flip_reversal, generation_flip, ...; `spearman`),
 report.md and agreement.png. Training states live in out/<model name>/train_state; a rerun
 resumes them and redoes the analysis.
@@ -48,6 +50,7 @@ import torch.nn.functional as F
 from wtc.ace import extract_core, patched, patched_accuracy, validate
 from wtc.ace.core import PATCH_MODES
 from wtc.errors import StudyError
+from wtc.studies.agreement_compare import compare, spearman  # noqa: F401 (spearman: public)
 from wtc.studies.agreement_report import markdown, plot
 from wtc.studies.clock import Clock, check_config, study_dir
 from wtc.threads import torch_threads
@@ -337,8 +340,8 @@ def analyse(lm: LM, corpus, fit, evals, cfg: AgreementStudy) -> dict:
     m = {mode: _margins(lm, xe, pe, None if mode == "clean" else core, None if mode == "clean" else mode)
          for mode in ("clean", "keep", "remove", "flip")}
     z = _coordinate(lm, core, xe, pe)
-    if float(((z - z.mean()) * (m["clean"] - m["clean"].mean())).sum()) < 0:
-        z = -z                                     # the sign of a singular vector is arbitrary
+    z_sign = -1.0 if float(((z - z.mean()) * (m["clean"] - m["clean"].mean())).sum()) < 0 else 1.0
+    z = z_sign * z                                 # the sign of a singular vector is arbitrary
     flip_reversal = float(((m["flip"] > 0) != (m["clean"] > 0)).double().mean())
     clean_gen = _generate(lm, xe, pe, cfg.gen_tokens)
     flip_gen = _generate(lm, xe, pe, cfg.gen_tokens, core)
@@ -374,19 +377,8 @@ def analyse(lm: LM, corpus, fit, evals, cfg: AgreementStudy) -> dict:
             "lemma_acc": float(np.mean(lemma)),
             "lemma_acc_by_distance": {str(d): float(np.mean(v)) for d, v in sorted(by_distance.items())},
             "lemma_acc_by_modifier": {k: float(np.mean(v)) for k, v in sorted(by_modifier.items())},
-            "layer_profile": profile, "_coordinate": z, "_margin": m["clean"]}
-
-
-def _ranks(a: np.ndarray) -> np.ndarray:
-    order = np.argsort(a, kind="stable")
-    r = np.empty(len(a))
-    r[order] = np.arange(len(a))
-    return r
-
-
-def spearman(a, b) -> float:
-    ra, rb = _ranks(np.asarray(a, float)), _ranks(np.asarray(b, float))
-    return float(np.corrcoef(ra, rb)[0, 1])
+            "layer_profile": profile, "_coordinate": z, "_margin": m["clean"], "_core": core,
+            "_sign": z_sign}
 
 
 # ---------------------------------------------------------------------------- the study
@@ -437,19 +429,17 @@ def _study(cfg: AgreementStudy, corpus, user: LM | None, out: Path, progress: bo
         res = analyse(lm, corpus, fit, evals, cfg)
         xn, pn = lm.inputs(no_attr, cfg.n_ctx)
         res["no_attractor_lemma_acc"] = float(np.mean(_lemma_accuracy(lm, corpus, no_attr, xn, pn)))
+        # the no-attractor sentences' coordinates, in the orientation fixed on the attractor set
+        res["_no_attractor"] = (res["_sign"] * _coordinate(lm, res["_core"], xn, pn), _margins(lm, xn, pn))
         res["training"] = training.get(lm.name)
         results.append(res)
     coords = [r.pop("_coordinate").numpy() for r in results]
+    margins = [r.pop("_margin").numpy() for r in results]
+    na = [r.pop("_no_attractor") for r in results]
     for r in results:
-        r.pop("_margin")
-    rho = [[spearman(a, b) for b in coords] for a in coords]
-    # within each subject number: the split into singular and plural alone gives 0.75 for two equal
-    # classes that every coordinate separates (whatever the order inside them); this is the rest
-    num = np.array([s.number for s in evals])
-    within = [[float(np.mean([spearman(a[num == k], b[num == k]) for k in (0, 1)])) for b in coords] for a in coords]
-    off = [rho[i][j] for i in range(len(rho)) for j in range(len(rho)) if i != j]
-    off_w = [within[i][j] for i in range(len(rho)) for j in range(len(rho)) if i != j]
-    summary = {"config": asdict(cfg), "models": results, "spearman": rho,
-               "min_spearman": min(off) if off else None, "spearman_within_number": within,
-               "min_spearman_within_number": min(off_w) if off_w else None, "fit_n": len(fit), "eval_n": len(evals)}
+        r.pop("_core"), r.pop("_sign")
+    summary = {"config": asdict(cfg), "models": results,
+               **compare(coords, margins, [s.number for s in evals], [z.numpy() for z, _ in na],
+                         [m.numpy() for _, m in na], [s.number for s in no_attr]),
+               "fit_n": len(fit), "eval_n": len(evals)}
     return summary, lms

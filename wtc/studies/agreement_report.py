@@ -66,6 +66,17 @@ def markdown(s: dict) -> str:
            "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for n, row in zip(names, s["spearman_within_number"]):
         sp.append(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+    if "spearman_margin" in s:
+        def mn(key):
+            v = s.get(key)
+            return "n/a" if v is None else f"{v:.3f}"
+        sp += ["", "What bounds it (minimum over model pairs; wtc.studies.agreement_compare):", "",
+               f"- the models' own margins over the same sentences: {mn('min_spearman_margin')} "
+               f"(within number {mn('min_spearman_margin_within_number')})",
+               f"- the coordinate over attractor + no-attractor sentences: {mn('min_spearman_mixed')} "
+               f"(within number {mn('min_spearman_mixed_within_number')})",
+               "- within-number r of each coordinate with its own model's margin: "
+               + ", ".join(f"{n} {v:.3f}" for n, v in zip(names, s["coordinate_margin_r_within_number"]))]
     c = s["config"]
     head = (f"# Agreement study ({'model ' + str(c['model']) if c['model'] else str(len(names)) + ' trained models, ' + str(c['steps']) + ' steps'}; "
             f"{s['seconds']} s)")
