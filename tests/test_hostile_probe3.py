@@ -221,3 +221,207 @@ def test_from_arrays_takes_large_integers_float64_holds():
     t = wtc.Task.from_arrays(x, x % 3)
     s = t.sample(np.random.default_rng(0), 5)
     assert np.array_equal(t.target(s), s % 3)
+
+
+# ---------------------------------------------------------------------------- probe 3: tasks
+
+def _ints_task(**kw):
+    base = dict(name="t", sample=lambda rng, n: rng.integers(0, 10, (n, 6)), target=lambda x: x, seq_len=6)
+    return wtc.Task(**{**base, **kw})
+
+
+def test_integer_samples_reach_target_as_integers():
+    """x is what sample returned: x & 1 on an integer sampler (target got float64: TypeError)."""
+    t = _ints_task(name="bits", target=lambda x: x & 1)
+    x, y = t.batch(0, 20)
+    assert np.array_equal(y[..., 0], x[..., 0].astype(np.int64) & 1)
+    tb = _ints_task(name="not", sample=lambda rng, n: rng.integers(0, 2, (n, 6)).astype(bool), target=lambda x: ~x)
+    x, y = tb.batch(0, 20)
+    assert np.array_equal(y[..., 0], 1 - x[..., 0])
+    assert _ints_task(name="prev2").fingerprint() == _ints_task(name="prev2").fingerprint()
+
+
+def test_a_random_target_is_refused():
+    t = _ints_task(name="noisy", target=lambda x: x + np.random.default_rng().integers(0, 2, x.shape))
+    with pytest.raises(TaskError, match="gave other values for the same inputs"):
+        t.fingerprint()
+
+
+@pytest.mark.parametrize("rng, match", [("seed", "rng .* must be a seed"), (-1, "rng .* must be a seed"),
+                                        (1.5, "rng .* must be a seed")])
+def test_task_draw_refuses_bad_rngs(rng, match):
+    with pytest.raises(TaskError, match=match):
+        _ints_task().draw(rng, 2)
+
+
+def test_task_score_and_verification_refuse_what_they_cannot_score():
+    t = _ints_task()
+    with pytest.raises(TaskError, match="prediction is complex"):
+        t.score(np.zeros((3, 6)) + 1j, np.zeros((3, 6)))          # was scored on the real part: accuracy 1.0
+    with pytest.raises(TaskError, match="holds no sequences"):
+        t.score(np.zeros((0, 6)), np.zeros((0, 6)))
+    with pytest.raises(TaskError, match="prediction is not a numeric array"):
+        t.score(np.full((3, 6), "a"), np.zeros((3, 6)))
+    with pytest.raises(TaskError, match="target holds NaN or inf at a valid position"):
+        t.score(np.zeros((3, 6)), np.full((3, 6), np.nan))
+    with pytest.raises(TaskError, match="inputs is not a numeric array"):
+        t.check_inputs([[1, 2], [3]])
+    for n in (0, -5, 2.0):
+        with pytest.raises(TaskError, match="positive number of sequences"):
+            t.verification(n)
+
+
+def test_task_heldout_and_description_are_checked():
+    with pytest.raises(TaskError, match="heldout must be a task of the same shape.*seq_len is 5, not 6"):
+        _ints_task(heldout=_ints_task(seq_len=5, sample=lambda rng, n: np.zeros((n, 5))))
+    with pytest.raises(TaskError, match="output is 'real', not 'integer'"):
+        _ints_task(heldout=_ints_task(output="real"))
+    with pytest.raises(TaskError, match="description must be a str, got int"):
+        _ints_task(description=3)
+
+
+def test_from_arrays_refuses_unknown_keywords_and_empty_records():
+    x = np.arange(200 * 5).reshape(200, 5) % 10
+    with pytest.raises(TaskError, match="unknown keyword argument.*'seq_len'.*takes name, output, valid_from"):
+        wtc.Task.from_arrays(x, x, seq_len=5)
+    with pytest.raises(TaskError, match="inputs are empty"):
+        wtc.Task.from_arrays(np.zeros((0, 5)), np.zeros((0, 5)))
+
+
+def test_dtconfig_per_layer_counts_must_be_integers():
+    from wtc.dt.config import ConfigError
+    with pytest.raises(ConfigError, match="n_mlps must be a non-negative integer or one per layer"):
+        wtc.DTConfig(n_mlps=0.5)
+    assert wtc.DTConfig(n_heads=np.int64(2)).n_heads == (2,)
+
+
+def test_sr_fit_predict_names_bad_inputs():
+    from wtc.errors import SRError
+    f = wtc.sr.fit(np.arange(20.0)[:, None], 2 * np.arange(20.0), max_complexity=3)
+    with pytest.raises(SRError, match="X must be a numeric array"):
+        f.predict(np.full((3, 1), "a"))
+    with pytest.raises(SRError, match="X is complex"):
+        f.predict(np.zeros((2, 1)) + 1j)
+
+
+# ---------------------------------------------------------------------------- probe 3: models, hooks, scans
+
+@pytest.fixture(scope="module")
+def tiny():
+    from wtc.models import Transformer, TransformerConfig
+    m = Transformer(TransformerConfig(n_layers=1, d_model=8, n_heads=2, d_head=4, d_mlp=8, d_vocab=6, n_ctx=5), seed=0)
+    return m.eval(), torch.randint(0, 6, (4, 5), generator=torch.Generator().manual_seed(0))
+
+
+def test_user_hooks_that_raise_are_named_and_leave_no_hooks(tiny):
+    from wtc.errors import HookError, HookNameError
+    from wtc.hooks import has_hooks, hook_modules
+    m, tok = tiny
+    with pytest.raises(HookError, match="hook on 'blocks.0.hook_resid_post' raised ZeroDivisionError"):
+        m.run_with_hooks(tok, fwd_hooks=[("blocks.0.hook_resid_post", lambda t, hook: 1 / 0)])
+    with pytest.raises(HookError, match="raised TypeError.*called as fn\\(tensor, hook\\)"):
+        m.run_with_hooks(tok, fwd_hooks=[("blocks.0.hook_resid_post", lambda t: t)])
+    with pytest.raises(HookError, match="names_filter filter raised ZeroDivisionError"):
+        m.run_with_cache(tok, names_filter=lambda n: 1 / 0)
+    with pytest.raises(HookError, match="fwd_hooks must be .*pairs"):
+        m.run_with_hooks(tok, fwd_hooks=["blocks.0.hook_resid_post"])
+    with pytest.raises(HookError, match="fwd_hooks must be a list of .* pairs, got dict"):
+        m.run_with_hooks(tok, fwd_hooks={"blocks.0.hook_resid_post": lambda t, hook: t})
+    with pytest.raises(HookNameError, match="matches none of Transformer's hook points"):
+        m.add_hook(lambda n: False, lambda t, hook: t)
+    with pytest.raises(HookError, match="hook on module 'blocks.0' raised ZeroDivisionError"):
+        with hook_modules(m, [("blocks.0", lambda t, mod: 1 / 0)]):
+            m(tok)
+    assert not has_hooks(m)
+
+
+def test_transformer_takes_any_integer_tokens_and_refuses_a_dict_config(tiny):
+    from wtc.errors import ModelConfigError
+    from wtc.models import Transformer
+    m, tok = tiny
+    for dtype in (torch.uint8, torch.int8, torch.int16):
+        assert torch.equal(m(tok.to(dtype)), m(tok))
+    with pytest.raises(ModelConfigError, match=r"cfg must be a TransformerConfig \(TransformerConfig\(\*\*d\)"):
+        Transformer({"n_layers": 1})
+    with pytest.raises(ModelConfigError, match="seed must be a seed"):
+        Transformer(seed=-1)
+
+
+def test_model_io_names_bad_arguments(tiny, tmp_path):
+    from wtc.models import io as mio
+    m, _ = tiny
+    with pytest.raises(CheckpointError, match="save writes a wtc.models.Transformer, got Linear"):
+        mio.save(torch.nn.Linear(2, 2), tmp_path / "lin")
+    with pytest.raises(CheckpointError, match="extra must be None or a dict"):
+        mio.save(m, tmp_path / "x", extra=[1])
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="is a file; a checkpoint is a directory"):
+        mio.save(m, tmp_path / "file")
+    with pytest.raises(CheckpointError, match="non-empty str or Path, got 3"):
+        mio.load(3)
+    with pytest.raises(WtcError, match="token file must be a str or Path"):
+        mio.load_tokens(3)
+
+
+def test_scan_arguments_and_result_lookups_are_wtc_errors(tiny, tmp_path):
+    from wtc.errors import IndexOutOfRange, ScanError
+    from wtc.scan import fisher_estimate, importance_positions, kl_rows, scan
+    m, tok = tiny
+    w = "blocks.0.attn.W_Q"
+    for kw, match in [({"params": []}, "params must be None"), ({"params": [3]}, "params must be None"),
+                      ({"keep_positions": "no"}, "keep_positions must be None, True or False"),
+                      ({"out": 3}, "out must be None or a directory path")]:
+        with pytest.raises(ScanError, match=match):
+            scan(m, tok, progress=False, **kw)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ScanError, match="is a file; the scan store is a directory"):
+        scan(m, tok, params=[w], out=tmp_path / "f", progress=False)
+    with pytest.raises(ScanError, match="model must be a torch.nn.Module, got int"):
+        scan(3, tok)
+    r = scan(m, tok, params=[w], progress=False)
+    with pytest.raises(IndexOutOfRange, match=r"flat index -1 out of range"):
+        r.position_kl(w, -1)
+    with pytest.raises(IndexError, match=r"index \(0,\) out of range"):
+        r.position_kl(w, (0,))
+    for bad in (True, 1.5, "0"):
+        with pytest.raises(ScanError, match="index must be a flat int or a tuple of ints"):
+            r.position_kl(w, bad)
+    with pytest.raises(ScanError, match="mass must be a number in"):
+        r.importance_positions(w, 0, mass=0)
+    for k in (-1, 1.5):
+        with pytest.raises(ScanError, match="k must be a non-negative integer"):
+            r.top(k)                              # -1 returned every weight, 1.5 a raw sqlite IntegrityError
+    with pytest.raises(ScanError, match="logp must be"):
+        kl_rows(torch.zeros(3, 4), torch.zeros(2, 4))
+    with pytest.raises(ScanError, match="kl must be a tensor"):
+        importance_positions(torch.rand(5))
+    with pytest.raises(WtcError, match="samples must be a positive integer, got 0"):
+        fisher_estimate(m, tok, [w], samples=0)     # returned zeros as the estimate
+    with pytest.raises(WtcError, match="seed"):
+        fisher_estimate(m, tok, [w], seed=-1)
+    with pytest.raises(WtcError, match="negative token id"):
+        fisher_estimate(m, tok - 1, [w])
+
+
+def test_conditional_ablation_arguments_are_wtc_errors(tiny):
+    from wtc.errors import IndexOutOfRange, UnknownName
+    from wtc.explain import conditional_kl, zeroed_at
+    m, tok = tiny
+    w, msk = "blocks.0.attn.W_Q", torch.ones(4, 5, dtype=torch.bool)
+    with pytest.raises(UnknownName, match="conditional ablation supports wtc Transformer matrices"):
+        conditional_kl(m, tok, "nope", (0, 0, 0), [msk])
+    with pytest.raises(IndexOutOfRange, match=r"index \(0, 0, -1\) out of range"):
+        conditional_kl(m, tok, w, (0, 0, -1), [msk])
+    with pytest.raises(WtcError, match="mask must be shaped like the tokens"):
+        conditional_kl(m, tok, w, (0, 0, 0), [torch.ones(3, 5, dtype=torch.bool)])
+    with pytest.raises(WtcError, match="values other than 0 and 1"):
+        conditional_kl(m, tok, w, (0, 0, 0), [torch.full((4, 5), 0.3)])
+    with pytest.raises(WtcError, match="non-empty list"):
+        conditional_kl(m, tok, w, (0, 0, 0), [])
+    with pytest.raises(WtcError, match="clean_logp must be"):
+        conditional_kl(m, tok, w, (0, 0, 0), [msk], clean_logp=torch.zeros(2, 2))
+    with pytest.raises(WtcError, match="index must be a tuple of ints"):
+        with zeroed_at(m, w, 1.5, msk, tok):
+            pass
+    ones = torch.ones(4, 5)                                   # a 0/1 float mask is the bool one
+    assert torch.equal(conditional_kl(m, tok, w, (0, 0, 0), [ones]), conditional_kl(m, tok, w, (0, 0, 0), [msk]))

@@ -63,6 +63,10 @@ class UnknownName(WtcError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class IndexOutOfRange(WtcError, IndexError):
+    """An index (of a weight, a position) outside the tensor it addresses; the message gives the shape."""
+
+
 class CheckpointNotFound(CheckpointError, FileNotFoundError):
     """The checkpoint's files are not there (also a FileNotFoundError)."""
 

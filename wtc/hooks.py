@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from wtc.errors import HookError, HookNameError, HookTypeError
+from wtc.errors import HookError, HookNameError, HookTypeError, WtcError
 
 HookFn = Callable[[torch.Tensor, nn.Module], "torch.Tensor | None"]
 
@@ -59,7 +59,14 @@ class HookPoint(nn.Module):
                                 f"got {type(fn).__name__}")
 
         def call(module, args, out):
-            return _replacement(fn(out, module), out, repr(self.name))
+            try:
+                new = fn(out, module)
+            except WtcError:
+                raise
+            except Exception as exc:              # a user hook: named, chained (its traceback stays)
+                raise HookError(f"the hook on {self.name!r} raised {type(exc).__name__}: {exc} (hooks are "
+                                "called as fn(tensor, hook))") from exc
+            return _replacement(new, out, repr(self.name))
         handle = self.register_forward_hook(call)
         # drop handles removed meanwhile, so repeated hooks() contexts do not grow the list
         self._handles = [h for h in self._handles if h.id in self._forward_hooks] + [handle]
@@ -102,7 +109,11 @@ class Hooked(nn.Module):
         if spec is None:
             return points
         if callable(spec):
-            return {n: p for n, p in points.items() if spec(n)}
+            try:
+                return {n: p for n, p in points.items() if spec(n)}
+            except Exception as exc:
+                raise HookError(f"the {what} filter raised {type(exc).__name__}: {exc} (it is called on each "
+                                "hook name and returns True for the points wanted)") from exc
         names = [spec] if isinstance(spec, str) else spec
         if not isinstance(names, (list, tuple, set, frozenset)) or not all(isinstance(n, str) for n in names):
             raise HookError(f"a {what} is a hook name, a list of names or a callable on names, got {spec!r}")
@@ -113,9 +124,16 @@ class Hooked(nn.Module):
         wanted = set(names)
         return {n: p for n, p in points.items() if n in wanted}
 
+    def _matching(self, name_or_filter, points=None) -> dict[str, HookPoint]:
+        chosen = self._select(name_or_filter, points=points)
+        if callable(name_or_filter) and not chosen:
+            raise HookNameError(f"the hook filter {name_or_filter!r} matches none of {type(self).__name__}'s "
+                                f"hook points (e.g. {', '.join(list(self.hook_dict)[:4])})")
+        return chosen
+
     def add_hook(self, name_or_filter, fn: HookFn) -> list[RemovableHandle]:
         """fn on every matching hook point until the handles are removed or reset_hooks()."""
-        return [point.add_hook(fn) for point in self._select(name_or_filter).values()]
+        return [point.add_hook(fn) for point in self._matching(name_or_filter).values()]
 
     def reset_hooks(self) -> None:
         """Remove every hook added through this API (plain register_forward_hook ones stay)."""
@@ -129,8 +147,13 @@ class Hooked(nn.Module):
         handles: list[RemovableHandle] = []
         points = self.hook_dict                   # resolved once: a cache of every point is one context
         try:
-            for name_or_filter, fn in fwd_hooks:
-                handles += [p.add_hook(fn) for p in self._select(name_or_filter, points=points).values()]
+            if isinstance(fwd_hooks, (str, dict)):
+                raise HookError(f"fwd_hooks must be a list of (name or filter, fn) pairs, got {type(fwd_hooks).__name__}")
+            for pair in fwd_hooks:
+                if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                    raise HookError(f"fwd_hooks must be (name or filter, fn) pairs, got {pair!r:.80}")
+                name_or_filter, fn = pair
+                handles += [p.add_hook(fn) for p in self._matching(name_or_filter, points=points).values()]
             yield self
         finally:
             for h in handles:
@@ -190,6 +213,17 @@ def _replacement(new, value: torch.Tensor, where: str):
     return new
 
 
+def _call(fn, value, module, where: str):
+    """A user hook's fn(value, module); what it raises becomes a HookError naming where (chained)."""
+    try:
+        return fn(value, module)
+    except WtcError:
+        raise
+    except Exception as exc:
+        raise HookError(f"the hook on {where} raised {type(exc).__name__}: {exc} (hooks are called as "
+                        "fn(tensor, module))") from exc
+
+
 @contextlib.contextmanager
 def hook_modules(model: nn.Module, hooks: Iterable[tuple[str, HookFn]], *, on: str = "output"):
     """Within the block, fn(tensor, module) runs on each module named by path in hooks=[(path, fn)]
@@ -213,7 +247,7 @@ def hook_modules(model: nn.Module, hooks: Iterable[tuple[str, HookFn]], *, on: s
     def output_hook(path, fn):
         def hook(module, args, out):
             value, repack = _unpack(out, path, "returns")
-            new = _replacement(fn(value, module), value, f"module {path!r}")
+            new = _replacement(_call(fn, value, module, f"module {path!r}"), value, f"module {path!r}")
             return None if new is None else repack(new)
         return hook
 
@@ -222,7 +256,8 @@ def hook_modules(model: nn.Module, hooks: Iterable[tuple[str, HookFn]], *, on: s
             if not args:
                 raise HookError(f"module {path!r} was called without a positional input to hook")
             value, repack = _unpack(args[0], path, "takes")
-            new = _replacement(fn(value, module), value, f"the input of module {path!r}")
+            new = _replacement(_call(fn, value, module, f"the input of module {path!r}"), value,
+                               f"the input of module {path!r}")
             return None if new is None else (repack(new), *args[1:])
         return hook
 

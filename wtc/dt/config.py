@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 
@@ -24,7 +25,12 @@ class ConfigTypeError(ConfigError, TypeError):
 
 
 def _per_layer(value, n_layers: int, name: str) -> tuple[int, ...]:
-    values = (value,) * n_layers if isinstance(value, int) else tuple(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        values = (int(value),) * n_layers
+    elif isinstance(value, (tuple, list)):
+        values = tuple(int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v for v in value)
+    else:
+        raise ConfigError(f"{name} must be a non-negative integer or one per layer (a tuple), got {value!r}")
     if len(values) != n_layers:
         raise ConfigError(f"{name}: {len(values)} entries given for n_layers={n_layers}")
     if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):

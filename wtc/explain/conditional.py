@@ -27,8 +27,10 @@ from __future__ import annotations
 import contextlib
 import re
 
+import numpy as np
 import torch
 
+from wtc.errors import ArgumentError, IndexOutOfRange, UnknownName
 from wtc.hooks import hook_modules
 
 _PATTERN = re.compile(r"^(embed\.W_E|pos_embed\.W_pos|unembed\.W_U|blocks\.(\d+)\.(attn\.W_[QKVO]|mlp\.W_in|mlp\.W_out))$")
@@ -42,15 +44,15 @@ def is_matrix(name: str) -> bool:
 def _parse(model, name: str) -> tuple[str, int | None]:
     m = _PATTERN.match(name)
     if m is None or not hasattr(model, "blocks"):
-        raise KeyError(f"conditional ablation supports wtc Transformer matrices (embed.W_E, pos_embed.W_pos, "
+        raise UnknownName(f"conditional ablation supports wtc Transformer matrices (embed.W_E, pos_embed.W_pos, "
                        f"blocks.L.attn.W_Q/W_K/W_V/W_O, blocks.L.mlp.W_in/W_out, unembed.W_U), got {name!r}")
     if m.group(2) is None:
         return m.group(1), None
     layer = int(m.group(2))
     if layer >= len(model.blocks):
-        raise KeyError(f"{name!r}: the model has {len(model.blocks)} blocks")
+        raise UnknownName(f"{name!r}: the model has {len(model.blocks)} blocks")
     if m.group(3).startswith("mlp") and not model.blocks[layer].has_mlp:
-        raise KeyError(f"{name!r}: block {layer} has no MLP")
+        raise UnknownName(f"{name!r}: block {layer} has no MLP")
     return m.group(3), layer
 
 
@@ -62,18 +64,30 @@ def is_local(model, name: str) -> bool:
     return layer == len(model.blocks) - 1 and kind in ("attn.W_Q", "attn.W_O", "mlp.W_in", "mlp.W_out")
 
 
+def _bool_mask(mask) -> torch.Tensor:
+    """A (B, T) mask as bool; a numeric one only when it holds nothing but 0 and 1 (0.3 is no answer)."""
+    mask = torch.as_tensor(mask)
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ArgumentError(f"mask must be a bool (B, T) tensor (True where the weight is zeroed), got {mask.dtype} "
+                            "values other than 0 and 1")
+    return mask.to(torch.bool)
+
+
 @contextlib.contextmanager
 def zeroed_at(model, name: str, index: tuple[int, ...], mask: torch.Tensor, tokens: torch.Tensor):
     """Within the block, model(tokens) runs with weight `name`[index] zeroed at the positions where
     mask (B, T) is True (B, T must be those of `tokens`)."""
     kind, layer = _parse(model, name)
     W = dict(model.named_parameters())[name]
+    if not isinstance(index, (tuple, list)) or not all(isinstance(i, (int, np.integer)) and
+                                                       not isinstance(i, (bool, np.bool_)) for i in index):
+        raise ArgumentError(f"index must be a tuple of ints (one per dimension of {name}), got {index!r}")
     index = tuple(int(i) for i in index)
     if len(index) != W.ndim or any(not 0 <= i < s for i, s in zip(index, W.shape)):
-        raise IndexError(f"index {index} out of range for {name} {tuple(W.shape)}")
-    mask = torch.as_tensor(mask, dtype=torch.bool, device=W.device)
+        raise IndexOutOfRange(f"index {index} out of range for {name} {tuple(W.shape)}")
+    mask = _bool_mask(mask).to(device=W.device)
     if mask.shape != tokens.shape[:2]:
-        raise ValueError(f"mask must be shaped like the tokens {tuple(tokens.shape)}, got {tuple(mask.shape)}")
+        raise ArgumentError(f"mask must be shaped like the tokens {tuple(tokens.shape)}, got {tuple(mask.shape)}")
     w = W.detach()[index]
     m = mask.to(W.dtype)                                               # (B, T)
     seen: dict[str, torch.Tensor] = {}
@@ -143,11 +157,16 @@ def conditional_kl(model, tokens: torch.Tensor, name: str, index, masks, clean_l
     tokens = torch.as_tensor(tokens).long()
     single = torch.is_tensor(masks)
     masks = [masks] if single else list(masks)
+    if not masks:
+        raise ArgumentError("masks must be a (B, T) bool tensor or a non-empty list of them")
     if clean_logp is None:
         clean_logp = torch.log_softmax(model(tokens).double(), -1)
+    elif not torch.is_tensor(clean_logp) or clean_logp.ndim != 3 or clean_logp.shape[:2] != tokens.shape:
+        raise ArgumentError(f"clean_logp must be the model's clean log-probabilities (B, T, V) for tokens "
+                            f"{tuple(tokens.shape)}, got {tuple(clean_logp.shape) if torch.is_tensor(clean_logp) else type(clean_logp).__name__}")
     k = len(masks)
     rep = tokens.repeat(k, 1)
-    with zeroed_at(model, name, index, torch.cat([torch.as_tensor(s, dtype=torch.bool) for s in masks]), rep):
+    with zeroed_at(model, name, index, torch.cat([_bool_mask(s) for s in masks]), rep):
         logp = torch.log_softmax(model(rep).double(), -1)
     kl = (clean_logp.exp().repeat(k, 1, 1) * (clean_logp.repeat(k, 1, 1) - logp)).sum(-1)     # (k*B, T)
     kl = kl.clamp_min(0).reshape(k, *tokens.shape)

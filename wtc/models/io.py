@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,22 @@ from wtc.scan.inputs import as_tokens
 KIND = "wtc.models.Transformer"
 
 
+def _directory(directory) -> Path:
+    if not isinstance(directory, (str, os.PathLike)) or not str(directory):
+        raise CheckpointError(f"a checkpoint directory must be a non-empty str or Path, got {directory!r}")
+    return Path(directory)
+
+
 def save(model: Transformer, directory, extra: dict | None = None) -> Path:
     """directory/model.safetensors + directory/model.json (TransformerConfig and `extra`), written as
     one atomic pair with digests of every tensor and of the metadata (wtc.checkpoint_io)."""
-    d = Path(directory)
+    if not isinstance(model, Transformer):
+        raise CheckpointError(f"save writes a wtc.models.Transformer, got {type(model).__name__}")
+    if extra is not None and not isinstance(extra, dict):
+        raise CheckpointError(f"extra must be None or a dict (written to model.json), got {type(extra).__name__}")
+    d = _directory(directory)
+    if d.exists() and not d.is_dir():
+        raise CheckpointError(f"{d} is a file; a checkpoint is a directory (model.safetensors + model.json)")
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     write_atomic(d / "model", state, {"kind": KIND, "config": dataclasses.asdict(model.cfg), "extra": extra or {}})
     return d
@@ -28,7 +41,7 @@ def save(model: Transformer, directory, extra: dict | None = None) -> Path:
 
 def load(directory) -> Transformer:
     """The Transformer saved in `directory`; any way the files can be bad is a CheckpointError."""
-    d = Path(directory)
+    d = _directory(directory)
     if not checkpoint_io.exists(d / "model"):
         raise CheckpointNotFound(f"{d}: not a wtc transformer checkpoint (needs model.json and model.safetensors)")
     state, meta = checkpoint_io.read(d / "model")
@@ -54,6 +67,8 @@ def load(directory) -> Transformer:
 
 def load_tokens(path) -> torch.Tensor:
     """(B, T) int64 tokens from .npy or .pt (any integer dtype; ids checked to be >= 0 and to fit)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ScanError(f"a token file must be a str or Path, got {type(path).__name__}")
     path = Path(path)
     if path.suffix not in (".npy", ".pt", ".pth"):
         raise ScanError(f"{path}: token files are .npy or .pt, got {path.suffix!r}")

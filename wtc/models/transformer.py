@@ -223,9 +223,13 @@ class Transformer(Hooked):
 
     def __init__(self, cfg: TransformerConfig | None = None, seed: int | None = None):
         super().__init__()
+        if cfg is not None and not isinstance(cfg, TransformerConfig):
+            hint = " (TransformerConfig(**d) for a dict)" if isinstance(cfg, dict) else ""
+            raise ModelConfigError(f"cfg must be a TransformerConfig{hint}, got {type(cfg).__name__}")
         self.cfg = cfg = cfg or TransformerConfig()
         if seed is not None:
-            torch.manual_seed(seed)
+            from wtc import arguments
+            torch.manual_seed(arguments.seed(seed, error=ModelConfigError))
         self.embed = Embed(cfg.d_vocab, cfg.d_model)
         self.pos_embed = PosEmbed(cfg.n_ctx, cfg.d_model)
         self.hook_embed = HookPoint()
@@ -237,7 +241,7 @@ class Transformer(Hooked):
 
     def check_tokens(self, tokens) -> torch.Tensor:
         tokens = torch.as_tensor(tokens)
-        if tokens.dtype not in (torch.int64, torch.int32) or tokens.ndim != 2:
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool or tokens.ndim != 2:
             raise ModelInputError(f"tokens must be an integer tensor (B, T), got {tuple(tokens.shape)} {tokens.dtype}")
         if tokens.shape[1] > self.cfg.n_ctx:
             raise ModelInputError(f"tokens have {tokens.shape[1]} positions, more than n_ctx={self.cfg.n_ctx}")

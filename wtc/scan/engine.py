@@ -20,6 +20,7 @@ With torch.distributed initialised, chunks are shared round-robin across ranks a
 from __future__ import annotations
 
 import fnmatch
+import os
 import hashlib
 import re
 import time
@@ -67,7 +68,11 @@ def _select_params(model: nn.Module, params) -> dict[str, nn.Parameter]:
     named = dict(model.named_parameters())
     if params is None:
         return {n: p for n, p in named.items() if p.ndim >= 2}
+    if not isinstance(params, str) and not isinstance(params, (list, tuple, set, frozenset)):
+        raise ScanError(f"params must be None, a name / pattern or a list of them, got {type(params).__name__}")
     patterns = [params] if isinstance(params, str) else list(params)
+    if not patterns or not all(isinstance(p, str) for p in patterns):
+        raise ScanError(f"params must be None (every matrix) or names / patterns (str), got {params!r}")
     chosen = {}
     for pat in patterns:
         hits = [n for n in named if fnmatch.fnmatchcase(n, pat)]
@@ -246,6 +251,15 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
     """
     if not isinstance(mass, (int, float)) or isinstance(mass, bool) or not 0 < mass <= 1:
         raise ScanError(f"mass must be a number in (0, 1], got {mass!r}")
+    if not isinstance(model, nn.Module):
+        raise ScanError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if keep_positions is not None and not isinstance(keep_positions, bool):
+        raise ScanError(f"keep_positions must be None, True or False, got {keep_positions!r}")
+    if out is not None:
+        if not isinstance(out, (str, os.PathLike)) or not str(out):
+            raise ScanError(f"out must be None or a directory path, got {out!r}")
+        if Path(out).exists() and not Path(out).is_dir():
+            raise ScanError(f"out {str(out)!r} is a file; the scan store is a directory (out/scan.sqlite)")
     chunk = positive_int(chunk, "chunk")
     if batch is not None:
         batch = positive_int(batch, "batch")

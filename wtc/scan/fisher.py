@@ -18,8 +18,14 @@ def fisher_estimate(model: nn.Module, tokens, params, readout=None, samples: int
     """{name: 1/2 w^2 F_ii} shaped like each parameter (an estimate, float64)."""
     from wtc.scan.engine import _select_params
 
+    from wtc import arguments
+    from wtc.errors import ScanError
+    from wtc.scan.inputs import as_tokens
+
+    samples = arguments.positive_int(samples, "samples", ScanError)
+    seed = arguments.seed(seed, error=ScanError)
     readout = readout or (lambda out: out)
-    tokens = torch.as_tensor(tokens).long()
+    tokens = as_tokens(tokens, model)
     chosen = _select_params(model, params)
     fisher = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in chosen.items()}
     gen = torch.Generator().manual_seed(seed)

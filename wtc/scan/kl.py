@@ -9,10 +9,13 @@ tensors the two row-wise KLs run as Triton kernels (wtc.kernels.kl):
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import torch
 
 from wtc import _native
+from wtc.errors import ScanError
 from wtc.backend import choose
 
 
@@ -35,7 +38,7 @@ def kl_rows(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     Pass logp in float64 (log_softmax of the clean logits in double): a small KL is the difference
     of O(1) sums, so clean log-probs rounded to float32 leave ~1e-7 of noise at every position."""
     if logp.ndim != 2 or logits.ndim != 3 or logits.shape[1:] != logp.shape:
-        raise ValueError(f"kl_rows: logp must be (N, V) and logits (A, N, V); got {tuple(logp.shape)} "
+        raise ScanError(f"kl_rows: logp must be (N, V) and logits (A, N, V); got {tuple(logp.shape)} "
                          f"and {tuple(logits.shape)}")
     backend = choose("scan.kl_rows", logits)
     if backend == "triton":
@@ -112,10 +115,11 @@ def importance_positions_reference(kl: torch.Tensor, mass: float = 0.9) -> list[
 def importance_positions(kl: torch.Tensor, mass: float = 0.9) -> list[np.ndarray]:
     """For each row of kl (M, N): the smallest set of positions holding >= mass of the row's KL
     (ties broken toward lower positions), in position order."""
-    if kl.ndim != 2:
-        raise ValueError(f"importance_positions: kl must be (M, N), got {tuple(kl.shape)}")
-    if not 0 < mass <= 1:
-        raise ValueError(f"mass must be in (0, 1], got {mass}")
+    if not torch.is_tensor(kl) or kl.ndim != 2:
+        raise ScanError(f"importance_positions: kl must be a tensor (M, N), got "
+                        f"{tuple(kl.shape) if torch.is_tensor(kl) else type(kl).__name__}")
+    if isinstance(mass, bool) or not isinstance(mass, numbers.Real) or not 0 < mass <= 1:
+        raise ScanError(f"mass must be a number in (0, 1], got {mass!r}")
     if choose("scan.importance_positions", kl) == "native":
         offsets, pos = _native.cpu_module().importance_positions(kl.detach().float().contiguous().numpy(), mass)
         return np.split(pos, offsets[1:-1])

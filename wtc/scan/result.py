@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from wtc.errors import UnknownName
+from wtc.errors import IndexOutOfRange, ScanError, UnknownName
 from wtc.scan.kl import importance_positions as _importance
 
 
@@ -26,13 +26,18 @@ class ScanResult:
         if name not in self.shapes:
             raise UnknownName(f"{name!r} was not scanned; scanned: {', '.join(self.shapes)}")
         shape = self.shapes[name]
+        if isinstance(index, (bool, np.bool_)):
+            raise ScanError(f"index must be a flat int or a tuple of ints, got {index!r}")
         if isinstance(index, (int, np.integer)):
             if not 0 <= index < int(np.prod(shape)):
-                raise IndexError(f"flat index {index} out of range for {name} {shape}")
+                raise IndexOutOfRange(f"flat index {index} out of range for {name} {shape}")
             return int(index)
+        if not isinstance(index, (tuple, list)) or not all(isinstance(i, (int, np.integer)) and
+                                                           not isinstance(i, (bool, np.bool_)) for i in index):
+            raise ScanError(f"index must be a flat int or a tuple of ints, got {index!r}")
         index = tuple(int(i) for i in index)
         if len(index) != len(shape) or any(not 0 <= i < s for i, s in zip(index, shape)):
-            raise IndexError(f"index {index} out of range for {name} {shape}")
+            raise IndexOutOfRange(f"index {index} out of range for {name} {shape}")
         return int(np.ravel_multi_index(index, shape))
 
     def position_kl(self, name: str, index) -> torch.Tensor:
@@ -60,6 +65,8 @@ class ScanResult:
 
     def top(self, k: int = 10) -> list[dict]:
         """The k weights with the largest total KL."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+            raise ScanError(f"k must be a non-negative integer, got {k!r}")
         out = []
         for name, flat, total in self.store.top(k):
             out.append({"param": name, "index": [int(i) for i in np.unravel_index(flat, self.shapes[name])],

@@ -58,7 +58,14 @@ class Fit:
 
     def predict(self, X) -> np.ndarray:
         """Evaluate the formula on X (n, k) or (n,)."""
-        X = np.asarray(X, dtype=np.float64)
+        try:
+            if np.iscomplexobj(X):
+                raise SRError("X is complex; the formula is evaluated on real numbers")
+            X = np.asarray(X, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, SRError):
+                raise
+            raise SRError(f"X must be a numeric array, got {type(exc).__name__}: {exc}") from None
         if X.ndim == 1:
             X = X[:, None]
         if X.ndim != 2 or X.shape[1] != len(self.names):

@@ -46,6 +46,8 @@ def _as_array(a, what: str, name: str) -> np.ndarray:
                             "subtract an offset or rescale them")
     if a.ndim not in (2, 3):
         raise TaskError(f"task {name!r}: {what} must be (n, T) or (n, T, k), got shape {a.shape}")
+    if a.size == 0:
+        raise TaskError(f"task {name!r}: {what} are empty (shape {a.shape}); record at least one value")
     return a
 
 

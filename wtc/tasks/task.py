@@ -65,6 +65,14 @@ class Task:
             raise TaskError(f"{label}: size must be None or a positive integer, got {self.size!r}")
         if self.heldout is not None and not isinstance(self.heldout, Task):
             raise TaskError(f"{label}: heldout must be None or a Task, got {type(self.heldout).__name__}")
+        if self.heldout is not None:
+            shape = ("seq_len", "n_inputs", "n_outputs", "output", "valid_from")
+            differ = [a for a in shape if getattr(self.heldout, a) != getattr(self, a)]
+            if differ:
+                raise TaskError(f"{label}: heldout must be a task of the same shape, but its "
+                                + ", ".join(f"{a} is {getattr(self.heldout, a)!r}, not {getattr(self, a)!r}" for a in differ))
+        if not isinstance(self.description, str):
+            raise TaskError(f"{label}: description must be a str, got {type(self.description).__name__}")
         for attr in ("sample", "target"):
             if not callable(getattr(self, attr)):
                 raise TaskError(f"{label}: {attr} must be callable, got {type(getattr(self, attr)).__name__}")
@@ -74,7 +82,9 @@ class Task:
         """Sample n input sequences, validated and returned as float64 (n, seq_len, n_inputs)."""
         if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
             raise TaskError(f"task {self.name!r}: n must be a positive integer, got {n!r}")
-        rng = np.random.default_rng(rng) if not isinstance(rng, np.random.Generator) else rng
+        if not isinstance(rng, np.random.Generator):
+            from wtc import arguments
+            rng = np.random.default_rng(arguments.seed(rng, "rng (a numpy Generator or a seed)", TaskError))
         try:
             x = self.sample(rng, int(n))
         except Exception as exc:  # a user callable that throws
@@ -89,12 +99,14 @@ class Task:
     def check_inputs(self, x, n: int | None = None, source: str = "inputs") -> np.ndarray:
         """Validate an input batch and return it as float64 (n, seq_len, n_inputs)."""
         label = f"task {self.name!r}: {source}"
-        if np.iscomplexobj(x):
-            raise TaskError(f"{label} is complex; inputs must be real numbers")
         try:
-            x = np.asarray(x, dtype=np.float64)
-        except (TypeError, ValueError) as exc:
-            raise TaskError(f"{label} is not a numeric array: {exc}") from exc
+            complex_ = np.iscomplexobj(x)
+            if not complex_:
+                x = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError) as exc:        # ragged lists, text
+            raise TaskError(f"{label} is not a numeric array: {exc}") from None
+        if complex_:
+            raise TaskError(f"{label} is complex; inputs must be real numbers")
         expected = f"(n, {self.seq_len}, {self.n_inputs})" + (f" or (n, {self.seq_len})" if self.n_inputs == 1 else "")
         if x.ndim == 2 and self.n_inputs == 1:
             x = x[:, :, None]
@@ -112,6 +124,9 @@ class Task:
         """Targets for validated inputs as float64 (n, seq_len, n_outputs); invalid positions are NaN."""
         x = self.check_inputs(x)
         arg = x[:, :, 0] if self.n_inputs == 1 and self._sample_ndim() == 2 else x   # as sample gives it
+        kind = self._sample_dtype()
+        if kind is not None and kind.kind in "biu" and np.array_equal(arg, arg.astype(kind)):
+            arg = arg.astype(kind)           # integer / bool samples reach target as such (x & 1, table[x])
         try:
             y = self.target(arg.copy())
         except Exception as exc:
@@ -151,6 +166,9 @@ class Task:
         if cached is None:
             import hashlib
             x, y = self.batch(np.random.default_rng(20261201), 8)
+            if not np.array_equal(y, self.targets(x), equal_nan=True):
+                raise TaskError(f"task {self.name!r}: target(x) gave other values for the same inputs on a second "
+                                "call; a target must be a function of x (no randomness or state)")
             h = hashlib.sha256(repr((self.seq_len, self.n_inputs, self.n_outputs, self.output,
                                      self.valid_from)).encode())
             h.update(np.ascontiguousarray(x).tobytes())
@@ -168,12 +186,30 @@ class Task:
                 cached = 3
             else:
                 try:
-                    cached = np.ndim(self.sample(np.random.default_rng(0), 1))
+                    first = self.sample(np.random.default_rng(0), 1)
                 except Exception as exc:
                     raise TaskError(f"task {self.name!r}: sample(rng, 1) raised {type(exc).__name__}: {exc}") from exc
-                cached = 3 if cached == 3 else 2
+                cached = 3 if np.ndim(first) == 3 else 2
+                self._note_dtype(first)
             object.__setattr__(self, "_ndim", cached)   # frozen dataclass: a private cache only
         return cached
+
+    def _note_dtype(self, first) -> None:
+        if "_dtype" not in self.__dict__:
+            dt = getattr(first, "dtype", None)
+            object.__setattr__(self, "_dtype", dt if isinstance(dt, np.dtype) else None)
+
+    def _sample_dtype(self) -> np.dtype | None:
+        """The dtype of what sample returns, probed once with one sequence: integer and bool
+        samples reach target in it again after validation (as float64), so x & 1 or table[x] work
+        as on sample's own output."""
+        if "_dtype" not in self.__dict__:
+            try:
+                first = self.sample(np.random.default_rng(0), 1)
+            except Exception as exc:
+                raise TaskError(f"task {self.name!r}: sample(rng, 1) raised {type(exc).__name__}: {exc}") from exc
+            self._note_dtype(first)
+        return self.__dict__["_dtype"]
 
     def batch(self, rng: np.random.Generator | int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(x, y): n validated input sequences and their targets."""
@@ -205,24 +241,47 @@ class Task:
         return out
 
     def _as_3d(self, a, what: str) -> np.ndarray:
-        a = np.asarray(a, dtype=np.float64)
+        try:
+            complex_ = np.iscomplexobj(a)
+            if not complex_:
+                a = np.asarray(a, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise TaskError(f"task {self.name!r}: {what} is not a numeric array: {exc}") from None
+        if complex_:
+            raise TaskError(f"task {self.name!r}: {what} is complex; scores compare real numbers")
         if a.ndim == 2:
             a = a[:, :, None]
         if a.ndim != 3 or a.shape[1:] != (self.seq_len, self.n_outputs):
             raise TaskError(f"task {self.name!r}: {what} has shape {a.shape}, expected "
                             f"(n, {self.seq_len}, {self.n_outputs})")
+        if len(a) == 0:
+            raise TaskError(f"task {self.name!r}: {what} holds no sequences; a score needs at least one")
+        if what == "target" and not np.all(np.isfinite(a[:, self.valid_from:])):
+            raise TaskError(f"task {self.name!r}: the target holds NaN or inf at a valid position (from "
+                            f"valid_from={self.valid_from}); pass targets from task.batch / task.targets")
         return a
 
     @classmethod
     def from_arrays(cls, inputs, outputs, **kw) -> "Task":
         """A task over recorded sequences, with a seeded held-out split (wtc.tasks.data.from_arrays)."""
+        import inspect
+
         from wtc.tasks.data import from_arrays
+        known = [k for k, p in inspect.signature(from_arrays).parameters.items()
+                 if p.kind == p.KEYWORD_ONLY and k != "task_type"]
+        unknown = sorted(k for k in kw if k not in known)
+        if unknown:
+            raise TaskError(f"Task.from_arrays: unknown keyword argument(s) {', '.join(map(repr, unknown))} "
+                            f"(it takes {', '.join(known)}; seq_len and the input/output counts come from the arrays)")
         return from_arrays(inputs, outputs, task_type=cls, **kw)
 
     def verification(self, n: int) -> tuple["Task", int]:
         """(the task to verify on, how many sequences): the held-out part of a data task, all of
         it when n exceeds it; the task itself otherwise."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise TaskError(f"task {self.name!r}: verification needs a positive number of sequences, got {n!r}")
         task = self.heldout if self.heldout is not None else self
+        n = int(n)
         return task, (n if task.size is None else min(n, task.size))
 
     def public_shape(self, y: np.ndarray) -> np.ndarray:
