@@ -55,7 +55,7 @@ class SparseDenseStudy:
 
     @classmethod
     def quick(cls) -> SparseDenseStudy:
-        return cls(steps=3000, batch=16, sample=150, n_slice=8)
+        return cls(steps=3000, batch=16, sample=100, n_slice=8, candidates=3)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch", "n_layers", "d_model", "ctx", "sample", "slices", "n_search", "n_slice",
