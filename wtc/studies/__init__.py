@@ -23,8 +23,10 @@ STUDIES = {
                                                      "and necessary core ranks over time (resumable)"),
     "assign-add": ("wtc.studies.assign_add", "variable binding + addition mod 59: routing, Fourier, sweeps "
                                              "(--quick about 23 min)"),
-    "sparse-vs-dense": ("wtc.studies.sparse_dense", "weight-sparse vs dense byte LMs on the stdlib: share of weights "
-                                                    "explained by one predicate (--quick about 12 min)"),
+    "sparse-vs-dense": ("wtc.studies.sparse_dense", "weight-sparse vs dense byte LMs on the stdlib and two controls "
+                                                    "(untrained, shuffled text): share of weights explained by one "
+                                                    "predicate under four definitions, with 95% intervals (--quick "
+                                                    "roughly 40 min, estimated from its parts)"),
     "dt-dynamics": ("wtc.studies.dt_dynamics", "Discrete Transformer: the step where the loss converges vs the step "
                                                "where selections and attention turn hard, 12 tasks x 3 seeds "
                                                "(--quick about 3 min)"),
