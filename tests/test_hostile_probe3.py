@@ -425,3 +425,80 @@ def test_conditional_ablation_arguments_are_wtc_errors(tiny):
             pass
     ones = torch.ones(4, 5)                                   # a 0/1 float mask is the bool one
     assert torch.equal(conditional_kl(m, tok, w, (0, 0, 0), [ones]), conditional_kl(m, tok, w, (0, 0, 0), [msk]))
+
+
+# ---------------------------------------------------------------------------- probe 3: ACE
+
+def test_subspace_comparisons_refuse_bases_that_are_not_orthonormal():
+    from wtc.ace import cca, compare, principal_angles, projector_overlap
+    from wtc.errors import AceError
+    Q = torch.linalg.qr(torch.randn(8, 3, generator=torch.Generator().manual_seed(0)))[0]
+    with pytest.raises(AceError, match="Q1's columns are not orthonormal"):
+        projector_overlap(3 * Q, Q)                    # was 9.0 for an overlap in [0, 1]
+    with pytest.raises(AceError, match="Q1's columns are not orthonormal"):
+        principal_angles(3 * Q, Q)
+    with pytest.raises(AceError, match="spaces of different dimension"):
+        principal_angles(Q, torch.eye(5)[:, :2])
+    with pytest.raises(AceError, match=r"\(D, r\) tensor"):
+        projector_overlap(torch.randn(8), Q)
+    assert abs(projector_overlap(Q, Q) - 1) < 1e-6 and float(principal_angles(Q, Q).max()) < 1e-3
+    with pytest.raises(AceError, match=r"CCA needs X as a \(N, features\) tensor"):
+        cca(torch.randn(10), torch.randn(10, 2))
+    with pytest.raises(AceError, match="CCA: X holds NaN"):
+        cca(torch.full((10, 2), float("nan")), torch.randn(10, 2))
+    with pytest.raises(AceError, match="compare needs a list of Core"):
+        compare([1, 2])
+
+
+def test_sequential_operator_refuses_fits_that_say_nothing():
+    from wtc.ace import sequential_operator, shift_operator
+    from wtc.errors import AceError
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(AceError, match="2 transitions for 3 coordinates"):
+        sequential_operator(torch.randn(1, 3, 3, generator=g))      # gave R^2 = 1 for any Z
+    with pytest.raises(AceError, match=r"\(B, T, r\) tensor"):
+        sequential_operator(torch.randn(10, 3))
+    with pytest.raises(AceError, match="does not change"):
+        sequential_operator(torch.ones(4, 5, 2))
+    with pytest.raises(AceError, match="Z holds NaN"):
+        sequential_operator(torch.full((4, 5, 2), float("nan")))
+    with pytest.raises(AceError, match="oracle must be"):
+        sequential_operator(torch.randn(4, 5, 2, generator=g), oracle=torch.randn(3))
+    with pytest.raises(AceError, match=r"\(p, r\) tensor"):
+        shift_operator(torch.randn(5))
+    with pytest.raises(AceError, match="reps hold NaN"):
+        shift_operator(torch.full((7, 2), float("nan")))
+    Z = torch.randn(8, 6, 2, generator=g)
+    assert -1 <= sequential_operator(Z)["r2"] <= 1
+
+
+def test_balanced_svd_and_energy_refuse_matrices_that_are_not_gramians():
+    from wtc.ace import balanced_svd, rank_for_energy
+    from wtc.errors import AceError
+    with pytest.raises(AceError, match="cov is not symmetric"):
+        balanced_svd(torch.tensor([[1.0, 2.0], [0.0, 1.0]]), torch.eye(2))
+    with pytest.raises(AceError, match="not positive semidefinite"):
+        balanced_svd(-torch.eye(3), torch.eye(3))     # returned an empty core
+    with pytest.raises(AceError, match="jitter must be a finite number >= 0"):
+        balanced_svd(torch.eye(3), torch.eye(3), jitter=-1)
+    with pytest.raises(AceError, match="must be torch tensors"):
+        balanced_svd(np.eye(3), np.eye(3))
+    with pytest.raises(AceError, match="singular values"):
+        rank_for_energy(torch.tensor([3.0, -2.0, 1.0]), 0.9)
+    with pytest.raises(AceError, match="total .* is less than the energy in s"):
+        rank_for_energy(torch.tensor([3.0, 2.0, 1.0]), 0.9, total=1.0)
+    assert rank_for_energy(torch.tensor([3.0, 2.0, 1.0]), 0.9) == 2
+
+
+def test_extract_core_refuses_a_readout_blind_to_the_layer(tiny):
+    from wtc.ace import extract_core
+    from wtc.errors import AceError
+    m, tok = tiny
+    tok = tok.repeat(4, 1)
+    with pytest.raises(AceError, match="does not depend on blocks.0.hook_resid_post.*Jacobian there is zero"):
+        extract_core(m, tok, "blocks.0.hook_resid_post", readout=lambda o: o[:, -1, :2] * 0 + 1)
+    with pytest.raises(AceError, match="model must be a torch.nn.Module"):
+        extract_core(3, tok, "blocks.0.hook_resid_post")
+    core = extract_core(m, tok, "blocks.0.hook_resid_post", readout=lambda o: o[:, -1, :2])
+    with pytest.raises(AceError, match=r"activations must be \(\.\.\., 8\)"):
+        core.project(torch.zeros(3, 5))

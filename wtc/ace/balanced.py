@@ -15,6 +15,8 @@ power iteration instead of two D^3 eigh and a D x D SVD; no D x D matrix is form
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from wtc.errors import AceError
@@ -26,15 +28,28 @@ def psd_factor(A: torch.Tensor, jitter: float = 1e-12) -> torch.Tensor:
     """L with L L^T = A (symmetric PSD), from eigh; eigenvalues below jitter * max are dropped."""
     A = 0.5 * (A + A.T)
     w, V = torch.linalg.eigh(A.double())
+    if w.numel() and float(w.min()) < -1e-4 * float(w.abs().max()):
+        raise AceError(f"a Gramian (cov or obs) has the eigenvalue {float(w.min()):.3g} (largest "
+                       f"{float(w.abs().max()):.3g}): it is not positive semidefinite")
     keep = w > jitter * max(float(w.max()), 0.0)
     return V[:, keep] * w[keep].sqrt()
 
 
-def _check_pair(cov: torch.Tensor, obs: torch.Tensor) -> None:
+def _check_pair(cov: torch.Tensor, obs: torch.Tensor, jitter: float = 0.0) -> None:
+    if not torch.is_tensor(cov) or not torch.is_tensor(obs):
+        raise AceError(f"cov and obs must be torch tensors, got {type(cov).__name__} and {type(obs).__name__}")
     if cov.shape != obs.shape or cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
         raise AceError(f"cov and obs must be square and of equal shape, got {tuple(cov.shape)}, {tuple(obs.shape)}")
     if not (torch.isfinite(cov).all() and torch.isfinite(obs).all()):
         raise AceError("cov or obs hold NaN/inf")
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not math.isfinite(jitter) or jitter < 0:
+        raise AceError(f"jitter must be a finite number >= 0, got {jitter!r}")
+    for name, A in (("cov", cov), ("obs", obs)):     # Gramians: symmetric (positive semidefinite: psd_factor)
+        A = A.double()
+        scale = float(A.abs().max())
+        if scale > 0 and float((A - A.T).abs().max()) > 1e-6 * scale:
+            raise AceError(f"{name} is not symmetric (|A - A^T| up to {float((A - A.T).abs().max()):.3g}); it must "
+                           "be a Gramian (a covariance, or J^T J)")
 
 
 def balanced_svd(cov: torch.Tensor, obs: torch.Tensor, jitter: float = 1e-12, *, rank: int | None = None,
@@ -45,7 +60,7 @@ def balanced_svd(cov: torch.Tensor, obs: torch.Tensor, jitter: float = 1e-12, *,
     `rank` (required) from a sketch of rank + oversample columns refined by power_iters power
     iterations (seeded: the same inputs give the same result); singular values below
     sqrt(jitter) * s_max are dropped as in the exact method, so m <= rank."""
-    _check_pair(cov, obs)
+    _check_pair(cov, obs, jitter)
     if method not in METHODS:
         raise AceError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     if rank is not None and (not isinstance(rank, int) or rank < 0):
@@ -131,8 +146,13 @@ def rank_for_energy(s: torch.Tensor, energy: float, total: float | None = None) 
     the share of that total, len(s) is returned."""
     if not 0 < energy <= 1:
         raise AceError(f"energy must be in (0, 1], got {energy}")
+    if not torch.is_tensor(s) or s.ndim != 1 or not torch.isfinite(s).all() or bool((s < 0).any()):
+        raise AceError(f"s must be a 1-D tensor of singular values (finite, >= 0), got {s!r:.80}")
     w = s.double() ** 2
     denom = float(w.sum()) if total is None else float(total)
+    if total is not None and not denom >= float(w.sum()) * (1 - 1e-9):
+        raise AceError(f"total ({total!r}) is less than the energy in s ({float(w.sum()):.6g}); it is the whole "
+                       "energy s is a part of")
     if denom <= 0 or w.numel() == 0:
         return 0
     frac = torch.cumsum(w, 0) / denom

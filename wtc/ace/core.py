@@ -70,6 +70,9 @@ class Core:
     def project(self, h: torch.Tensor, rank: int | None = None) -> torch.Tensor:
         """Core coordinates (..., rank) of activations (..., D), centred."""
         Q = self.basis[:, : self._rank(rank)]
+        if not torch.is_tensor(h) or h.ndim < 1 or h.shape[-1] != Q.shape[0]:
+            raise AceError(f"activations must be (..., {Q.shape[0]}) (this core's layer width), got "
+                           f"{tuple(h.shape) if torch.is_tensor(h) else type(h).__name__}")
         return (h.double() - self.mean) @ Q
 
 
@@ -180,6 +183,8 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
     _check_chunk(chunk)
     if not isinstance(layer, str):
         raise AceError(f"layer must be a module path (str), e.g. 'blocks.0.hook_resid_post', got {layer!r}")
+    if not isinstance(model, nn.Module):
+        raise AceError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
         raise AceError(f"rank must be None or a non-negative integer, got {rank!r}")
     if isinstance(energy, bool) or not isinstance(energy, (int, float)) or not 0 < energy <= 1:
@@ -197,6 +202,9 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
     if acc is None:
         raise AceError("inputs are empty")
     cov, obs = acc.covariance(), acc.observability()
+    if not bool((obs != 0).any()):
+        raise AceError(f"the readout does not depend on {layer} on these inputs (its Jacobian there is zero): "
+                       "there is no core to find")
     basis, s = balanced_svd(cov, obs)
     right, left, _ = balanced_truncation(cov, obs)
     r = rank_for_energy(s, energy) if rank is None else int(rank)
