@@ -207,15 +207,17 @@ def explain_all(model, search: np.ndarray, slices: list[np.ndarray], out, sample
     out/weights.jsonl (resumed by a rerun with the same settings). budget_s / max_weights: stop
     (resumably) once this many seconds have passed / this many more weights are done (checked
     between chunks of CHUNK weights). candidates: the grammar's best predicates re-scored exactly
-    per search. Returns (records in sample order, finished)."""
+    per search. Returns (records in that order, finished)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {**(settings or {}), "sample": sample, "seed": seed, "threshold": THRESHOLD, "candidates": candidates,
+    settings = {**(settings or {}), "sample": sample, "seed": seed, "threshold": THRESHOLD, "candidates": candidates, "order": "permuted",
                 "definitions": [d.__dict__ for d in definitions]}
     path = out / "weights.jsonl"
     done = _load(path, settings)
     model.eval()
-    weights = sample_weights(model, sample, None, seed)
+    weights = sample_weights(model, sample, None, seed)          # sorted by matrix: explained in a seeded
+    weights = [weights[i] for i in np.random.default_rng([seed, 43]).permutation(len(weights))]   # random order,
+    # so that a run stopped part way has explained a uniform subsample, not the first matrices
     if not path.exists():
         path.write_text(json.dumps({"settings": settings}) + "\n")
     else:                                  # drop a cut last line before appending
