@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from wtc.studies.sparse_dense import SparseDenseStudy, StudyError, run
+from wtc.studies.sparse_dense import SparseDenseStudy, StudyError, run, write_summary
 from wtc.studies.sparse_dense_defs import DEFINITIONS
 
 
@@ -51,6 +51,15 @@ def test_study_scores_four_models_under_every_definition_and_reuses_finished_wor
     for kind in ("random", "shuffled"):
         for key in ("scores", "definitions", "heldout_loss"):
             assert again["controls"][kind][key] == s["controls"][kind][key]
+    assert again["finished"]
+    # a run stopped part way reports what it has: cut the random control to 3 weights
+    path = tmp_path / "random" / "explain" / "weights.jsonl"
+    path.write_text("\n".join(path.read_text().splitlines()[:4]) + "\n")
+    from wtc.explain.corpus import build_corpus
+    part = write_summary(_tiny(), tmp_path, build_corpus(max_bytes=200_000, seed=0))
+    assert not part["finished"] and not part["controls"]["random"]["finished"] and part["dense"]["finished"]
+    assert part["controls"]["random"]["weights_sampled"] == 3
+    _fractions_ok(part["controls"]["random"])
 
 
 @pytest.mark.parametrize("kw", [{"density": 1.0}, {"steps": 0}, {"d_model": 40}])
