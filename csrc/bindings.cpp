@@ -392,14 +392,20 @@ py::tuple dt_route_backward(farr zq, farr zk, farr val, farr W, farr u, farr rel
 }
 
 // ---- the DT's sub-MLP bank (dt_mlp.cpp)
+// T = float (training) or double (the precision pass): arrays of one dtype, cast by pybind11
+template <typename T>
+using tarr = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+template <typename T>
 struct DtMlpArgs {
-  farr x, W1, b1, W2, b2, skip, W_mid, b_mid;
+  tarr<T> x, W1, b1, W2, b2, skip, W_mid, b_mid;
   wtc::DtMlpShapes s;
-  wtc::DtMlpParams p;
+  wtc::DtMlpParamsT<T> p;
 };
 
-DtMlpArgs dt_mlp_args(farr x, farr W1, farr b1, farr W2, farr b2, farr skip, int act, py::object W_mid,
-                      py::object b_mid) {
+template <typename T>
+DtMlpArgs<T> dt_mlp_args(tarr<T> x, tarr<T> W1, tarr<T> b1, tarr<T> W2, tarr<T> b2, tarr<T> skip, int act,
+                         py::object W_mid, py::object b_mid) {
   expect_dims(x, 4, "x", "(R, n, M, k)");
   expect_dims(W1, 4, "W1", "(R, M, hidden, k)");
   expect_dims(b1, 3, "b1", "(R, M, hidden)");
@@ -425,11 +431,11 @@ DtMlpArgs dt_mlp_args(farr x, farr W1, farr b1, farr W2, farr b2, farr skip, int
   expect_dim(skip.shape(0), R, "skip", 0);
   expect_dim(skip.shape(1), M, "skip", 1);
   expect_dim(skip.shape(2), k, "skip", 2);
-  DtMlpArgs a{x, W1, b1, W2, b2, skip, farr(), farr(), {R, n, M, k, Hd, depth, act}, {}};
+  DtMlpArgs<T> a{x, W1, b1, W2, b2, skip, tarr<T>(), tarr<T>(), {R, n, M, k, Hd, depth, act}, {}};
   if (depth == 2) {
-    a.W_mid = farr::ensure(W_mid);
-    a.b_mid = farr::ensure(b_mid);
-    if (!a.W_mid || !a.b_mid) throw py::value_error("mlp: W_mid and b_mid must be float32 arrays");
+    a.W_mid = tarr<T>::ensure(W_mid);
+    a.b_mid = tarr<T>::ensure(b_mid);
+    if (!a.W_mid || !a.b_mid) throw py::value_error("mlp: W_mid and b_mid must be arrays");
     expect_dims(a.W_mid, 4, "W_mid", "(R, M, hidden, hidden)");
     expect_dims(a.b_mid, 3, "b_mid", "(R, M, hidden)");
     const int64_t wm[] = {R, M, Hd, Hd};
@@ -441,10 +447,11 @@ DtMlpArgs dt_mlp_args(farr x, farr W1, farr b1, farr W2, farr b2, farr skip, int
   return a;
 }
 
-py::array_t<float> dt_mlp_forward(farr x, farr W1, farr b1, farr W2, farr b2, farr skip, int act,
-                                  py::object W_mid, py::object b_mid, int threads) {
-  DtMlpArgs a = dt_mlp_args(x, W1, b1, W2, b2, skip, act, W_mid, b_mid);
-  py::array_t<float> y({a.s.R, a.s.n, a.s.M});
+template <typename T>
+py::array_t<T> dt_mlp_forward(tarr<T> x, tarr<T> W1, tarr<T> b1, tarr<T> W2, tarr<T> b2, tarr<T> skip, int act,
+                              py::object W_mid, py::object b_mid, int threads) {
+  DtMlpArgs<T> a = dt_mlp_args<T>(x, W1, b1, W2, b2, skip, act, W_mid, b_mid);
+  py::array_t<T> y({a.s.R, a.s.n, a.s.M});
   {
     py::gil_scoped_release nogil;
     wtc::dt_mlp_forward(a.s, a.x.data(), a.p, y.mutable_data(), threads);
@@ -452,20 +459,21 @@ py::array_t<float> dt_mlp_forward(farr x, farr W1, farr b1, farr W2, farr b2, fa
   return y;
 }
 
-py::tuple dt_mlp_backward(farr x, farr W1, farr b1, farr W2, farr b2, farr skip, int act, py::object W_mid,
-                          py::object b_mid, farr dy, int threads) {
-  DtMlpArgs a = dt_mlp_args(x, W1, b1, W2, b2, skip, act, W_mid, b_mid);
+template <typename T>
+py::tuple dt_mlp_backward(tarr<T> x, tarr<T> W1, tarr<T> b1, tarr<T> W2, tarr<T> b2, tarr<T> skip, int act,
+                          py::object W_mid, py::object b_mid, tarr<T> dy, int threads) {
+  DtMlpArgs<T> a = dt_mlp_args<T>(x, W1, b1, W2, b2, skip, act, W_mid, b_mid);
   const auto& s = a.s;
   expect_dims(dy, 3, "dy", "(R, n, M)");
   expect_dim(dy.shape(0), s.R, "dy", 0);
   expect_dim(dy.shape(1), s.n, "dy", 1);
   expect_dim(dy.shape(2), s.M, "dy", 2);
-  py::array_t<float> dx({s.R, s.n, s.M, s.k}), dW1({s.R, s.M, s.hidden, s.k}), db1({s.R, s.M, s.hidden});
-  py::array_t<float> dW2({s.R, s.M, s.hidden}), db2({s.R, s.M}), dskip({s.R, s.M, s.k});
+  py::array_t<T> dx({s.R, s.n, s.M, s.k}), dW1({s.R, s.M, s.hidden, s.k}), db1({s.R, s.M, s.hidden});
+  py::array_t<T> dW2({s.R, s.M, s.hidden}), db2({s.R, s.M}), dskip({s.R, s.M, s.k});
   const bool deep = s.depth == 2;
-  py::array_t<float> dWm(deep ? std::vector<int64_t>{s.R, s.M, s.hidden, s.hidden} : std::vector<int64_t>{0});
-  py::array_t<float> dbm(deep ? std::vector<int64_t>{s.R, s.M, s.hidden} : std::vector<int64_t>{0});
-  wtc::DtMlpGrads g{dx.mutable_data(), dW1.mutable_data(), db1.mutable_data(), dW2.mutable_data(),
+  py::array_t<T> dWm(deep ? std::vector<int64_t>{s.R, s.M, s.hidden, s.hidden} : std::vector<int64_t>{0});
+  py::array_t<T> dbm(deep ? std::vector<int64_t>{s.R, s.M, s.hidden} : std::vector<int64_t>{0});
+  wtc::DtMlpGradsT<T> g{dx.mutable_data(), dW1.mutable_data(), db1.mutable_data(), dW2.mutable_data(),
                     db2.mutable_data(), dskip.mutable_data(), deep ? dWm.mutable_data() : nullptr,
                     deep ? dbm.mutable_data() : nullptr};
   {
@@ -496,14 +504,20 @@ PYBIND11_MODULE(_C, m) {
         py::arg("threads"),
         "Gradients of dt_route_forward by recomputation -> (dzq, dzk, dval, dW, du, drel, dabs, dscale); "
         "all but dval None without score_grads. c: symmetrised overlap gradients or None.");
-  m.def("dt_mlp_forward", &dt_mlp_forward, py::arg("x"), py::arg("W1"), py::arg("b1"), py::arg("W2"),
+  m.def("dt_mlp_forward", &dt_mlp_forward<float>, py::arg("x"), py::arg("W1"), py::arg("b1"), py::arg("W2"),
         py::arg("b2"), py::arg("skip"), py::arg("act"), py::arg("W_mid"), py::arg("b_mid"), py::arg("threads"),
-        "The DT's sub-MLP bank on inputs x (R, n, M, k) -> y (R, n, M); act 0 relu, 1 silu, 2 gelu, 3 tanh, "
-        "4 relu+silu; W_mid, b_mid None for one hidden layer. See csrc/dt_mlp.h.");
-  m.def("dt_mlp_backward", &dt_mlp_backward, py::arg("x"), py::arg("W1"), py::arg("b1"), py::arg("W2"),
+        "The DT's sub-MLP bank on inputs x (R, n, M, k) -> y (R, n, M), float32; act 0 relu, 1 silu, 2 gelu, "
+        "3 tanh, 4 relu+silu; W_mid, b_mid None for one hidden layer. See csrc/dt_mlp.h.");
+  m.def("dt_mlp_backward", &dt_mlp_backward<float>, py::arg("x"), py::arg("W1"), py::arg("b1"), py::arg("W2"),
         py::arg("b2"), py::arg("skip"), py::arg("act"), py::arg("W_mid"), py::arg("b_mid"), py::arg("dy"),
         py::arg("threads"),
         "Gradients of dt_mlp_forward by recomputation -> (dx, dW1, db1, dW2, db2, dskip, dW_mid, db_mid).");
+  m.def("dt_mlp_forward_f64", &dt_mlp_forward<double>, py::arg("x"), py::arg("W1"), py::arg("b1"), py::arg("W2"),
+        py::arg("b2"), py::arg("skip"), py::arg("act"), py::arg("W_mid"), py::arg("b_mid"), py::arg("threads"),
+        "dt_mlp_forward in float64 (the precision pass).");
+  m.def("dt_mlp_backward_f64", &dt_mlp_backward<double>, py::arg("x"), py::arg("W1"), py::arg("b1"), py::arg("W2"),
+        py::arg("b2"), py::arg("skip"), py::arg("act"), py::arg("W_mid"), py::arg("b_mid"), py::arg("dy"),
+        py::arg("threads"), "dt_mlp_backward in float64.");
   m.def("kl_rows", &kl_rows, py::arg("logp"), py::arg("logits"),
         "Per-position KL(p || softmax(logits)): logp (N, V) float64, logits (A, N, V) -> (A, N) float64.");
   m.def("kl_rank1", &kl_rank1, py::arg("logp"), py::arg("logits"), py::arg("delta"), py::arg("direction"),

@@ -35,6 +35,34 @@ WTC_INLINE float exp_f(float x) {
   return q * __builtin_bit_cast(float, bits);
 }
 
+// exp(x) in double, branch-free (Cody-Waite reduction by ln 2, Taylor series to r^13 on
+// |r| <= ln2 / 2: truncation below 1e-17 relative), x clamped to [-708, 709]; the float64 path of the
+// precision pass, where std::exp does not vectorise without fast-math.
+WTC_INLINE double exp_d(double x) {
+  x = x < -708.0 ? -708.0 : (x > 709.0 ? 709.0 : x);
+  const double kk = (x * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0;   // round to nearest
+  double r = x - kk * 6.93145751953125e-1;
+  r = r - kk * 1.42860682030941723212e-6;
+  double q = 1.0 / 6227020800.0;                        // 1/13!
+  q = q * r + 1.0 / 479001600.0;
+  q = q * r + 1.0 / 39916800.0;
+  q = q * r + 1.0 / 3628800.0;
+  q = q * r + 1.0 / 362880.0;
+  q = q * r + 1.0 / 40320.0;
+  q = q * r + 1.0 / 5040.0;
+  q = q * r + 1.0 / 720.0;
+  q = q * r + 1.0 / 120.0;
+  q = q * r + 1.0 / 24.0;
+  q = q * r + 1.0 / 6.0;
+  q = q * r + 0.5;
+  q = q * r * r + r + 1.0;
+  const int64_t bits = (static_cast<int64_t>(kk) + 1023) << 52;
+  return q * __builtin_bit_cast(double, bits);
+}
+
+WTC_INLINE float exp_t(float x) { return exp_f(x); }
+WTC_INLINE double exp_t(double x) { return exp_d(x); }
+
 // The activation of hidden unit u on a block: out = act(pre); with `deriv`, d act / d pre too.
 enum Act { RELU = 0, SILU = 1, GELU = 2, TANH = 3, RELU_SILU = 4 };
 
@@ -42,48 +70,51 @@ WTC_INLINE int unit_act(int act, int64_t u, int64_t hidden) {
   return act == RELU_SILU ? (u < hidden / 2 ? RELU : SILU) : act;
 }
 
-template <bool DERIV>
-WTC_INLINE void activate_t(int act, const float* pre, float* out, float* deriv) {
+template <bool DERIV, typename T>
+WTC_INLINE void activate_t(int act, const T* pre, T* out, T* deriv) {
+  const T zero = T(0), one = T(1);
   switch (act) {
     case RELU:
 #pragma omp simd
       for (int64_t t = 0; t < NB; ++t) {
-        out[t] = pre[t] > 0.0f ? pre[t] : 0.0f;
-        if (DERIV) deriv[t] = pre[t] > 0.0f ? 1.0f : 0.0f;
+        out[t] = pre[t] > zero ? pre[t] : zero;
+        if (DERIV) deriv[t] = pre[t] > zero ? one : zero;
       }
       break;
     case SILU:
 #pragma omp simd
       for (int64_t t = 0; t < NB; ++t) {
-        const float sg = 1.0f / (1.0f + exp_f(-pre[t]));
+        const T sg = one / (one + exp_t(-pre[t]));
         out[t] = pre[t] * sg;
-        if (DERIV) deriv[t] = sg * (1.0f + pre[t] * (1.0f - sg));
+        if (DERIV) deriv[t] = sg * (one + pre[t] * (one - sg));
       }
       break;
     case GELU:
       for (int64_t t = 0; t < NB; ++t) {
-        const float h = pre[t];
-        const float cdf = 0.5f * (1.0f + std::erf(h * 0.7071067811865476f));
+        const T h = pre[t];
+        const T cdf = T(0.5) * (one + std::erf(h * T(0.7071067811865476)));
         out[t] = h * cdf;
-        if (DERIV) deriv[t] = cdf + h * 0.3989422804014327f * std::exp(-0.5f * h * h);
+        if (DERIV) deriv[t] = cdf + h * T(0.3989422804014327) * std::exp(T(-0.5) * h * h);
       }
       break;
     default:   // TANH
       for (int64_t t = 0; t < NB; ++t) {
-        const float th = std::tanh(pre[t]);
+        const T th = std::tanh(pre[t]);
         out[t] = th;
-        if (DERIV) deriv[t] = 1.0f - th * th;
+        if (DERIV) deriv[t] = one - th * th;
       }
   }
 }
 
-WTC_INLINE void activate(int act, const float* pre, float* out, float* deriv) {
+template <typename T>
+WTC_INLINE void activate(int act, const T* pre, T* out, T* deriv) {
   if (deriv != nullptr) activate_t<true>(act, pre, out, deriv);
   else activate_t<false>(act, pre, out, deriv);
 }
 
+template <typename T>
 struct Block {
-  std::vector<float> xT, pre1, a1, d1, pre2, a2, d2, yacc, dyb, dxT, dlast, da1;
+  std::vector<T> xT, pre1, a1, d1, pre2, a2, d2, yacc, dyb, dxT, dlast, da1;
   Block(const DtMlpShapes& s)
       : xT(s.k * NB), pre1(s.hidden * NB), a1(s.hidden * NB), d1(s.hidden * NB), pre2(s.hidden * NB),
         a2(s.hidden * NB), d2(s.hidden * NB), yacc(NB), dyb(NB), dxT(s.k * NB), dlast(s.hidden * NB),
@@ -92,22 +123,23 @@ struct Block {
 
 // Hidden layers of rows row0 .. row0 + NB of pair (r, m) into b (pre-activations, activations and
 // their derivatives when `deriv`); rows past n read as zeros.
-WTC_INLINE void hidden_layers(const DtMlpShapes& s, const float* x, const DtMlpParams& p, int64_t r, int64_t m,
-                   int64_t row0, Block& b, bool deriv) {
+template <typename T>
+WTC_INLINE void hidden_layers(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p, int64_t r, int64_t m,
+                              int64_t row0, Block<T>& b, bool deriv) {
   const int64_t k = s.k, Hd = s.hidden, M = s.M, rm = r * M + m;
   const int64_t cur = std::min(NB, s.n - row0);
   for (int64_t c = 0; c < k; ++c)
-    for (int64_t t = 0; t < NB; ++t) b.xT[c * NB + t] = t < cur ? x[((r * s.n + row0 + t) * M + m) * k + c] : 0.0f;
-  const float* W1 = p.W1 + rm * Hd * k;
-  const float* b1 = p.b1 + rm * Hd;
+    for (int64_t t = 0; t < NB; ++t) b.xT[c * NB + t] = t < cur ? x[((r * s.n + row0 + t) * M + m) * k + c] : T(0);
+  const T* W1 = p.W1 + rm * Hd * k;
+  const T* b1 = p.b1 + rm * Hd;
   for (int64_t u = 0; u < Hd; ++u) {
-    float* pre = b.pre1.data() + u * NB;
-    const float bias = b1[u];
+    T* pre = b.pre1.data() + u * NB;
+    const T bias = b1[u];
 #pragma omp simd
-    for (int64_t t = 0; t < NB; ++t) pre[t] = 0.0f;
+    for (int64_t t = 0; t < NB; ++t) pre[t] = T(0);
     for (int64_t c = 0; c < k; ++c) {
-      const float w = W1[u * k + c];
-      const float* xc = b.xT.data() + c * NB;
+      const T w = W1[u * k + c];
+      const T* xc = b.xT.data() + c * NB;
 #pragma omp simd
       for (int64_t t = 0; t < NB; ++t) pre[t] += w * xc[t];
     }
@@ -116,47 +148,48 @@ WTC_INLINE void hidden_layers(const DtMlpShapes& s, const float* x, const DtMlpP
     activate(unit_act(s.act, u, Hd), pre, b.a1.data() + u * NB, deriv ? b.d1.data() + u * NB : nullptr);
   }
   if (s.depth != 2) return;
-  const float* Wm = p.W_mid + rm * Hd * Hd;
-  const float* bm = p.b_mid + rm * Hd;
+  const T* Wm = p.W_mid + rm * Hd * Hd;
+  const T* bm = p.b_mid + rm * Hd;
   for (int64_t u = 0; u < Hd; ++u) {
-    float* pre = b.pre2.data() + u * NB;
+    T* pre = b.pre2.data() + u * NB;
 #pragma omp simd
-    for (int64_t t = 0; t < NB; ++t) pre[t] = 0.0f;
+    for (int64_t t = 0; t < NB; ++t) pre[t] = T(0);
     for (int64_t v = 0; v < Hd; ++v) {
-      const float w = Wm[u * Hd + v];
-      const float* a = b.a1.data() + v * NB;
+      const T w = Wm[u * Hd + v];
+      const T* a = b.a1.data() + v * NB;
 #pragma omp simd
       for (int64_t t = 0; t < NB; ++t) pre[t] += w * a[t];
     }
-    const float bias = bm[u];
+    const T bias = bm[u];
 #pragma omp simd
     for (int64_t t = 0; t < NB; ++t) pre[t] += bias;
     activate(unit_act(s.act, u, Hd), pre, b.a2.data() + u * NB, deriv ? b.d2.data() + u * NB : nullptr);
   }
 }
 
-WTC_CLONES void forward_pair(const DtMlpShapes& s, const float* x, const DtMlpParams& p, float* y, int64_t r,
-                             int64_t m, Block& b) {
+template <typename T>
+WTC_INLINE void forward_pair_t(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p, T* y, int64_t r,
+                               int64_t m, Block<T>& b) {
   const int64_t k = s.k, Hd = s.hidden, M = s.M, rm = r * M + m;
-  const float* W2 = p.W2 + rm * Hd;
-  const float* skip = p.skip + rm * k;
+  const T* W2 = p.W2 + rm * Hd;
+  const T* skip = p.skip + rm * k;
   for (int64_t row0 = 0; row0 < s.n; row0 += NB) {
     hidden_layers(s, x, p, r, m, row0, b, false);
-    const float* last = s.depth == 2 ? b.a2.data() : b.a1.data();
-    float* acc = b.yacc.data();
-    for (int64_t t = 0; t < NB; ++t) acc[t] = 0.0f;
+    const T* last = s.depth == 2 ? b.a2.data() : b.a1.data();
+    T* acc = b.yacc.data();
+    for (int64_t t = 0; t < NB; ++t) acc[t] = T(0);
     for (int64_t u = 0; u < Hd; ++u) {
-      const float w = W2[u];
-      const float* a = last + u * NB;
+      const T w = W2[u];
+      const T* a = last + u * NB;
 #pragma omp simd
       for (int64_t t = 0; t < NB; ++t) acc[t] += w * a[t];
     }
-    const float b2 = p.b2[rm];
+    const T b2 = p.b2[rm];
 #pragma omp simd
     for (int64_t t = 0; t < NB; ++t) acc[t] += b2;
     for (int64_t c = 0; c < k; ++c) {
-      const float w = skip[c];
-      const float* xc = b.xT.data() + c * NB;
+      const T w = skip[c];
+      const T* xc = b.xT.data() + c * NB;
 #pragma omp simd
       for (int64_t t = 0; t < NB; ++t) acc[t] += w * xc[t];
     }
@@ -165,97 +198,100 @@ WTC_CLONES void forward_pair(const DtMlpShapes& s, const float* x, const DtMlpPa
   }
 }
 
-WTC_INLINE float dot_nb(const float* a, const float* c) {
-  float acc = 0.0f;
+template <typename T>
+WTC_INLINE T dot_nb(const T* a, const T* c) {
+  T acc = T(0);
 #pragma omp simd reduction(+ : acc)
   for (int64_t t = 0; t < NB; ++t) acc += a[t] * c[t];
   return acc;
 }
 
-WTC_INLINE float sum_nb(const float* a) {
-  float acc = 0.0f;
+template <typename T>
+WTC_INLINE T sum_nb(const T* a) {
+  T acc = T(0);
 #pragma omp simd reduction(+ : acc)
   for (int64_t t = 0; t < NB; ++t) acc += a[t];
   return acc;
 }
 
-WTC_CLONES void backward_pair(const DtMlpShapes& s, const float* x, const DtMlpParams& p, const float* dy,
-                              const DtMlpGrads& g, int64_t r, int64_t m, Block& b) {
+template <typename T>
+WTC_INLINE void backward_pair_t(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p, const T* dy,
+                                const DtMlpGradsT<T>& g, int64_t r, int64_t m, Block<T>& b) {
   const int64_t k = s.k, Hd = s.hidden, M = s.M, rm = r * M + m;
-  const float* W1 = p.W1 + rm * Hd * k;
-  const float* W2 = p.W2 + rm * Hd;
-  const float* skip = p.skip + rm * k;
-  float* dW1 = g.dW1 + rm * Hd * k;
-  float* db1 = g.db1 + rm * Hd;
-  float* dW2 = g.dW2 + rm * Hd;
-  float* dskip = g.dskip + rm * k;
-  std::fill(dW1, dW1 + Hd * k, 0.0f);
-  std::fill(db1, db1 + Hd, 0.0f);
-  std::fill(dW2, dW2 + Hd, 0.0f);
-  std::fill(dskip, dskip + k, 0.0f);
-  float db2 = 0.0f;
-  float *dWm = nullptr, *dbm = nullptr;
+  const T* W1 = p.W1 + rm * Hd * k;
+  const T* W2 = p.W2 + rm * Hd;
+  const T* skip = p.skip + rm * k;
+  T* dW1 = g.dW1 + rm * Hd * k;
+  T* db1 = g.db1 + rm * Hd;
+  T* dW2 = g.dW2 + rm * Hd;
+  T* dskip = g.dskip + rm * k;
+  std::fill(dW1, dW1 + Hd * k, T(0));
+  std::fill(db1, db1 + Hd, T(0));
+  std::fill(dW2, dW2 + Hd, T(0));
+  std::fill(dskip, dskip + k, T(0));
+  T db2 = T(0);
+  T *dWm = nullptr, *dbm = nullptr;
   if (s.depth == 2) {
     dWm = g.dW_mid + rm * Hd * Hd;
     dbm = g.db_mid + rm * Hd;
-    std::fill(dWm, dWm + Hd * Hd, 0.0f);
-    std::fill(dbm, dbm + Hd, 0.0f);
+    std::fill(dWm, dWm + Hd * Hd, T(0));
+    std::fill(dbm, dbm + Hd, T(0));
   }
   for (int64_t row0 = 0; row0 < s.n; row0 += NB) {
     hidden_layers(s, x, p, r, m, row0, b, true);
     const int64_t cur = std::min(NB, s.n - row0);
-    float* d = b.dyb.data();
-    for (int64_t t = 0; t < NB; ++t) d[t] = t < cur ? dy[(r * s.n + row0 + t) * M + m] : 0.0f;
+    T* d = b.dyb.data();
+    for (int64_t t = 0; t < NB; ++t) d[t] = t < cur ? dy[(r * s.n + row0 + t) * M + m] : T(0);
     db2 += sum_nb(d);
     for (int64_t c = 0; c < k; ++c) {
-      const float* xc = b.xT.data() + c * NB;
-      float* dxc = b.dxT.data() + c * NB;
+      const T* xc = b.xT.data() + c * NB;
+      T* dxc = b.dxT.data() + c * NB;
       dskip[c] += dot_nb(d, xc);
-      const float w = skip[c];
+      const T w = skip[c];
 #pragma omp simd
       for (int64_t t = 0; t < NB; ++t) dxc[t] = w * d[t];
     }
     // the last hidden layer: d pre = W2 * dy * act'
-    const float* last = s.depth == 2 ? b.a2.data() : b.a1.data();
-    const float* dlast_act = s.depth == 2 ? b.d2.data() : b.d1.data();
+    const T* last = s.depth == 2 ? b.a2.data() : b.a1.data();
+    const T* dlast_act = s.depth == 2 ? b.d2.data() : b.d1.data();
     for (int64_t u = 0; u < Hd; ++u) {
       dW2[u] += dot_nb(last + u * NB, d);
-      const float w = W2[u];
-      float* dl = b.dlast.data() + u * NB;
-      const float* da = dlast_act + u * NB;
+      const T w = W2[u];
+      T* dl = b.dlast.data() + u * NB;
+      const T* da = dlast_act + u * NB;
 #pragma omp simd
       for (int64_t t = 0; t < NB; ++t) dl[t] = w * d[t] * da[t];
     }
-    const float* dpre1 = b.dlast.data();
+    const T* dpre1 = b.dlast.data();
     if (s.depth == 2) {
-      const float* Wm = p.W_mid + rm * Hd * Hd;
-      std::fill(b.da1.begin(), b.da1.end(), 0.0f);
+      const T* Wm = p.W_mid + rm * Hd * Hd;
+      std::fill(b.da1.begin(), b.da1.end(), T(0));
       for (int64_t u = 0; u < Hd; ++u) {
-        const float* dl = b.dlast.data() + u * NB;
+        const T* dl = b.dlast.data() + u * NB;
         dbm[u] += sum_nb(dl);
         for (int64_t v = 0; v < Hd; ++v) {
           dWm[u * Hd + v] += dot_nb(dl, b.a1.data() + v * NB);
-          const float w = Wm[u * Hd + v];
-          float* da = b.da1.data() + v * NB;
+          const T w = Wm[u * Hd + v];
+          T* da = b.da1.data() + v * NB;
 #pragma omp simd
           for (int64_t t = 0; t < NB; ++t) da[t] += w * dl[t];
         }
       }
       for (int64_t v = 0; v < Hd; ++v) {
-        float* da = b.da1.data() + v * NB;
-        const float* d1 = b.d1.data() + v * NB;
+        T* da = b.da1.data() + v * NB;
+        const T* d1 = b.d1.data() + v * NB;
 #pragma omp simd
         for (int64_t t = 0; t < NB; ++t) da[t] *= d1[t];
       }
       dpre1 = b.da1.data();
     }
     for (int64_t u = 0; u < Hd; ++u) {
-      const float* dp = dpre1 + u * NB;
+      const T* dp = dpre1 + u * NB;
       db1[u] += sum_nb(dp);
       for (int64_t c = 0; c < k; ++c) {
         dW1[u * k + c] += dot_nb(dp, b.xT.data() + c * NB);
-        const float w = W1[u * k + c];
-        float* dxc = b.dxT.data() + c * NB;
+        const T w = W1[u * k + c];
+        T* dxc = b.dxT.data() + c * NB;
 #pragma omp simd
         for (int64_t t = 0; t < NB; ++t) dxc[t] += w * dp[t];
       }
@@ -266,25 +302,48 @@ WTC_CLONES void backward_pair(const DtMlpShapes& s, const float* x, const DtMlpP
   g.db2[rm] = db2;
 }
 
+// target_clones does not apply to templates: one cloned entry point per type, the body inlined
+WTC_CLONES void forward_pair(const DtMlpShapes& s, const float* x, const DtMlpParamsT<float>& p, float* y, int64_t r,
+                             int64_t m, Block<float>& b) { forward_pair_t(s, x, p, y, r, m, b); }
+WTC_CLONES void forward_pair(const DtMlpShapes& s, const double* x, const DtMlpParamsT<double>& p, double* y,
+                             int64_t r, int64_t m, Block<double>& b) { forward_pair_t(s, x, p, y, r, m, b); }
+WTC_CLONES void backward_pair(const DtMlpShapes& s, const float* x, const DtMlpParamsT<float>& p, const float* dy,
+                              const DtMlpGradsT<float>& g, int64_t r, int64_t m, Block<float>& b) {
+  backward_pair_t(s, x, p, dy, g, r, m, b);
+}
+WTC_CLONES void backward_pair(const DtMlpShapes& s, const double* x, const DtMlpParamsT<double>& p, const double* dy,
+                              const DtMlpGradsT<double>& g, int64_t r, int64_t m, Block<double>& b) {
+  backward_pair_t(s, x, p, dy, g, r, m, b);
+}
+
 }  // namespace
 
-void dt_mlp_forward(const DtMlpShapes& s, const float* x, const DtMlpParams& p, float* y, int threads) {
+template <typename T>
+void dt_mlp_forward(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p, T* y, int threads) {
 #pragma omp parallel num_threads(std::max(1, threads))
   {
-    Block b(s);
+    Block<T> b(s);
 #pragma omp for schedule(static)
     for (int64_t rm = 0; rm < s.R * s.M; ++rm) forward_pair(s, x, p, y, rm / s.M, rm % s.M, b);
   }
 }
 
-void dt_mlp_backward(const DtMlpShapes& s, const float* x, const DtMlpParams& p, const float* dy,
-                     const DtMlpGrads& g, int threads) {
+template <typename T>
+void dt_mlp_backward(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p, const T* dy,
+                     const DtMlpGradsT<T>& g, int threads) {
 #pragma omp parallel num_threads(std::max(1, threads))
   {
-    Block b(s);
+    Block<T> b(s);
 #pragma omp for schedule(static)
     for (int64_t rm = 0; rm < s.R * s.M; ++rm) backward_pair(s, x, p, dy, g, rm / s.M, rm % s.M, b);
   }
 }
+
+template void dt_mlp_forward<float>(const DtMlpShapes&, const float*, const DtMlpParamsT<float>&, float*, int);
+template void dt_mlp_forward<double>(const DtMlpShapes&, const double*, const DtMlpParamsT<double>&, double*, int);
+template void dt_mlp_backward<float>(const DtMlpShapes&, const float*, const DtMlpParamsT<float>&, const float*,
+                                     const DtMlpGradsT<float>&, int);
+template void dt_mlp_backward<double>(const DtMlpShapes&, const double*, const DtMlpParamsT<double>&, const double*,
+                                      const DtMlpGradsT<double>&, int);
 
 }  // namespace wtc

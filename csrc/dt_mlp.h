@@ -21,17 +21,22 @@ struct DtMlpShapes {
   int act;          // see above
 };
 
-struct DtMlpParams {
-  const float *W1, *b1, *W2, *b2, *skip;   // (R, M, hidden, k), (R, M, hidden), (R, M, hidden), (R, M), (R, M, k)
-  const float *W_mid, *b_mid;              // (R, M, hidden, hidden), (R, M, hidden) or nullptr (depth 1)
+// T: float (training) or double (the float64 precision pass); instantiated for both in dt_mlp.cpp
+template <typename T>
+struct DtMlpParamsT {
+  const T *W1, *b1, *W2, *b2, *skip;   // (R, M, hidden, k), (R, M, hidden), (R, M, hidden), (R, M), (R, M, k)
+  const T *W_mid, *b_mid;              // (R, M, hidden, hidden), (R, M, hidden) or nullptr (depth 1)
 };
 
-void dt_mlp_forward(const DtMlpShapes& s, const float* x, const DtMlpParams& p, float* y, int threads);
+template <typename T>
+void dt_mlp_forward(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p, T* y, int threads);
 
-struct DtMlpGrads {
-  float *dx, *dW1, *db1, *dW2, *db2, *dskip, *dW_mid, *db_mid;   // like x and the parameters (written)
+template <typename T>
+struct DtMlpGradsT {
+  T *dx, *dW1, *db1, *dW2, *db2, *dskip, *dW_mid, *db_mid;   // like x and the parameters (written)
 };
-void dt_mlp_backward(const DtMlpShapes& s, const float* x, const DtMlpParams& p, const float* dy,
-                     const DtMlpGrads& g, int threads);
+template <typename T>
+void dt_mlp_backward(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p, const T* dy,
+                     const DtMlpGradsT<T>& g, int threads);
 
 }  // namespace wtc

@@ -180,3 +180,58 @@ def test_discover_rungs_in_workers_give_the_sequential_result():
     np.testing.assert_array_equal(par.model.predict(x), seq.model.predict(x))
     np.testing.assert_array_equal(par.program(x), seq.program(x))
     assert par.history.final == seq.history.final and par.model.train_info == seq.model.train_info
+
+
+# ---------------------------------------------------------------- the float64 precision pass's policy
+def _score(accuracy, solved=False, max_abs_err=1.0):
+    return {"solved": solved, "accuracy": accuracy, "max_abs_err": max_abs_err, "mean_rel_err": 0.1}
+
+
+def _precision_run(monkeypatch):
+    """A frozen tiny attempt whose polish is a fake: each call records (replicas, dtype, iters) and
+    returns the next of `ratios` as every replica's loss after / before."""
+    import torch
+
+    import wtc.dt.attempt as attempt_mod
+
+    run = Attempt(wtc.tasks.get("sum_last2"), TINY, seed=0, attempt=0)
+    run.model.freeze()
+    calls, ratios = [], []
+
+    def fake_polish(model, x, y, valid, iters):
+        calls.append((model.R, x.dtype, iters))
+        return torch.full((model.R,), ratios.pop(0), dtype=torch.float64)
+
+    monkeypatch.setattr(attempt_mod, "polish", fake_polish)
+    return run, calls, ratios
+
+
+def test_precision_pass_is_skipped_when_a_replica_is_already_solid(monkeypatch):
+    run, calls, _ = _precision_run(monkeypatch)
+    scores = [_score(1.0, solved=True, max_abs_err=0.1), _score(0.9)]
+    assert run.precision_pass(scores) is scores and calls == []
+
+
+def test_precision_pass_stops_when_a_chunk_gains_nothing(monkeypatch):
+    import torch
+
+    import wtc.dt.attempt as attempt_mod
+
+    run, calls, ratios = _precision_run(monkeypatch)
+    run.config = run.config.replace(precision_iters=4 * attempt_mod.PRECISION_CHUNK)
+    monkeypatch.setattr(run, "evaluate", lambda n: [_score(0.9), _score(0.9)])
+    ratios += [0.5, 0.999, 0.5, 0.5]     # the second chunk lowers no loss by PRECISION_GAIN
+    run.precision_pass([_score(0.9), _score(0.88)])
+    assert len(calls) == 2 and all(c[1] == torch.float64 for c in calls)
+    assert calls[0][0] == attempt_mod.PRECISION_REPLICAS
+
+
+def test_precision_pass_runs_its_chunks_while_the_loss_falls(monkeypatch):
+    import wtc.dt.attempt as attempt_mod
+
+    run, calls, ratios = _precision_run(monkeypatch)
+    run.config = run.config.replace(precision_iters=3 * attempt_mod.PRECISION_CHUNK)
+    monkeypatch.setattr(run, "evaluate", lambda n: [_score(0.9), _score(0.9)])
+    ratios += [0.5, 0.5, 0.5]
+    run.precision_pass([_score(0.9), _score(0.88)])
+    assert len(calls) == 3

@@ -22,7 +22,7 @@ WHERE = {"cpu32": (CPU32, None), "cpu64": (CPU64, None), "cuda32": ("cuda", torc
 T, N, R = "triton", "native", "reference"
 EXPECTED = {
     None: {
-        "dt.route": (N, R, T, T), "dt.mlp_bank": (N, R, T, T),
+        "dt.route": (N, R, T, T), "dt.mlp_bank": (N, N, T, T),
         "dt.route_hard": (N, N, R, R), "dt.gumbel": (N, N, R, R), "ace.gramian": (N, N, R, R),
         "scan.kl_rows": (N, R, T, T), "scan.kl_rank1": (N, R, T, T),
         "scan.kl_unembed": (N, R, R, R), "scan.importance_positions": (N, R, R, R),
@@ -35,7 +35,7 @@ EXPECTED = {
         "scan.kl_unembed": (N, R, R, R), "scan.importance_positions": (N, R, R, R),
     },
     "native": {   # never Triton; the reference where the input does not fit wtc._C
-        "dt.route": (N, R, R, R), "dt.mlp_bank": (N, R, R, R),
+        "dt.route": (N, R, R, R), "dt.mlp_bank": (N, N, R, R),
         "dt.route_hard": (N, N, R, R), "dt.gumbel": (N, N, R, R), "ace.gramian": (N, N, R, R),
         "scan.kl_rows": (N, R, R, R), "scan.kl_rank1": (N, R, R, R),
         "scan.kl_unembed": (N, R, R, R), "scan.importance_positions": (N, R, R, R),

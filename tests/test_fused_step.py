@@ -262,6 +262,36 @@ def test_native_mlp_bank_matches_float64_reference(rng, activation, shape):
 
 
 @needs_native
+@pytest.mark.parametrize("activation", ["relu+silu", "relu", "silu", "gelu", "tanh"])
+@pytest.mark.parametrize("shape", [(2, 37, 3, 2, 6, 1), (1, 1, 1, 1, 2, 1), (2, 130, 3, 3, 24, 2),
+                                   (1, 70, 2, 3, 5, 2)], ids=lambda s: "R{}n{}M{}k{}h{}d{}".format(*s))
+def test_native_mlp_bank_float64_matches_reference_to_float64_rounding(rng, activation, shape):
+    """The float64 kernel (the precision pass's L-BFGS) is the float64 reference to ~1e-13, not to
+    float32 noise: its own exp is within an ulp or two of the library's."""
+    from wtc.kernels import cpu
+
+    R, n, M, k, hidden, depth = shape
+    inputs = [x * 4 for x in bank_inputs(rng, *shape)]           # wide pre-activations: silu far into both tails
+    weight = torch.as_tensor(rng.standard_normal((R, n, M)))
+    y64, g64 = bank_run(bank_reference, inputs, activation, weight, torch.float64)
+    y, grads = bank_run(cpu.mlp_bank, inputs, activation, weight, torch.float64)
+    assert y.dtype == torch.float64 and all(g.dtype == torch.float64 for g in grads)
+    for name, g, r in zip(["y", "x", "W1", "b1", "W2", "b2", "skip", "W_mid", "b_mid"], [y, *grads], [y64, *g64]):
+        g, r = g.detach(), r.detach()
+        assert float((g - r).abs().max()) <= 1e-12 * max(1.0, float(r.abs().max())), name
+
+
+@needs_native
+def test_native_mlp_bank_runs_float64_only_when_every_operand_is_float64(rng):
+    from wtc.backend import choose
+
+    x = torch.zeros(2, 3, dtype=torch.float64)
+    assert choose("dt.mlp_bank", x) == "native"
+    assert choose("dt.mlp_bank", x, dtype=(torch.float64, torch.float32)) == "reference"
+    assert choose("dt.route", x) == "reference"           # the route kernel stays float32-only
+
+
+@needs_native
 def test_native_mlp_bank_takes_any_leading_shape_and_any_thread_count(rng):
     from wtc.kernels import cpu
 

@@ -8,7 +8,8 @@ complete, the oracle every other backend is tested against).
     dt.route                   triton, native, reference  triton for CUDA tensors when triton imports;
       (pointer heads, every sampling mode;                  native for float32 CPU tensors (wtc.kernels.cpu;
        Triton: aggregate heads too)                         bench/dt_step.py --versus)
-    dt.mlp_bank                triton, native, reference  same (the native op: wtc.kernels.cpu.mlp_bank)
+    dt.mlp_bank                triton, native, reference  same (the native op: wtc.kernels.cpu.mlp_bank, float32
+                                                          and float64)
     dt.route_hard              native, reference          native for CPU tensors from NATIVE_MIN_POSITIONS
       (argmax routing of frozen heads in predict)             query positions (size=; None: no threshold)
     dt.gumbel                  native, reference          native on the CPU
@@ -58,12 +59,13 @@ NATIVE_MIN_POSITIONS = 20_000
 class _Op:
     backends: tuple[str, ...]        # besides the reference, in order of preference
     float32: bool = False            # the native kernel takes float32 inputs only
+    float64: bool = False            # ... or float64 ones (every operand the same dtype)
     min_size: int = 0                # native from this many units of work (size=) per call
 
 
 OPS = {
     "dt.route": _Op(("triton", "native"), float32=True),
-    "dt.mlp_bank": _Op(("triton", "native"), float32=True),
+    "dt.mlp_bank": _Op(("triton", "native"), float32=True, float64=True),
     "dt.route_hard": _Op(("native",), min_size=NATIVE_MIN_POSITIONS),
     "dt.gumbel": _Op(("native",)),
     "scan.kl_rows": _Op(("triton", "native"), float32=True),
@@ -113,15 +115,16 @@ def _device_type(where) -> str:
     return "cpu" if device is None else str(getattr(device, "type", device)).split(":")[0]
 
 
-def _fits_float32(where, dtype) -> bool:
-    """Whether every operand dtype (default: where's; a bare device: assumed float32) is float32."""
+def _fits_float32(where, dtype, float64: bool = False) -> bool:
+    """Whether every operand dtype (default: where's; a bare device: assumed float32) is float32
+    (or, with float64=True, every one is float64)."""
     if dtype is None:
         dtype = getattr(where, "dtype", None)
     dtypes = [d for d in (dtype if isinstance(dtype, (tuple, list)) else (dtype,)) if d is not None]
     if not dtypes:
         return True
     import torch        # already loaded when a dtype came in; `import wtc` itself stays torch-free
-    return all(d == torch.float32 for d in dtypes)
+    return all(d == torch.float32 for d in dtypes) or (float64 and all(d == torch.float64 for d in dtypes))
 
 
 def choose(op: str, where, *, size: int | None = None, dtype=None) -> str:
@@ -148,7 +151,7 @@ def choose(op: str, where, *, size: int | None = None, dtype=None) -> str:
             return "triton"
         if ok and device == "cuda":
             return "triton"
-    if ("native" in spec.backends and device == "cpu" and (not spec.float32 or _fits_float32(where, dtype))
+    if ("native" in spec.backends and device == "cpu" and (not spec.float32 or _fits_float32(where, dtype, spec.float64))
             and (forced == "native" or size is None or size >= spec.min_size)):
         if forced == "native":
             require_native()

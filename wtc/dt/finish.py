@@ -31,12 +31,14 @@ def refit_head(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, val
             model.b_out[r, o] = w[V].float()
 
 
-def polish(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor, iters: int) -> None:
+def polish(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor,
+           iters: int) -> torch.Tensor:
     """Full-batch L-BFGS on the sub-MLPs and head of the frozen model, pointers pinned.
 
     Replicas are independent, so the objective is the sum of each replica's loss relative to its
     starting loss (one replica's scale cannot dominate the shared line search). A replica that
     ends worse than it started (including after re-evaluating the pointers) is restored.
+    Returns each replica's loss after / before (R,), 1 for a restored one.
     """
     params = [p for b in model.blocks if b.mlp is not None
               for p in b.mlp.parameters_of_map()] + [model.W_out, model.b_out]
@@ -59,3 +61,4 @@ def polish(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: 
         worse = ~(end <= start)
         for p, b in zip(params, before):
             p[worse] = b[worse]
+    return torch.where(worse, torch.ones_like(end), end / scale)

@@ -9,7 +9,8 @@
                  the hidden layers, nothing of size (rows, M, hidden) is stored
 
 Same signatures and results (to float32 rounding) as the torch references in wtc.dt, which stay the
-oracle (tests/test_fused_step.py). float32 only; wtc.backend.choose decides when they run (ops
+oracle (tests/test_fused_step.py). float32, and float64 for the sub-MLP bank (the precision pass's
+L-BFGS: 3.4x the torch float64 step, measured below); wtc.backend.choose decides when they run (ops
 "dt.route", "dt.mlp_bank"). Threads: torch's intra-op count at the call (DTConfig.threads while training); the
 result does not depend on it.
 """
@@ -88,15 +89,19 @@ ACTIVATIONS = {"relu": 0, "silu": 1, "gelu": 2, "tanh": 3, "relu+silu": 4}
 
 
 class _MlpBank(torch.autograd.Function):
+    """float64 inputs run the kernel in float64 (the precision pass), anything else in float32."""
+
     @staticmethod
     def forward(ctx, x, W1, b1, W2, b2, skip, W_mid, b_mid, act):
         C = require_native("the native sub-MLP op")
-        inputs = [t.detach().to(torch.float32).contiguous() for t in (x, W1, b1, W2, b2, skip)]
-        mid = [None if t is None else t.detach().to(torch.float32).contiguous() for t in (W_mid, b_mid)]
-        y = C.dt_mlp_forward(*[t.numpy() for t in inputs], act, *[None if t is None else t.numpy() for t in mid],
-                             torch.get_num_threads())
+        dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        inputs = [t.detach().to(dt).contiguous() for t in (x, W1, b1, W2, b2, skip)]
+        mid = [None if t is None else t.detach().to(dt).contiguous() for t in (W_mid, b_mid)]
+        op = C.dt_mlp_forward_f64 if dt == torch.float64 else C.dt_mlp_forward
+        y = op(*[t.numpy() for t in inputs], act, *[None if t is None else t.numpy() for t in mid],
+               torch.get_num_threads())
         ctx.save_for_backward(*inputs, *[t for t in mid if t is not None])
-        ctx.act, ctx.deep = act, W_mid is not None
+        ctx.act, ctx.deep, ctx.dt = act, W_mid is not None, dt
         return torch.from_numpy(y).to(x.dtype)
 
     @staticmethod
@@ -104,8 +109,9 @@ class _MlpBank(torch.autograd.Function):
         C = require_native("the native sub-MLP op")
         saved = ctx.saved_tensors
         inputs, mid = saved[:6], (saved[6:] if ctx.deep else (None, None))
-        grads = C.dt_mlp_backward(*[t.numpy() for t in inputs], ctx.act,
-                                  *[None if t is None else t.numpy() for t in mid], _np(dy), torch.get_num_threads())
+        op = C.dt_mlp_backward_f64 if ctx.dt == torch.float64 else C.dt_mlp_backward
+        grads = op(*[t.numpy() for t in inputs], ctx.act, *[None if t is None else t.numpy() for t in mid],
+                   dy.detach().to(ctx.dt).contiguous().numpy(), torch.get_num_threads())
         like = list(inputs) + list(mid)
         out = [torch.from_numpy(g).to(like[k].dtype) if g is not None and ctx.needs_input_grad[k] else None
                for k, g in enumerate(grads)]
