@@ -124,7 +124,7 @@ def main() -> None:
         row = {"when": stamp(), "machine": machine(), "load": os.getloadavg()[0], "task": name, "rung": label,
                **phases(run, not args.no_train)}
         row.update(objective_rounds(run, args.rounds))
-        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+        print(json.dumps({k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()}), flush=True)
         rows.append(row)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(OUT.read_text()) if OUT.exists() else []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import wtc
 from wtc.tasks import Task, TaskError
@@ -144,3 +145,38 @@ def test_train_on_data_reports_the_heldout_score():
                                progress=False)
     assert model.train_info["score_on"] == "20 held-out sequences" and history.final["heldout"]["accuracy"] < 0.5
     assert not model.train_info["score"]["solved"]
+
+
+def test_records_rebuild_the_same_task(tmp_path):
+    """What a worker process trains on: the task rebuilt from its saved records has the same split,
+    targets and fingerprint (a worker's result is checked against it)."""
+    from wtc.tasks import data
+
+    x, y = recorded(n=120)
+    x[5] = x[3]
+    y[5] = y[3]                                  # a duplicated record
+    task = Task.from_arrays(x, y, name="rec", heldout=0.3, seed=4, description="d")
+    data.save_records(task, tmp_path / "r.npz")
+    back = data.load_records(tmp_path / "r.npz")
+    assert back.fingerprint() == task.fingerprint() and (back.size, back.heldout.size) == (task.size, task.heldout.size)
+    rng = np.random.default_rng(1)
+    xs = task.heldout.sample(rng, task.heldout.size)
+    np.testing.assert_array_equal(back.heldout.targets(xs), task.heldout.targets(xs))
+    assert back.description == "d" and not data.has_records(wtc.tasks.get("prev2"))
+
+
+def test_data_task_rungs_run_in_workers_with_the_sequential_result():
+    """A data task's rungs go to worker processes (both cores busy) and give the model that
+    training them one after another in this process gives."""
+    from wtc.dt.workers import RECORDS, task_reference
+
+    x, y = recorded(n=100)
+    task = Task.from_arrays(x, y)
+    assert task_reference(task) == RECORDS
+    cfg = wtc.DTConfig(n_heads=1, n_mlps=1, mlp_hidden=8, steps=30, hard_steps=5, polish_iters=5, replicas=2,
+                       max_attempts=2, batch_size=16, eval_sequences=64, precision_iters=0)
+    parallel, _ = wtc.train(task, cfg.replace(workers=2), progress=False)
+    sequential, _ = wtc.train(task, cfg.replace(workers=1), progress=False)
+    assert parallel.train_info == sequential.train_info
+    for (k, a), (_, b) in zip(parallel.state_dict().items(), sequential.state_dict().items()):
+        assert torch.equal(a, b), k

@@ -6,7 +6,9 @@ wtc.train and wtc.discover run rungs 0 and 1 at once (wtc.dt.ladder decides whic
 the winner as the sequential loop would). Workers are fresh interpreters (`python -m
 wtc.dt.workers SPEC`): no fork after OpenMP started, and no re-import of the user's main script
 (multiprocessing's spawn would re-run a script without a __main__ guard). They rebuild built-in
-tasks by name; other tasks run in the calling process, one rung after another.
+tasks by name and data tasks (Task.from_arrays) from their records, written to the wave's scratch
+directory; tasks defined by the user's callables run in the calling process, one rung after
+another (a callable cannot be sent to a fresh interpreter without pickles, which wtc never loads).
 
 What a rung does is a job, named "module:Name" (an object in an importable wtc module, so a
 worker finds it by name and this module imports none of them):
@@ -42,12 +44,26 @@ class WorkerError(WtcError, RuntimeError):
     """A worker process failed with something other than a wtc error (its log tail is attached)."""
 
 
+RECORDS = "records:"   # a task reference to a data task's records (path follows, once written)
+
+
 def task_reference(task) -> str | None:
-    """The built-in task name a worker can rebuild the task from, or None (run in-process)."""
-    from wtc.tasks import builtin
+    """What a worker rebuilds the task from: a built-in task's name, RECORDS for a data task, or
+    None (run in-process)."""
+    from wtc.tasks import builtin, data
     if task.name in builtin.SUITE and builtin.make(task.name) is task:
         return task.name
+    if data.has_records(task):
+        return RECORDS
     return None
+
+
+def _worker_task(ref: str):
+    from wtc import tasks as task_registry
+    from wtc.tasks import data
+    if ref.startswith(RECORDS):
+        return data.load_records(Path(ref[len(RECORDS):]))
+    return task_registry.get(ref)
 
 
 def worker_count(config: DTConfig, task_ref: str | None, cap: int | None = None) -> int:
@@ -87,6 +103,10 @@ def run_wave(job_name: str, task, task_ref: str | None, rungs: list[Rung], seed:
         return out
     results, failures, pending = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="wtc-rungs-") as scratch:
+        if task_ref == RECORDS:
+            from wtc.tasks import data
+            data.save_records(task, Path(scratch) / "records.npz")
+            task_ref = RECORDS + str(Path(scratch) / "records.npz")
         try:
             for rung in rungs:
                 if wave_decided(results, failures, {rung.attempt: None}, solved):
@@ -189,8 +209,6 @@ def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
 
 
 def main(spec: dict) -> None:
-    from wtc import tasks as task_registry
-
     if spec.get("parent"):
         _exit_with_parent(int(spec["parent"]))
     path = Path(spec["path"])
@@ -198,7 +216,7 @@ def main(spec: dict) -> None:
         job = _job(spec["job"])
         rung = Rung(spec["attempt"], spec["label"], DTConfig.from_dict(spec["config"]))
         with torch_threads(rung.config.threads):
-            job.run(task_registry.get(spec["task"]), rung, spec["seed"], spec["opts"], path)
+            job.run(_worker_task(spec["task"]), rung, spec["seed"], spec["opts"], path)
     except WtcError as exc:
         Path(spec["error"]).write_text(json.dumps(
             {"module": type(exc).__module__, "class": type(exc).__name__, "message": str(exc)}))

@@ -9,6 +9,9 @@ some out is refused rather than verified on the training data.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
 from wtc.errors import TaskError
@@ -145,4 +148,30 @@ def from_arrays(inputs, outputs, *, name: str = "data", output: str | None = Non
     kept = _Records(x3[held], y3[held], squeeze_in, squeeze_out, table, name)
     rec = _Records(x3[train], y3[train], squeeze_in, squeeze_out, table, name)
     verify_on = task_type(f"{name} (held out)", kept.sample, kept.target, size=len(held), description=description, **shape)
-    return task_type(name, rec.sample, rec.target, size=len(train), heldout=verify_on, description=description, **shape)
+    task = task_type(name, rec.sample, rec.target, size=len(train), heldout=verify_on, description=description, **shape)
+    # what rebuilds this task elsewhere (a worker process): the distinct records in their given rank
+    # (so the rebuilt split is this one) and the arguments; see save_records / load_records
+    records = {"inputs": x3[..., 0] if squeeze_in else x3, "outputs": y3[..., 0] if squeeze_out else y3,
+               "options": {"name": name, "output": output, "valid_from": int(valid_from), "heldout": heldout,
+                           "seed": seed, "description": description}}
+    object.__setattr__(task, "_records", records)     # frozen dataclass: a private attribute only
+    return task
+
+
+def has_records(task) -> bool:
+    """Whether `task` came from Task.from_arrays (and can be rebuilt from its records)."""
+    return "_records" in getattr(task, "__dict__", {})
+
+
+def save_records(task, path: Path) -> None:
+    """Write a from_arrays task's records and options to `path` (.npz, no pickles)."""
+    rec = task.__dict__["_records"]
+    np.savez(path, inputs=rec["inputs"], outputs=rec["outputs"], options=np.array(json.dumps(rec["options"])))
+
+
+def load_records(path: Path):
+    """The task save_records wrote, rebuilt by Task.from_arrays (the same split and fingerprint)."""
+    from wtc.tasks.task import Task
+
+    with np.load(path, allow_pickle=False) as z:
+        return Task.from_arrays(z["inputs"], z["outputs"], **json.loads(str(z["options"])))
