@@ -184,9 +184,15 @@ class Hooked(nn.Module):
 
 
 def _module(model: nn.Module, path: str) -> nn.Module:
+    """The module at `path`; failing that, a TransformerLens-style `hook_dict` entry (TransformerLens
+    3's TransformerBridge names its hook points after the wrapped model's modules and keeps the
+    HookedTransformer names, "blocks.0.hook_resid_post", as aliases there)."""
     try:
         return model.get_submodule(path)
     except AttributeError:
+        alias = getattr(model, "hook_dict", None)
+        if isinstance(alias, dict) and isinstance(alias.get(path), nn.Module):
+            return alias[path]
         names = [n for n, _ in model.named_modules() if n][:15]
         raise HookNameError(f"no module named {path!r}; modules include: {', '.join(names)} ...") from None
 

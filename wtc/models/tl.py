@@ -1,10 +1,19 @@
-"""Moving weights between wtc.models.Transformer and TransformerLens's HookedTransformer.
+"""Moving weights between wtc.models.Transformer and TransformerLens's HookedTransformer, and
+TransformerLens 3's TransformerBridge over a local Hugging Face model (`load_bridge`).
 
 The parameter names are the same, so a state dict moves almost unchanged: blocks without an MLP
 export a zero MLP (relu(0 @ W_in) @ W_out = 0, and TL has no per-block MLP switch), a model without
 biases exports zero biases, and TL's buffers (masks, IGNORE) are left out on the way back. The
 state-dict functions need no TransformerLens; the HookedTransformer ones import it (optional: pip
-install 'transformer_lens==3.9.*', the last line with HookedTransformer).
+install 'wtc[tl]', pinned in constraints.txt: TransformerLens 3.x has both HookedTransformer and
+TransformerBridge; 4.x drops HookedTransformer and needs transformers >= 5.9, which the pinned
+transformers is not).
+
+A TransformerBridge names its hook points after the wrapped model's modules ("blocks.0.hook_out")
+and keeps the HookedTransformer names ("blocks.0.hook_resid_post", "blocks.0.hook_attn_out", ...) as
+aliases in its `hook_dict`; wtc's hooks (wtc.hooks.hook_modules, so ACE, patching and the scans)
+resolve either, so a bridge is used like any model: extract_core(bridge, tokens,
+"blocks.1.hook_resid_post", ...).
 """
 from __future__ import annotations
 
@@ -19,7 +28,7 @@ def _tl():
     try:
         from transformer_lens import HookedTransformer, HookedTransformerConfig
     except ImportError as exc:
-        raise ImportError("TransformerLens is not installed (optional: pip install 'transformer_lens==3.9.*')") from exc
+        raise ImportError("TransformerLens is not installed (optional: pip install -c constraints.txt 'wtc[tl]')") from exc
     return HookedTransformer, HookedTransformerConfig
 
 
@@ -94,4 +103,42 @@ def from_hooked_transformer(tl, mlp_layers: tuple[int, ...] | None = None, bias:
     return from_tl_state_dict(tl.state_dict(), cfg)
 
 
-__all__ = ["to_hooked_transformer", "from_hooked_transformer", "to_tl_state_dict", "from_tl_state_dict"]
+def load_bridge(path, device: str = "cpu"):
+    """A TransformerLens TransformerBridge over the Hugging Face causal LM in the local directory
+    `path` (its weights and its tokenizer; nothing is downloaded: the model is loaded by
+    transformers first and handed to the bridge, and the hub is set offline for the call)."""
+    import os
+    from pathlib import Path
+
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError as exc:
+        raise ImportError("TransformerLens >= 3 is not installed (optional: pip install -c constraints.txt "
+                          "'wtc[tl]')") from exc
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from wtc.models.hf import HFModelError
+
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise HFModelError(f"{path}: not a local Hugging Face model directory (no config.json)")
+    before = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(p).eval()
+        try:
+            tok = AutoTokenizer.from_pretrained(p)
+        except Exception as exc:                      # transformers raises many kinds here
+            raise HFModelError(f"{path}: the bridge needs the model's tokenizer, which did not load "
+                               f"({type(exc).__name__}: {exc})") from exc
+        bridge = TransformerBridge.boot_transformers(str(p), hf_model=hf, tokenizer=tok, device=device)
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return bridge.eval()
+
+
+__all__ = ["load_bridge", "to_hooked_transformer", "from_hooked_transformer", "to_tl_state_dict", "from_tl_state_dict"]
