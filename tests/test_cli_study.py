@@ -13,7 +13,7 @@ from wtc.cli import main
 
 
 def test_the_registry_is_read_without_importing_the_studies():
-    code = ("import sys, wtc.studies as s; assert s.names() == ['markov', 'modadd', 'grok-law', 'core-inflation', 'assign-add', 'sparse-vs-dense', 'dt-dynamics', 'agreement']; "
+    code = ("import sys, wtc.studies as s; assert s.names() == ['markov', 'modadd', 'grok-law', 'core-inflation', 'assign-add', 'sparse-vs-dense', 'dt-dynamics', 'dt-control', 'agreement']; "
             "heavy = [m for m in ('torch', 'wtc.studies.modadd') if m in sys.modules]; assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -163,7 +163,9 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
     """Train, extract and verify until a program verifies or the budget (default 600 s) is spent.
 
     budget_s must be a finite positive number of seconds. A new wave of attempts starts only if
-    the time left covers the longest wave so far; the first wave always runs to completion.
+    the time left covers the longest wave so far; the first wave always runs to completion. A
+    given `config` also caps the attempts at its max_attempts; without one, attempts go on until
+    the budget is spent.
     """
     task = task_registry.get(task)
     budget = DEFAULT_BUDGET_S if budget_s is None else check_budget(budget_s)
@@ -203,9 +205,10 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
                 used = used and not record["verified"]
         return results
 
-    best, ran = climb(base, wave, workers=worker_count(base, task_ref), solved=solved,
-                      key=lambda r: r[1][0] if r[1] is not None else None, budget_s=budget, name=task.name,
-                      progress=progress)
+    cap = None if config is None else config.max_attempts
+    best, ran = climb(base, wave, workers=worker_count(base, task_ref, cap=cap), solved=solved,
+                      key=lambda r: r[1][0] if r[1] is not None else None, budget_s=budget, max_attempts=cap,
+                      name=task.name, progress=progress)
     attempts = [record for _, (record, _) in ran]
     if best is None:
         return Discovery(task, None, None, None, None, time.perf_counter() - t0, attempts, dep)

@@ -30,6 +30,9 @@ STUDIES = {
     "dt-dynamics": ("wtc.studies.dt_dynamics", "Discrete Transformer: the step where the loss converges vs the step "
                                                "where selections and attention turn hard, 12 tasks x 3 seeds "
                                                "(--quick about 3 min)"),
+    "dt-control": ("wtc.studies.dt_control", "Discrete Transformer: the same tasks discovered under constraints (no "
+                                             "MLPs, MLPs reading only the current input): where the program computes "
+                                             "(--quick about 1 min)"),
     "agreement": ("wtc.studies.agreement", "ACE on language models: the 1-D number-agreement axis of small LMs trained "
                                            "on an agreement corpus, or of a local Hugging Face model (--model DIR)"),
 }
