@@ -502,3 +502,55 @@ def test_extract_core_refuses_a_readout_blind_to_the_layer(tiny):
     core = extract_core(m, tok, "blocks.0.hook_resid_post", readout=lambda o: o[:, -1, :2])
     with pytest.raises(AceError, match=r"activations must be \(\.\.\., 8\)"):
         core.project(torch.zeros(3, 5))
+
+
+# ---------------------------------------------------------------------------- probe 3: DT training, explain, CLI
+
+@pytest.mark.parametrize("kw, match", [({"progress": "no"}, "progress must be True or False"),
+                                       ({"resume": "no"}, "resume must be True or False"),   # bool("no") resumed
+                                       ({"resume": True}, "resume=True continues the checkpoints in checkpoint_dir"),
+                                       ({"checkpoint_dir": 3}, "checkpoint_dir must be None or a directory path, got 3")])
+def test_dt_train_flags_are_checked_before_any_work(kw, match):
+    from wtc.dt.config import ConfigError
+    with pytest.raises(ConfigError, match=match):
+        wtc.train("prev2", wtc.DTConfig(steps=1, replicas=1, max_attempts=1), **kw)
+
+
+def test_dt_train_and_save_refuse_a_file_for_a_directory(tmp_path):
+    from wtc.dt import checkpoint
+    from wtc.dt.config import ConfigError
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        wtc.train("prev2", wtc.DTConfig(steps=1, replicas=1, max_attempts=1), checkpoint_dir=tmp_path / "f")
+    with pytest.raises(CheckpointError, match="save writes a DiscreteTransformer, got Linear"):
+        checkpoint.save(torch.nn.Linear(2, 2), tmp_path / "m")
+
+
+def test_transformer_configs_too_large_to_build_are_refused_at_once():
+    from wtc.errors import ModelConfigError
+    from wtc.models import TransformerConfig
+    with pytest.raises(ModelConfigError, match="would hold up to ~.* parameters"):
+        TransformerConfig(n_layers=10**9)            # built 1e9 blocks (or a 1e9-entry tuple) for minutes
+    with pytest.raises(ModelConfigError, match="parameters"):
+        TransformerConfig(d_vocab=10**12)            # a raw allocation error
+
+
+def test_a_failing_proposer_is_counted_in_the_summary(tiny):
+    from wtc.explain import explain
+    m, _ = tiny
+    rng = np.random.default_rng(0)
+    toks, sl = rng.integers(0, 6, (16, 5)), [rng.integers(0, 6, (8, 5)) for _ in range(2)]
+    r = explain(m, toks, sl, sample=2, progress=False, proposer=lambda contexts: 1 / 0, builtin=True)
+    s = r["summary"]
+    scored = sum(e.total_kl > 1e-12 for e in r["weights"])
+    assert scored >= 1 and s["proposer_failures"] == scored and "ZeroDivisionError" in s["proposer_error"]
+    assert "proposer_failures" not in explain(m, toks, sl, sample=2, progress=False)["summary"]
+
+
+@pytest.mark.parametrize("argv, match", [(["lm-train", "--d-model", "6", "--heads", "4"], "must be a multiple of --heads"),
+                                         (["lm-train", "--layers", str(10**9)], "parameters")])
+def test_cli_lm_train_refuses_shapes_it_cannot_build(tmp_path, capsys, argv, match):
+    from wtc.cli import main
+    assert main([*argv, "--out", str(tmp_path / "lm")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wtc: error: ") and match in err and err.count("\n") == 1

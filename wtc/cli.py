@@ -43,6 +43,8 @@ def _cmd_train(args) -> int:
                                    ("max_attempts", args.attempts)) if v is not None}
     config = DTConfig(**overrides)
     out = Path(args.out) if args.out else None
+    if args.resume and not (out / "checkpoints").is_dir():
+        print(f"wtc: note: nothing to resume in {out}/checkpoints; starting afresh", file=sys.stderr)
     t0 = time.perf_counter()
     model, history = train(task, config, seed=args.seed, budget_s=args.budget, progress=not args.quiet,
                            checkpoint_dir=out / "checkpoints" if out else None, resume=args.resume)
@@ -124,6 +126,9 @@ def _cmd_lm_train(args) -> int:
     for flag, value in (("--vocab", args.vocab), ("--seq-len", args.seq_len)):
         if value < 2:
             raise CLIError(f"{flag} must be at least 2 (a Markov stream needs two tokens and a next one), got {value}")
+    if args.d_model % args.heads:
+        raise CLIError(f"--d-model ({args.d_model}) must be a multiple of --heads ({args.heads}): each head gets "
+                       "d_model / heads dimensions")
 
     cfg = TransformerConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
                             d_head=args.d_model // args.heads, d_mlp=4 * args.d_model, d_vocab=args.vocab,
@@ -185,6 +190,9 @@ def _cmd_explain(args) -> int:
     print(f"{s['weights_scored']} weights scored: interpretable {s['interpretable_fraction']}, robust "
           f"{s['robust_fraction']}, reliability {s['reliability']} ({s['seconds']}s); wrote {args.out}/summary.json, "
           f"report.md, explanations.json")
+    if s.get("proposer_failures"):
+        print(f"wtc: warning: the proposer failed for {s['proposer_failures']} of {s['weights_sampled']} weights "
+              f"(first: {s.get('proposer_error')}); those weights had only the built-in predicates", file=sys.stderr)
     return 0
 
 

@@ -65,7 +65,17 @@ def _check_structure(model) -> None:
 
 def save(model, directory, extra: dict | None = None) -> Path:
     """Save a model to directory/model.safetensors + directory/model.json."""
+    from wtc.dt.model import DiscreteTransformer
+
+    if not isinstance(model, DiscreteTransformer):
+        raise CheckpointError(f"save writes a DiscreteTransformer, got {type(model).__name__}")
+    if not isinstance(directory, (str, Path)) or not str(directory):
+        raise CheckpointError(f"a checkpoint is a directory path, got {type(directory).__name__} {directory!r}")
+    if extra is not None and not isinstance(extra, dict):
+        raise CheckpointError(f"extra must be None or a dict (written to model.json), got {type(extra).__name__}")
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"{directory} is a file; a checkpoint is a directory (model.safetensors + model.json)")
     meta = model_meta(model)
     if extra:
         meta["extra"] = extra

@@ -10,6 +10,7 @@ be exceeded.
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -49,6 +50,16 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
     if not isinstance(config, DTConfig):
         raise ConfigTypeError(f"config must be a wtc.DTConfig, got {type(config).__name__}")
     budget_s = check_budget(budget_s)
+    for name, flag in (("progress", progress), ("resume", resume)):
+        if not isinstance(flag, bool):          # resume="no" read as True
+            raise ConfigError(f"{name} must be True or False, got {flag!r}")
+    if checkpoint_dir is not None:
+        if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
+            raise ConfigError(f"checkpoint_dir must be None or a directory path, got {checkpoint_dir!r}")
+        if Path(checkpoint_dir).exists() and not Path(checkpoint_dir).is_dir():
+            raise ConfigError(f"checkpoint_dir {str(checkpoint_dir)!r} is a file, not a directory")
+    elif resume:
+        raise ConfigError("resume=True continues the checkpoints in checkpoint_dir: give checkpoint_dir")
     task_ref = task_reference(task)
     seed = arguments.seed(seed, error=ConfigError)
     config.check_size(task.seq_len, task.n_inputs)

@@ -178,6 +178,7 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
         chosen.setdefault(name, torch.zeros(params[name].shape, dtype=torch.bool))[index] = True
     scanned = scan(model, search, params=sorted(chosen), weights=chosen, keep_positions=True, progress=False)
     out: list[Explanation] = []
+    failures: list[str] = []                 # what the external proposer raised, one per failed call
     for name, index in tqdm(weights, disable=not progress, desc="explain", unit="w"):
         kl = scanned.position_kl(name, index).reshape(search.shape)         # (n, T) exact
         total = float(kl.sum())
@@ -199,6 +200,7 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
                 sources = _external(proposer, ctx, proposer_timeout_s)
             except Exception as exc:        # a broken proposer costs its candidates, not the run
                 ex.note += f"external proposer failed: {type(exc).__name__}: {exc}; "
+                failures.append(f"{type(exc).__name__}: {exc}")
                 sources = []
             for src in sources:
                 try:
@@ -222,7 +224,7 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
             if best is None or score > best[0]:
                 best = (score, cname, src, cov, who, truth)
         if best is None:
-            ex.note = "no candidate predicate within the coverage gate"
+            ex.note += "no candidate predicate within the coverage gate"
             continue
         ex.search_score, ex.predicate, ex.source, ex.coverage, ex.proposer, truth = best
         sums = np.zeros(3)
@@ -236,6 +238,8 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
     summary = summarise(out, threshold)
     summary.update(seconds=round(time.perf_counter() - t0, 1), threshold=threshold, max_coverage=max_coverage,
                    slices=len(slices), search_positions=int(search.numel()))
+    if proposer is not None:                 # said in the summary, not only in each weight's note
+        summary.update(proposer_failures=len(failures), proposer_error=failures[0][:300] if failures else None)
     return {"weights": out, "summary": summary}
 
 

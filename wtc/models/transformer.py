@@ -51,6 +51,12 @@ class TransformerConfig:
                 raise ModelConfigError(f"TransformerConfig.{name} must be a positive int, got {v!r}")
         if self.d_mlp is not None and (not isinstance(self.d_mlp, int) or self.d_mlp <= 0):
             raise ModelConfigError(f"TransformerConfig.d_mlp must be None or a positive int, got {self.d_mlp!r}")
+        D, M = self.d_model, self.d_mlp or 0
+        n = 2 * self.d_vocab * D + self.n_ctx * D + self.n_layers * (4 * self.n_heads * self.d_head * D + 2 * D * M)
+        if n > MAX_PARAMETERS:                       # building it would allocate (or hang) for minutes first
+            raise ModelConfigError(f"TransformerConfig would hold up to ~{n:.3g} parameters (more than "
+                                   f"{MAX_PARAMETERS:.3g}, {4 * n / 2**30:.3g} GiB in float32); check n_layers, "
+                                   "d_model, d_mlp, d_vocab, n_ctx")
         if self.act_fn not in ("relu", "gelu"):
             raise ModelConfigError(f"TransformerConfig.act_fn must be 'relu' or 'gelu', got {self.act_fn!r}")
         if self.normalization not in (None, "LN", "RMS"):
@@ -68,6 +74,9 @@ class TransformerConfig:
             f = self.mlp_abstopk
             if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
                 raise ModelConfigError(f"TransformerConfig.mlp_abstopk must be None or a fraction in (0, 1], got {f!r}")
+
+
+MAX_PARAMETERS = 2**34
 
 
 def _bias(module: nn.Module, name: str, size, trained: bool) -> None:
