@@ -87,7 +87,7 @@ class DTControl:
 
 CONFIG = DTControl
 HEADLINE = ("runs", "algorithm_changed_tasks", "solved_runs")
-OUTPUTS = ("summary.json", "report.md")
+OUTPUTS = ("summary.json", "report.md", "dt_control.png")
 
 
 def computes_in(readings: list[dict]) -> str:
@@ -164,9 +164,40 @@ def run(cfg: DTControl | None, out_dir, progress: bool = True) -> dict:
                "seconds": round(clock.total(), 1),
                "runs_detail": [{k: v for k, v in r.items() if k not in ("config", "source")} for r in runs]}
     clock.save()
+    _plot(cfg, by_task, out / "dt_control.png")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     (out / "report.md").write_text(_report(summary, runs))
     return summary
+
+
+COLOURS = {"mlp": "tab:orange", "head": "tab:blue", "routing": "tab:green", "none": "lightgray"}
+
+
+def _plot(cfg: DTControl, by_task: dict, path) -> None:
+    """Tasks x constraints: colour = where the program computes, hatched = not verified."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(cfg.constraints), 1.2 + 0.6 * len(cfg.tasks)))
+    for i, task in enumerate(cfg.tasks):
+        for j, c in enumerate(cfg.constraints):
+            run = by_task.get(task, {}).get(c)
+            where = run["computes_in"] if run else "none"
+            ax.add_patch(Rectangle((j, i), 0.95, 0.9, color=COLOURS[where], hatch=None if run and run["solved"] else "//",
+                                   alpha=1.0 if run and run["solved"] else 0.45))
+            ax.text(j + 0.47, i + 0.45, where if run else "not run", ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, len(cfg.constraints))
+    ax.set_ylim(len(cfg.tasks), 0)
+    ax.set_xticks([j + 0.47 for j in range(len(cfg.constraints))], cfg.constraints)
+    ax.set_yticks([i + 0.45 for i in range(len(cfg.tasks))], cfg.tasks)
+    ax.legend(handles=[Patch(color=v, label=k) for k, v in COLOURS.items()], fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("where the program computes (hatched: not verified)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _report(s: dict, runs: list[dict]) -> str:
@@ -183,7 +214,7 @@ def _report(s: dict, runs: list[dict]) -> str:
         via = "; ".join(r.get("routes", [])) or "-"
         lines.append(f"| {r['task']} | {r['constraint']} | {r['solved']} | {acc} | {r['computes_in']} | {via} | {out} | "
                      f"{r['seconds']} |")
-    lines += ["", "## Module readings", ""]
+    lines += ["", "![where](dt_control.png)", "", "## Module readings", ""]
     for r in runs:
         lines.append(f"**{r['task']} / {r['constraint']}**")
         lines.append("")
