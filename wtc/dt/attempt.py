@@ -38,6 +38,13 @@ PRECISION_GAIN = 0.01    # a chunk lowering no replica's loss by 1% ends the pas
 LADDER_FIELDS = ("max_attempts", "workers")
 
 
+def adamw(model: DiscreteTransformer, config: DTConfig) -> torch.optim.AdamW:
+    """The training optimizer. fused=True: one kernel over all parameters instead of a loop of
+    small ops per tensor (0.6 vs 3.1 ms a step for the default model's 14 tensors on one loaded
+    core; the same update to float32 rounding)."""
+    return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=True)
+
+
 def tau_at(config: DTConfig, step: int) -> float:
     """Geometric annealing tau_start -> tau_end over config.steps, updated every step."""
     frac = min(step / max(config.steps - 1, 1), 1.0)
@@ -113,8 +120,7 @@ class Attempt:
                        track_ranges="set")
         self.model.to(self.device)
         self.fit_data = tuple(t.to(self.device) for t in self.fit_data)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr,
-                                           weight_decay=config.weight_decay)
+        self.optimizer = adamw(self.model, config)
         self.step, self.phase = 0, "anneal"
         heads = [n for b in self.model.blocks if b.attn is not None for n in b.attn.head_names]
         slots = [s for sel in self.model.selectors() for s in sel.slot_names]
@@ -254,8 +260,7 @@ class Attempt:
             if key.startswith("opt."):
                 _, i, name = key.split(".", 2)
                 state.setdefault(int(i), {})[name] = value
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr,
-                                           weight_decay=self.config.weight_decay)
+        self.optimizer = adamw(self.model, self.config)
         self.optimizer.load_state_dict({"state": state, "param_groups": meta["opt_groups"]})
         self.generator.set_state(tensors["rng.torch"])
         self.rng.bit_generator.state = meta["rng_numpy"]
