@@ -370,9 +370,10 @@ def test_scan_arguments_and_result_lookups_are_wtc_errors(tiny, tmp_path):
     w = "blocks.0.attn.W_Q"
     for kw, match in [({"params": []}, "params must be None"), ({"params": [3]}, "params must be None"),
                       ({"keep_positions": "no"}, "keep_positions must be None, True or False"),
-                      ({"out": 3}, "out must be None or a directory path")]:
+                      ({"out": 3}, "out must be None or a directory path"),
+                      ({"progress": "no"}, "progress must be True or False")]:
         with pytest.raises(ScanError, match=match):
-            scan(m, tok, progress=False, **kw)
+            scan(m, tok, **{"progress": False, **kw})
     (tmp_path / "f").write_text("x")
     with pytest.raises(ScanError, match="is a file; the scan store is a directory"):
         scan(m, tok, params=[w], out=tmp_path / "f", progress=False)
@@ -554,3 +555,14 @@ def test_cli_lm_train_refuses_shapes_it_cannot_build(tmp_path, capsys, argv, mat
     assert main([*argv, "--out", str(tmp_path / "lm")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("wtc: error: ") and match in err and err.count("\n") == 1
+
+
+def test_importance_positions_refuse_what_is_not_a_kl():
+    from wtc.errors import ScanError
+    from wtc.scan import importance_positions
+    with pytest.raises(ScanError, match="kl must be finite and >= 0"):
+        importance_positions(-torch.rand(2, 5))          # gave empty position sets
+    with pytest.raises(ScanError, match="kl must be finite and >= 0"):
+        importance_positions(torch.full((2, 5), float("nan")))
+    kl = torch.tensor([[0.0, 3.0, 1.0, -1e-9]])
+    assert importance_positions(kl, mass=0.7)[0].tolist() == [1]

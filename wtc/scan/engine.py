@@ -255,6 +255,8 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
         raise ScanError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if keep_positions is not None and not isinstance(keep_positions, bool):
         raise ScanError(f"keep_positions must be None, True or False, got {keep_positions!r}")
+    if not isinstance(progress, bool):
+        raise ScanError(f"progress must be True or False, got {progress!r}")
     if out is not None:
         if not isinstance(out, (str, os.PathLike)) or not str(out):
             raise ScanError(f"out must be None or a directory path, got {out!r}")

@@ -9,6 +9,7 @@ tensors the two row-wise KLs run as Triton kernels (wtc.kernels.kl):
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -120,6 +121,10 @@ def importance_positions(kl: torch.Tensor, mass: float = 0.9) -> list[np.ndarray
                         f"{tuple(kl.shape) if torch.is_tensor(kl) else type(kl).__name__}")
     if isinstance(mass, bool) or not isinstance(mass, numbers.Real) or not 0 < mass <= 1:
         raise ScanError(f"mass must be a number in (0, 1], got {mass!r}")
+    if kl.numel():
+        lo, hi = float(kl.min()), float(kl.abs().max())
+        if not (math.isfinite(lo) and math.isfinite(hi)) or lo < -max(1e-6 * hi, 1e-6):  # rounding leaves tiny negatives
+            raise ScanError(f"importance_positions: kl must be finite and >= 0 (a KL divergence), got a minimum of {lo:.3g}")
     if choose("scan.importance_positions", kl) == "native":
         offsets, pos = _native.cpu_module().importance_positions(kl.detach().float().contiguous().numpy(), mass)
         return np.split(pos, offsets[1:-1])
