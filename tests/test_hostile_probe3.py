@@ -239,6 +239,9 @@ def test_integer_samples_reach_target_as_integers():
     x, y = tb.batch(0, 20)
     assert np.array_equal(y[..., 0], 1 - x[..., 0])
     assert _ints_task(name="prev2").fingerprint() == _ints_task(name="prev2").fingerprint()
+    tu = _ints_task(name="u8", sample=lambda rng, n: rng.integers(0, 10, (n, 6)).astype(np.uint8), target=lambda x: x - 5)
+    x, y = tu.batch(0, 20)
+    assert np.array_equal(y[..., 0], x[..., 0] - 5)            # int64 arithmetic: no uint8 wrap-around
 
 
 def test_a_random_target_is_refused():

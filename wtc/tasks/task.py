@@ -125,8 +125,14 @@ class Task:
         x = self.check_inputs(x)
         arg = x[:, :, 0] if self.n_inputs == 1 and self._sample_ndim() == 2 else x   # as sample gives it
         kind = self._sample_dtype()
-        if kind is not None and kind.kind in "biu" and np.array_equal(arg, arg.astype(kind)):
-            arg = arg.astype(kind)           # integer / bool samples reach target as such (x & 1, table[x])
+        if kind is not None and kind.kind in "biu":
+            # integer / bool samples reach target as integers / bools (x & 1, table[x] work), in int64 so
+            # that arithmetic on a uint8 or int8 sample does not wrap where float64 did not
+            want = np.bool_ if kind.kind == "b" else np.int64
+            with np.errstate(invalid="ignore"):
+                back = arg.astype(want)
+            if np.array_equal(arg, back) and (kind.kind == "b" or np.abs(arg).max(initial=0) < 2**63):
+                arg = back
         try:
             y = self.target(arg.copy())
         except Exception as exc:
