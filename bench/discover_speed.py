@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -28,16 +30,23 @@ MUST = ["parity_last2", "sum_last2", "prev2", "max_last3", "min_last2", "diff_pr
         "relu_diff", "free_fall_height", "free_fall_next"]
 
 
+def _children_cpu() -> float:
+    """User + system CPU seconds of every waited-for child process and its descendants (the
+    discover workers): less sensitive than wall time to other jobs on a shared machine."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def discover(python: str, task: str, seed: int, out: Path, budget: float | None) -> dict:
     cmd = [python, "-m", "wtc", "discover", task, "--seed", str(seed), "--out", str(out), "--quiet"]
     if budget:
         cmd += ["--budget", str(budget)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _children_cpu()
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _children_cpu() - c0
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     source = (out / "program.py").read_text() if (out / "program.py").exists() else ""
-    return {"seconds": seconds, "solved": bool(summary.get("solved")), "attempts": len(summary.get("attempts", [])),
+    return {"seconds": seconds, "cpu": cpu, "load": os.getloadavg()[0], "solved": bool(summary.get("solved")), "attempts": len(summary.get("attempts", [])),
             "source": source, "exit": proc.returncode, "stderr": proc.stderr[-400:]}
 
 
@@ -59,15 +68,17 @@ def main() -> None:
             b, n = runs["before"], runs["now"]
             row = {"when": stamp(), "machine": machine(), "task": task, "seed": args.seed,
                    "before_s": round(b["seconds"], 1), "now_s": round(n["seconds"], 1),
-                   "speedup": round(b["seconds"] / n["seconds"], 2), "before_solved": b["solved"],
+                   "speedup": round(b["seconds"] / n["seconds"], 2), "before_cpu_s": round(b["cpu"], 1),
+                   "now_cpu_s": round(n["cpu"], 1), "load": round((b["load"] + n["load"]) / 2, 1),
+                   "before_solved": b["solved"],
                    "now_solved": n["solved"], "before_attempts": b["attempts"], "now_attempts": n["attempts"],
                    "same_program": b["source"] == n["source"] and bool(n["source"])}
             rows.append(row)
+            append_rows("discover_speed", [row])          # kept as it comes: a long run can be stopped
             print(json.dumps(row), flush=True)
             for label, r in runs.items():
                 if r["exit"] not in (0, 1):
                     print(f"  {label} exited {r['exit']}: {r['stderr']}", flush=True)
-    append_rows("discover_speed", rows)
     print("\n| task | before s | now s | before/now | solved (before, now) | attempts (before, now) | same program |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
