@@ -569,3 +569,15 @@ def test_importance_positions_refuse_what_is_not_a_kl():
         importance_positions(torch.full((2, 5), float("nan")))
     kl = torch.tensor([[0.0, 3.0, 1.0, -1e-9]])
     assert importance_positions(kl, mass=0.7)[0].tolist() == [1]
+
+
+def test_task_callables_calling_sys_exit_and_huge_integer_targets_are_task_errors():
+    import sys
+    with pytest.raises(TaskError, match=r"target\(x\) raised SystemExit"):
+        _ints_task(name="exits", target=lambda x: sys.exit(3)).batch(0, 3)
+    with pytest.raises(TaskError, match=r"sample\(rng, 2\) raised SystemExit"):
+        _ints_task(name="exits2", sample=lambda rng, n: sys.exit(3)).draw(0, 2)
+    with pytest.raises(TaskError, match="output='integer' but the target reaches .*past 2\\*\\*53"):
+        _ints_task(name="huge", target=lambda x: x * 0 + 2**60).batch(0, 3)
+    y = _ints_task(name="huge_real", output="real", target=lambda x: x * 0 + 2.0**60).batch(0, 3)[1]
+    assert (y == 2.0**60).all()

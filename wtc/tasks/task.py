@@ -87,7 +87,7 @@ class Task:
             rng = np.random.default_rng(arguments.seed(rng, "rng (a numpy Generator or a seed)", TaskError))
         try:
             x = self.sample(rng, int(n))
-        except Exception as exc:  # a user callable that throws
+        except (Exception, SystemExit) as exc:  # a user callable that throws (or calls sys.exit)
             raise TaskError(f"task {self.name!r}: sample(rng, {n}) raised {type(exc).__name__}: {exc}") from exc
         if self.n_inputs == 1 and np.ndim(x) in (2, 3) and np.ndim(x) != self._sample_ndim():
             # target(x) gets batches in the form sample gave first; a sampler that switches would
@@ -135,7 +135,7 @@ class Task:
                 arg = back
         try:
             y = self.target(arg.copy())
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise TaskError(f"task {self.name!r}: target(x) raised {type(exc).__name__}: {exc}") from exc
         label = f"task {self.name!r}: target"
         if np.iscomplexobj(y):
@@ -156,6 +156,10 @@ class Task:
             bad = np.argwhere(~np.isfinite(valid))[0]
             bad[1] += self.valid_from
             raise TaskError(f"{label} is NaN or inf at a valid position (index {tuple(int(i) for i in bad)})")
+        if self.output == "integer" and valid.size and np.abs(valid).max() >= 2**53:
+            raise TaskError(f"{label}: output='integer' but the target reaches {np.abs(valid).max():.3g}; past 2**53 "
+                            "float64 holds no fractions, so whole-number checks and accuracy mean nothing there "
+                            "(use output='real' or smaller targets)")
         if self.output == "integer" and not np.all(valid == np.round(valid)):
             raise TaskError(f"{label}: output='integer' but the target has non-integer values "
                             f"(e.g. {valid[valid != np.round(valid)][0]!r}); use output='real'")
@@ -193,7 +197,7 @@ class Task:
             else:
                 try:
                     first = self.sample(np.random.default_rng(0), 1)
-                except Exception as exc:
+                except (Exception, SystemExit) as exc:
                     raise TaskError(f"task {self.name!r}: sample(rng, 1) raised {type(exc).__name__}: {exc}") from exc
                 cached = 3 if np.ndim(first) == 3 else 2
                 self._note_dtype(first)
@@ -207,12 +211,12 @@ class Task:
 
     def _sample_dtype(self) -> np.dtype | None:
         """The dtype of what sample returns, probed once with one sequence: integer and bool
-        samples reach target in it again after validation (as float64), so x & 1 or table[x] work
-        as on sample's own output."""
+        samples reach target as int64 / bool again after validation (as float64), so x & 1 or
+        table[x] work as on sample's own output."""
         if "_dtype" not in self.__dict__:
             try:
                 first = self.sample(np.random.default_rng(0), 1)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 raise TaskError(f"task {self.name!r}: sample(rng, 1) raised {type(exc).__name__}: {exc}") from exc
             self._note_dtype(first)
         return self.__dict__["_dtype"]
