@@ -581,3 +581,24 @@ def test_task_callables_calling_sys_exit_and_huge_integer_targets_are_task_error
         _ints_task(name="huge", target=lambda x: x * 0 + 2**60).batch(0, 3)
     y = _ints_task(name="huge_real", output="real", target=lambda x: x * 0 + 2.0**60).batch(0, 3)[1]
     assert (y == 2.0**60).all()
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: wtc.DTConfig(stpes=3), "ConfigError", r"DTConfig has no field 'stpes' \(did you mean \['steps'\]\?\)"),
+    (lambda: TrainConfig(steps=1, lerning_rate=2), "TrainConfigError", "TrainConfig has no field 'lerning_rate'"),
+    (lambda: __import__("wtc.models", fromlist=["TransformerConfig"]).TransformerConfig(d_modle=3), "ModelConfigError",
+     "TransformerConfig has no field 'd_modle'"),
+])
+def test_config_typos_are_named(make, error, match):
+    with pytest.raises(WtcError, match=match) as e:
+        make()
+    assert type(e.value).__name__ == error
+
+
+def test_configs_still_copy_replace_and_pickle():
+    import copy
+    import dataclasses
+    import pickle
+    c = wtc.DTConfig(steps=5)
+    assert dataclasses.replace(c, lr=0.02).lr == 0.02 and pickle.loads(pickle.dumps(c)) == c
+    assert copy.deepcopy(c) == c and wtc.DTConfig(**c.to_dict()) == c and TrainConfig(7).steps == 7

@@ -60,3 +60,26 @@ def float_readout(readout, out, error, what: str = "the readout"):
         got = f"a {y.dtype} tensor" if torch.is_tensor(y) else type(y).__name__
         raise error(f"{what} must return a floating-point tensor, got {got}")
     return y
+
+
+class KnownFields:
+    """Mixin for configuration dataclasses: an unknown keyword (a typo such as lerning_rate) is the
+    class's own error (`_field_error`) naming it, the nearest fields and all of them, instead of
+    Python's TypeError from the generated __init__."""
+
+    _field_error = ArgumentError
+
+    def __new__(cls, *args, **kwargs):
+        import dataclasses
+        import difflib
+
+        if kwargs and dataclasses.is_dataclass(cls):
+            names = [f.name for f in dataclasses.fields(cls) if f.init]
+            unknown = sorted(k for k in kwargs if k not in names)
+            if unknown:
+                near = sorted({m for k in unknown for m in difflib.get_close_matches(k, names, n=2)})
+                raise cls._field_error(f"{cls.__name__} has no field {', '.join(map(repr, unknown))}"
+                                       f"{f' (did you mean {near}?)' if near else ''}; its fields are: "
+                                       f"{', '.join(names)}")
+        return super().__new__(cls)
+

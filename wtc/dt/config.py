@@ -8,6 +8,7 @@ import numbers
 import re
 from dataclasses import dataclass, field
 
+from wtc.arguments import KnownFields
 from wtc.errors import WtcError
 
 ACTIVATIONS = ("relu", "silu", "gelu", "tanh", "relu+silu")
@@ -39,7 +40,7 @@ def _per_layer(value, n_layers: int, name: str) -> tuple[int, ...]:
 
 
 @dataclass
-class DTConfig:
+class DTConfig(KnownFields):
     """Everything that defines a Discrete Transformer and how it is trained.
 
     Architecture (per layer: pointer heads, then aggregate heads, then sub-MLPs; every module
@@ -88,6 +89,8 @@ class DTConfig:
                    (wtc.kernels). Models are built on the CPU (same initial model for a seed on any
                    device) and returned on the CPU
     """
+
+    _field_error = ConfigError          # an unknown keyword (wtc.arguments.KnownFields)
 
     n_layers: int = 1
     n_heads: int | tuple[int, ...] = 3

@@ -36,7 +36,8 @@ import torch
 from tqdm.auto import tqdm
 
 from wtc import checkpoint_io
-from wtc import arguments
+import wtc.models.trainer_checks as checks
+from wtc.arguments import KnownFields
 from wtc.errors import CheckpointError, TrainConfigError, TrainConfigTypeError, TrainingError, WtcError
 from wtc.threads import torch_threads
 
@@ -45,7 +46,9 @@ SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(KnownFields):
+    _field_error = TrainConfigError          # an unknown keyword (wtc.arguments.KnownFields)
+
     steps: int
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)      # torch's AdamW defaults
@@ -119,18 +122,7 @@ class Eval:
     show: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise TrainConfigError(f"Eval.name must be a non-empty str, got {self.name!r}")
-        if not callable(self.fn):
-            raise TrainConfigError(f"Eval {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
-        if self.every is not None and not _step_number(self.every, 1):
-            raise TrainConfigError(f"Eval {self.name!r}: every must be None or a positive integer, got {self.every!r}")
-        if isinstance(self.at, (str, bytes)) or not isinstance(self.at, Collection) or \
-                not all(_step_number(s, 0) for s in self.at):
-            raise TrainConfigError(f"Eval {self.name!r}: at must be a collection of step numbers (ints >= 0), "
-                                   f"got {self.at!r}")
-        if isinstance(self.show, str) or not all(isinstance(k, str) for k in self.show):
-            raise TrainConfigError(f"Eval {self.name!r}: show must be a tuple of record keys (str), got {self.show!r}")
+        checks.check_eval(self)
         self.every = None if self.every is None else int(self.every)
         self.at = frozenset(int(s) for s in self.at)
 
@@ -176,24 +168,6 @@ class TrainResult:
 
 def _jsonable(obj):
     return json.loads(json.dumps(obj))
-
-
-def _step_number(v, lo: int) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v >= lo
-
-
-def _identity(identity) -> dict:
-    """The caller's identity as JSON (a dict of str keys; finite numbers: NaN never equals itself, so
-    a resume would always be refused)."""
-    if identity is None:
-        return {}
-    if not isinstance(identity, dict):
-        raise TrainConfigError(f"identity must be a dict (what a resume must agree on), got {type(identity).__name__}")
-    try:
-        return json.loads(json.dumps(identity, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise TrainConfigError(f"identity must be JSON data (dicts with str keys, lists, str, finite numbers, bool, "
-                               f"None): {exc}") from None
 
 
 def model_config(model) -> dict | None:
@@ -269,47 +243,15 @@ class Trainer:
         if not isinstance(cfg, TrainConfig):
             hint = " (TrainConfig(**d) for a dict)" if isinstance(cfg, dict) else ""
             raise TrainConfigTypeError(f"cfg must be a TrainConfig{hint}, got {type(cfg).__name__}")
-        if not isinstance(model, torch.nn.Module):
-            raise TrainConfigTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if isinstance(evals, Eval) or not isinstance(evals, (tuple, list)) or \
                 not all(isinstance(e, Eval) for e in evals):
             raise TrainConfigTypeError(f"evals must be a tuple of Eval, got {evals!r:.80}")
-        names = [e.name for e in evals]
-        if len(set(names)) != len(names):
-            raise TrainConfigError(f"Eval names must be unique, got {names}")
-        if rngs is not None and not isinstance(rngs, dict):
-            raise TrainConfigTypeError(f"rngs must be a dict of name -> numpy or torch Generator, got {type(rngs).__name__}")
-        for name, g in (rngs or {}).items():
-            if not isinstance(g, (np.random.Generator, torch.Generator)):
-                raise TrainConfigTypeError(f"rngs[{name!r}] must be a numpy or torch Generator, got {type(g).__name__}")
-        if threads is not None:
-            threads = arguments.positive_int(threads, "threads", TrainConfigError)
-        for name, fn in (("decay", decay), ("post_step", post_step)):
-            if fn is not None and not callable(fn):
-                raise TrainConfigTypeError(f"{name} must be None or callable, got {type(fn).__name__}")
-        if path is not None and not isinstance(path, (str, Path)):
-            raise TrainConfigTypeError(f"path must be None or a path (str or Path), got {type(path).__name__}")
-        if path is not None:
-            try:
-                checkpoint_io.stem(path)            # refused now, not at the first save
-            except CheckpointError as exc:
-                raise TrainConfigError(f"path: {exc}") from None
-        if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
-                                             or checkpoint_every < 1):
-            raise TrainConfigError(f"checkpoint_every must be None or a positive int, got {checkpoint_every!r}")
-        if isinstance(checkpoint_at, (str, bytes)) or not all(
-                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in checkpoint_at):
-            raise TrainConfigError(f"checkpoint_at must be a collection of step numbers (ints >= 0), got {checkpoint_at!r}")
-        if path is not None and (Path(path).is_dir() or (Path(path).exists() and Path(path).suffix not in
-                                                          (".safetensors", ".json"))):
-            raise TrainConfigError(f"path {str(path)!r} is the stem of a checkpoint pair ({path}.safetensors + "
-                                   f"{path}.json), but {path} itself exists; name a new stem, e.g. {path}/state")
-        for name in ("batch_fn", "loss_fn"):
-            if not callable({"batch_fn": batch_fn, "loss_fn": loss_fn}[name]):
-                raise TrainConfigError(f"{name} must be callable")
+        threads = checks.check_trainer(model, batch_fn, loss_fn, path=path, evals=evals, rngs=rngs, threads=threads,
+                                       decay=decay, post_step=post_step, checkpoint_every=checkpoint_every,
+                                       checkpoint_at=checkpoint_at)
         self.model, self.cfg, self.batch_fn, self.loss_fn = model, cfg, batch_fn, loss_fn
         self.path = None if path is None else Path(path)
-        self.identity = _identity(identity)
+        self.identity = checks.identity(identity)
         self.post_step, self.evals, self.rngs = post_step, tuple(evals), dict(rngs or {})
         self.checkpoint_every, self.checkpoint_at = checkpoint_every, frozenset(checkpoint_at)
         self.threads, self.progress, self.desc, self.leave = threads, progress, desc, leave
@@ -324,7 +266,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                            weight_decay=cfg.weight_decay)
         self.step = 0
-        self.metrics: dict[str, list] = {n: [] for n in names}
+        self.metrics: dict[str, list] = {e.name: [] for e in self.evals}
         self.history: dict[str, list] = {"step": [], "loss": [], "lr": []}
         self.loaded: str | None = None        # "resumed" / "forked" once a checkpoint was loaded
         self._decided = False
@@ -440,11 +382,7 @@ class Trainer:
             raise TrainingError(f"{self.desc}: Eval {ev.name!r} must return a dict or None, got {type(rec).__name__}")
         if rec is not None:
             if self.path is not None:                # recorded in the checkpoint's JSON
-                try:
-                    json.dumps(rec)
-                except (TypeError, ValueError) as exc:
-                    raise TrainingError(f"{self.desc}: Eval {ev.name!r} must return JSON data (it is saved in the "
-                                        f"checkpoint), got {rec!r:.120}: {exc}") from None
+                checks.check_record(rec, ev.name, self.desc)
             rec = {"step": self.step, **rec}
             self.metrics[ev.name].append(rec)
         return rec
@@ -490,14 +428,7 @@ class Trainer:
         extra = (self._call("post_step", self.post_step, self) if self.post_step else None) or {}
         if not isinstance(extra, dict):
             raise TrainingError(f"{self.desc}: post_step must return a dict or None, got {type(extra).__name__}")
-        clash = sorted(set(extra) & {"step", "loss", "lr"}, key=str)
-        if clash:
-            raise TrainingError(f"{self.desc}: post_step returned {clash}, which the trainer records itself; "
-                                "name its values otherwise")
-        for k, v in extra.items():
-            if not isinstance(k, str) or isinstance(v, bool) or not (isinstance(v, (int, float, np.number)) or
-                                                                     (torch.is_tensor(v) and v.numel() == 1)):
-                raise TrainingError(f"{self.desc}: post_step must return str keys with numbers, got {k!r}: {v!r:.60}")
+        checks.check_post_step(extra, self.desc)
         self._push({"step": self.step, "loss": value, "lr": lr, **extra})
         return value, extra
 

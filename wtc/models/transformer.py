@@ -25,12 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wtc.arguments import KnownFields
 from wtc.errors import ModelConfigError, ModelInputError
 from wtc.hooks import Hooked, HookPoint
 
 
 @dataclass
-class TransformerConfig:
+class TransformerConfig(KnownFields):
+    _field_error = ModelConfigError          # an unknown keyword (wtc.arguments.KnownFields)
+
     n_layers: int = 2
     d_model: int = 128
     n_heads: int = 4
