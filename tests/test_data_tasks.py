@@ -157,7 +157,8 @@ def test_records_rebuild_the_same_task(tmp_path):
     y[5] = y[3]                                  # a duplicated record
     task = Task.from_arrays(x, y, name="rec", heldout=0.3, seed=4, description="d")
     data.save_records(task, tmp_path / "r.npz")
-    back = data.load_records(tmp_path / "r.npz")
+    inputs, outputs, options = data.read_records(tmp_path / "r.npz")
+    back = Task.from_arrays(inputs, outputs, **options)
     assert back.fingerprint() == task.fingerprint() and (back.size, back.heldout.size) == (task.size, task.heldout.size)
     rng = np.random.default_rng(1)
     xs = task.heldout.sample(rng, task.heldout.size)

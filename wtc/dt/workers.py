@@ -61,8 +61,10 @@ def task_reference(task) -> str | None:
 def _worker_task(ref: str):
     from wtc import tasks as task_registry
     from wtc.tasks import data
+    from wtc.tasks.task import Task
     if ref.startswith(RECORDS):
-        return data.load_records(Path(ref[len(RECORDS):]))
+        inputs, outputs, options = data.read_records(Path(ref[len(RECORDS):]))
+        return Task.from_arrays(inputs, outputs, **options)
     return task_registry.get(ref)
 
 

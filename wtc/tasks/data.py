@@ -150,7 +150,7 @@ def from_arrays(inputs, outputs, *, name: str = "data", output: str | None = Non
     verify_on = task_type(f"{name} (held out)", kept.sample, kept.target, size=len(held), description=description, **shape)
     task = task_type(name, rec.sample, rec.target, size=len(train), heldout=verify_on, description=description, **shape)
     # what rebuilds this task elsewhere (a worker process): the distinct records in their given rank
-    # (so the rebuilt split is this one) and the arguments; see save_records / load_records
+    # (so the rebuilt split is this one) and the arguments; see save_records / read_records
     records = {"inputs": x3[..., 0] if squeeze_in else x3, "outputs": y3[..., 0] if squeeze_out else y3,
                "options": {"name": name, "output": output, "valid_from": int(valid_from), "heldout": heldout,
                            "seed": seed, "description": description}}
@@ -169,9 +169,8 @@ def save_records(task, path: Path) -> None:
     np.savez(path, inputs=rec["inputs"], outputs=rec["outputs"], options=np.array(json.dumps(rec["options"])))
 
 
-def load_records(path: Path):
-    """The task save_records wrote, rebuilt by Task.from_arrays (the same split and fingerprint)."""
-    from wtc.tasks.task import Task
-
+def read_records(path: Path) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(inputs, outputs, options) that save_records wrote; Task.from_arrays(inputs, outputs,
+    **options) rebuilds the task (the same split and fingerprint)."""
     with np.load(path, allow_pickle=False) as z:
-        return Task.from_arrays(z["inputs"], z["outputs"], **json.loads(str(z["options"])))
+        return z["inputs"], z["outputs"], json.loads(str(z["options"]))
