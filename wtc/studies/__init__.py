@@ -18,9 +18,10 @@ STUDIES = {
     "modadd": ("wtc.studies.modadd", "modular addition p=53: grokking and the core through training, a weight-decay-0 "
                                      "branch (--quick about 6 min)"),
     "grok-law": ("wtc.studies.grok_law", "the grokking scaling law tau_grok ~ 1/(omega p): modular addition over weight "
-                                         "decays x moduli, log-log exponents with CIs (--quick about 30 min on 2 cores)"),
+                                         "decays x moduli, log-log exponents with CIs (full about 40 min, --quick about 20, on 2 busy cores)"),
     "core-inflation": ("wtc.studies.core_inflation", "modular addition trained on under weight decay: energy, sufficient "
-                                                     "and necessary core ranks over time (resumable)"),
+                                                     "and necessary core ranks at log-spaced updates (resumable in pieces; --quick "
+                                                     "6000 updates, about 30 min)"),
     "assign-add": ("wtc.studies.assign_add", "variable binding + addition mod 59: routing, Fourier, sweeps "
                                              "(--quick about 23 min)"),
     "sparse-vs-dense": ("wtc.studies.sparse_dense", "weight-sparse vs dense byte LMs on the stdlib and two controls "
