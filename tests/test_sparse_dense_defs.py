@@ -111,6 +111,11 @@ def test_explain_all_resumes_weight_by_weight(tmp_path):
     other, _ = explain_all(model, search, slices, tmp_path / "a", sample=9, seed=1, progress=False)  # new settings
     assert sorted((r["param"], tuple(r["index"])) for r in other) == sorted(sample_weights(model, 9, seed=1))
     assert list((tmp_path / "a").glob("weights.stale-*.jsonl"))
+    with torch.no_grad():                       # another model (other nonzeros, so another sample) in that place
+        model.blocks[0].mlp.W_out[1:] = 0
+    moved, done = explain_all(model, search, slices, tmp_path / "a", sample=9, seed=1, progress=False)
+    assert done and sorted((r["param"], tuple(r["index"])) for r in moved) == sorted(sample_weights(model, 9, seed=1))
+    assert len(list((tmp_path / "a").glob("weights.stale-*.jsonl"))) == 2
 
 
 def test_wilson_interval():

@@ -188,7 +188,7 @@ def _load(path: Path, settings: dict) -> list[dict]:
     except json.JSONDecodeError:
         head = None
     if not head or head.get("settings") != settings:
-        path.rename(path.with_suffix(f".stale-{int(time.time())}.jsonl"))
+        path.rename(path.with_suffix(f".stale-{time.time_ns()}.jsonl"))
         return []
     out = []
     for line in lines[1:]:
@@ -210,21 +210,21 @@ def explain_all(model, search: np.ndarray, slices: list[np.ndarray], out, sample
     per search. Returns (records in that order, finished)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {**(settings or {}), "sample": sample, "seed": seed, "threshold": THRESHOLD, "candidates": candidates, "order": "permuted",
-                "definitions": [d.__dict__ for d in definitions]}
+    settings = {**(settings or {}), "sample": sample, "seed": seed, "threshold": THRESHOLD, "candidates": candidates,
+                "order": "permuted", "definitions": [d.__dict__ for d in definitions]}
     path = out / "weights.jsonl"
     done = _load(path, settings)
     model.eval()
     weights = sample_weights(model, sample, None, seed)          # sorted by matrix: explained in a seeded
     weights = [weights[i] for i in np.random.default_rng([seed, 43]).permutation(len(weights))]   # random order,
     # so that a run stopped part way has explained a uniform subsample, not the first matrices
+    if any((r["param"], tuple(r["index"])) != (w[0], tuple(w[1])) for r, w in zip(done, weights)):
+        path.rename(path.with_suffix(f".stale-{time.time_ns()}.jsonl"))      # another model's records: kept aside
+        done = []
     if not path.exists():
         path.write_text(json.dumps({"settings": settings}) + "\n")
     else:                                  # drop a cut last line before appending
         path.write_text("\n".join([json.dumps({"settings": settings})] + [json.dumps(r) for r in done]) + "\n")
-    for i, r in enumerate(done):
-        if (r["param"], tuple(r["index"])) != (weights[i][0], tuple(weights[i][1])):
-            raise RuntimeError(f"{path}: record {i} is {r['param']}{r['index']}, the sample says {weights[i]}")
     t0 = time.perf_counter()
     search_t = torch.as_tensor(search, dtype=torch.long)
     search_scorer = Scorer(model, search_t)
