@@ -78,7 +78,7 @@ def test_tiny_sweep_in_pieces_equals_uninterrupted(tmp_path):
         json.loads((tmp_path / "pieces" / "curves.json").read_text())
     assert whole["n_runs"] == 4 and whole["n_grokked"] + whole["n_censored"] == 4
     for r in whole["runs"]:
-        assert r["redundancy"] == (r["p"] - 1) // 2 and r["n_train"] == int(0.5 * r["p"] ** 2)
+        assert r["redundancy"] == (r["p"] - 1) // 2 and r["n_train"] == int(GrokLawStudy.train_frac * r["p"] ** 2)
         assert r["grokked"] == (r["grok_step"] is not None)
         if not r["grokked"]:
             assert r["steps_trained"] == 80
