@@ -3,6 +3,8 @@ rungs, no training), budget validation, resume refusals, and discover's parallel
 import json
 import math
 
+import torch
+
 import numpy as np
 import pytest
 import sympy as sp
@@ -74,11 +76,11 @@ def test_ladder_budget_covers_the_longest_wave(capsys):
     fake = FakeRungs([0] * 6, seconds=[2, 5, 1, 1, 1, 1])
     _, ran = _climb(fake, 1, budget_s=11, max_attempts=None)
     assert ran == [0, 1]
-    # the first wave always runs to completion, and says so when it overran
+    # the first wave always runs (its training stops at the deadline), and says so when it overran
     fake = FakeRungs([0] * 4, seconds=[30, 1, 1, 1])
     _, ran = _climb(fake, 2, budget_s=3, max_attempts=None, name="demo", progress=True)
     assert ran == [0, 1] and fake.waves == [[0, 1]]
-    assert "first wave always runs to completion" in capsys.readouterr().out
+    assert "ran over the 3s budget" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="never ends"):
         _climb(FakeRungs([0]), 1, max_attempts=None)
 
@@ -235,3 +237,46 @@ def test_precision_pass_runs_its_chunks_while_the_loss_falls(monkeypatch):
     ratios += [0.5, 0.5, 0.5]
     run.precision_pass([_score(0.9), _score(0.88)])
     assert len(calls) == 3
+
+
+# ---------------------------------------------------------------- training stops at the budget
+def test_training_stops_at_the_budget_and_a_resume_continues_it(tmp_path, capsys):
+    """The first wave's training used to ignore the budget (--steps 10**12 --budget 1 never ended):
+    it stops at the deadline, the model is finished as it stands and says so, and a resume trains
+    on from the saved state to the planned end."""
+    import time
+
+    cfg = TINY.replace(steps=10**9, hard_steps=0, polish_iters=1, precision_iters=0)
+    t0 = time.perf_counter()
+    model, history = train("prev2", cfg, budget_s=1.0, progress=True, checkpoint_dir=tmp_path)
+    assert time.perf_counter() - t0 < 120                # not 10**9 steps
+    stopped = model.train_info["stopped_at_step"]
+    assert 0 < stopped < 10**9 and history.final["planned_steps"] == 10**9
+    assert "budget ran out at step" in capsys.readouterr().out
+    short = TINY.replace(steps=stopped + 20, hard_steps=0, polish_iters=1, precision_iters=0)
+    with pytest.raises(CheckpointError):                # another config's state is refused, as before
+        train("prev2", short, progress=False, checkpoint_dir=tmp_path, resume=True)
+
+
+def test_a_resume_trains_on_after_a_budget_stop(tmp_path):
+    cfg = TINY.replace(steps=400, hard_steps=0, polish_iters=1, precision_iters=0)
+    first, h1 = train("prev2", cfg, budget_s=0.5, progress=False, checkpoint_dir=tmp_path)
+    assert "stopped_at_step" in first.train_info
+    resumed, h2 = train("prev2", cfg, progress=False, checkpoint_dir=tmp_path, resume=True)
+    assert "stopped_at_step" not in resumed.train_info and "stopped_at_step" not in h2.final
+    straight, h3 = train("prev2", cfg, progress=False)
+    assert h2.step == h3.step                                   # the resumed curves reach the planned end
+    for (k, a), (_, b) in zip(resumed.state_dict().items(), straight.state_dict().items()):
+        assert torch.equal(a, b), k                              # and the model is the uninterrupted one
+
+
+def test_a_fresh_run_refuses_to_overwrite_another_runs_checkpoints(tmp_path):
+    cfg = TINY.replace(max_attempts=1)
+    train("prev2", cfg, seed=0, progress=False, checkpoint_dir=tmp_path)
+    before = (tmp_path / "attempt0_result.json").read_bytes()
+    with pytest.raises(CheckpointError, match="another run's checkpoint.*task 'prev2', not 'sum_last2'"):
+        train("sum_last2", cfg, seed=0, progress=False, checkpoint_dir=tmp_path)
+    with pytest.raises(CheckpointError, match="seed 0, not 1"):
+        train("prev2", cfg, seed=1, progress=False, checkpoint_dir=tmp_path)
+    assert (tmp_path / "attempt0_result.json").read_bytes() == before       # nothing was overwritten
+    train("prev2", cfg, seed=0, progress=False, checkpoint_dir=tmp_path)     # the same run starts over there

@@ -32,7 +32,7 @@ from wtc.dt.attempt import Attempt, load_result, rank_key, run_attempt, save_res
 from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
 from wtc.dt.ladder import check_budget, climb
 from wtc.dt.workers import milestone, run_wave, task_reference, worker_count
-from wtc.errors import CheckpointError
+from wtc.errors import CheckpointError, WtcError
 from wtc.extraction import Line, Program, Reading, Verification, extract, verify
 from wtc.extraction.reader import ExtractionError
 from wtc.extraction.routing_rules import Rule
@@ -40,6 +40,11 @@ from wtc.extraction.routing_rules import Rule
 DEFAULT_BUDGET_S = 600.0
 REPLICAS_TO_READ = 3
 JOB = "wtc.discovery:DiscoverJob"
+
+
+class DiscoveryError(WtcError, ValueError):
+    """A Discovery was asked for something it cannot do (e.g. saved to a file, not a directory)."""
+
 
 @dataclass
 class Discovery:
@@ -144,8 +149,15 @@ class Discovery:
         """program.py, report.md, training.png, model/ (checkpoint), summary.json."""
         from wtc.dt import checkpoint
 
+        if not isinstance(directory, (str, os.PathLike)) or not str(directory):
+            raise DiscoveryError(f"save() takes a directory path, got {type(directory).__name__} {directory!r}")
         d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
+        if d.exists() and not d.is_dir():
+            raise DiscoveryError(f"save(): {str(d)!r} exists and is not a directory")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DiscoveryError(f"save(): cannot create {str(d)!r}: {exc.strerror or exc}") from None
         plot = None
         if self.history is not None and len(self.history):
             plot = self.history.plot(d / "training.png") and "training.png"
@@ -163,7 +175,8 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
     """Train, extract and verify until a program verifies or the budget (default 600 s) is spent.
 
     budget_s must be a finite positive number of seconds. A new wave of attempts starts only if
-    the time left covers the longest wave so far; the first wave always runs to completion. A
+    the time left covers the longest wave so far, and training stops when the budget is spent
+    (that attempt is finished and read as it stands; its record says stopped_at_step). A
     given `config` also caps the attempts at its max_attempts; without one, attempts go on until
     the budget is spent.
     """
@@ -184,12 +197,14 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
     base.check_size(task.seq_len, task.n_inputs)
     task_ref = task_reference(task)
     t0 = time.perf_counter()
+    deadline = time.time() + budget
 
     def solved(result) -> bool:
         return result[0]["verified"]
 
     def wave(rungs):
-        results = run_wave(JOB, task, task_ref, rungs, seed, {"progress": progress}, solved=solved)
+        results = run_wave(JOB, task, task_ref, rungs, seed, {"progress": progress, "deadline": deadline},
+                           solved=solved)
         if progress:
             used = True   # False after a verified attempt: later ones that ran alongside are dropped
             for rung in rungs:
@@ -253,13 +268,15 @@ class DiscoverJob:
         attempt = rung.attempt
         run = Attempt(task, rung.config, seed, attempt)
         milestone(opts, f"{task.name} attempt {attempt} ({rung.label}): training")
-        scores = run_attempt(run, opts.get("progress", False))
+        scores = run_attempt(run, opts.get("progress", False), deadline=opts.get("deadline"))
         milestone(opts, f"{task.name} attempt {attempt}: {sum(bool(s['solved']) for s in scores)}/{len(scores)} "
                         f"replicas solved ({time.perf_counter() - started:.0f}s); reading the best ones out")
         order = sorted(range(len(scores)), key=lambda i: rank_key(task, scores[i]), reverse=True)
         record = {"attempt": attempt, "label": rung.label, "replicas": len(scores),
                   "replicas_solved": sum(bool(s["solved"]) for s in scores), "replicas_read": 0,
                   "verified": False}
+        if "stopped_at_step" in run.history.final:
+            record["stopped_at_step"] = run.history.final["stopped_at_step"]
         best = None
         for r in order[:REPLICAS_TO_READ]:
             model, history = take_replica(run, r)

@@ -272,12 +272,19 @@ class Attempt:
 
 
 # ---------------------------------------------------------------------- a whole attempt
-def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = None) -> list[dict]:
-    """Train one population to the end (resuming where `run` stands); fresh-data scores per replica."""
+def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = None,
+                deadline: float | None = None) -> list[dict]:
+    """Train one population to the end (resuming where `run` stands); fresh-data scores per replica.
+
+    deadline (time.time() seconds): training stops there, the state is saved to state_path (a
+    resume continues from it), and the population is finished and scored as it stands;
+    history.final["stopped_at_step"] says so."""
     cfg = run.config
     t_start = time.perf_counter()
-    bar = tqdm(total=cfg.steps + cfg.hard_steps, initial=run.step, disable=not progress, leave=False,
+    total = cfg.steps + cfg.hard_steps
+    bar = tqdm(total=total, initial=run.step, disable=not progress, leave=False,
                desc=f"{run.task.name} attempt {run.attempt}")
+    stopped = None
     while run.phase in ("anneal", "hard"):
         run.train_step()
         bar.update(1)
@@ -286,12 +293,22 @@ def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = 
             bar.set_postfix(tau=f"{run.history.tau[-1]:.3g}", best_loss=f"{loss.min():.2e}", phase=run.phase)
         if state_path is not None and run.step % CHECKPOINT_EVERY == 0:
             run.save(state_path)
+        if deadline is not None and run.phase != "finish" and time.time() > deadline:
+            stopped = run.step
+            if state_path is not None:
+                run.save(state_path)
+            break
     bar.close()
     run.finish()
     scores = run.evaluate(cfg.eval_sequences)
-    if cfg.precision_iters:
+    if cfg.precision_iters and stopped is None:
         scores = run.precision_pass(scores)
     run.history.final = {"scores": scores}
+    if stopped is not None:
+        run.history.final.update(stopped_at_step=stopped, planned_steps=total)
+        if progress:
+            tqdm.write(f"{run.task.name} attempt {run.attempt}: the budget ran out at step {stopped} of {total}; "
+                       "finished and scored as it stands")
     run.history.seconds = time.perf_counter() - t_start
     if progress:
         keys = [rank_key(run.task, s) for s in scores]
@@ -351,6 +368,22 @@ def load_result(path: Path, task, seed: int, attempt: int, config: DTConfig):
     return tuple(meta["key"]), model, history
 
 
+def refuse_foreign(state: Path, result: Path | None, task, seed: int, rung) -> None:
+    """A fresh run (no resume) into a directory holding another run's files for this attempt would
+    overwrite them: CheckpointError naming whose they are. This run's own files are overwritten."""
+    for path in (state, result):
+        if path is None or not path.with_suffix(".json").exists():
+            continue
+        try:
+            tensors, meta = checkpoint_io.read(path)
+            info = meta.get("train_info") or meta
+            check_run(path, {**info, "config": meta.get("model", {}).get("config")}, task, seed, rung.attempt,
+                      rung.config)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{path.parent} holds another run's checkpoint ({str(exc).split(': ', 1)[-1]}); "
+                                  "a fresh run would overwrite it: use another checkpoint_dir or delete it") from None
+
+
 class TrainJob:
     """wtc.train's work on one rung (the job protocol of wtc.dt.workers): train the population and
     keep its best replica. opts: checkpoint_dir (state every CHECKPOINT_EVERY steps and the result
@@ -363,9 +396,12 @@ class TrainJob:
 
     @staticmethod
     def finished(task, rung, seed: int, opts: dict, path: Path | None):
-        """The result kept from an earlier run when resuming (checked to be this rung's), else None."""
+        """The result kept from an earlier run when resuming (checked to be this rung's), else None;
+        None also for a result the budget stopped early (the resume trains on from its state)."""
         if opts.get("resume") and path is not None and path.with_suffix(".json").exists():
-            return load_result(path, task, seed, rung.attempt, rung.config)
+            result = load_result(path, task, seed, rung.attempt, rung.config)
+            if "stopped_at_step" not in (result[2].final or {}):
+                return result
         return None
 
     @staticmethod
@@ -375,12 +411,14 @@ class TrainJob:
             return done
         d = opts.get("checkpoint_dir")
         state = Path(d) / f"attempt{rung.attempt}" if d else None
+        if state is not None and not opts.get("resume"):
+            refuse_foreign(state, path, task, seed, rung)
         run = Attempt(task, rung.config, seed, rung.attempt)
         if opts.get("resume") and state is not None and state.with_suffix(".json").exists():
             run.restore(state)
         if opts.get("milestones"):        # in a worker: tqdm goes to its log, so say what runs
             print(f"[wtc] {task.name} attempt {rung.attempt} ({rung.label}): training from step {run.step}", flush=True)
-        result = best_replica(run, run_attempt(run, opts.get("progress", False), state))
+        result = best_replica(run, run_attempt(run, opts.get("progress", False), state, opts.get("deadline")))
         if path is not None:
             save_result(path, *result)
         return result

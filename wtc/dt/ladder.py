@@ -2,9 +2,10 @@
 
 Rungs 0, 1, 2, ... (DTConfig.rung: the capacity ladder, or the same config with new seeds) run in
 waves of `workers` at a time. Before every wave but the first, the budget is checked: a wave
-starts only if the time left covers the longest wave so far. The first wave always runs to
-completion, whatever the budget (there is no result before it, and an attempt is not stopped
-halfway); a progress line says so when it overran. The winner is the first solved rung in index
+starts only if the time left covers the longest wave so far. The first wave always runs (there
+is no result before it); its attempts stop training at the budget's deadline (wtc.dt.attempt.
+run_attempt) and are finished as they stand, so only finishing runs past it; a progress line says
+when the wave overran. The winner is the first solved rung in index
 order, else the one with the best key (the first of equals); rungs after the first solved one
 are dropped even when they ran in the same wave. So the winner and the list of rungs kept are
 those of the sequential loop for any number of workers, whenever the budget does not cut the
@@ -77,6 +78,7 @@ def climb(config: DTConfig, run_wave: Callable[[list[Rung]], dict], *, workers: 
                 best, best_key = result, k
         if first == 0 and progress and budget_s is not None and clock() - t0 > budget_s:
             print(f"{name}: the first wave ({n} attempt{'s' * (n > 1)}, {clock() - t0:.1f}s) ran over the "
-                  f"{budget_s:g}s budget: the first wave always runs to completion; no more attempts", flush=True)
+                  f"{budget_s:g}s budget (training stops at the budget; finishing and reading the program do not): "
+                  f"no more attempts", flush=True)
         first += n
     return best, ran

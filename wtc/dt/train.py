@@ -37,10 +37,11 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
     config.workers. history holds that attempt's per-step curves of every replica (history.replica
     is the one returned) and history.final the fresh-data scores.
 
-    budget_s (None, or a finite positive number of seconds) bounds the wall time between waves of
-    attempts: a new wave starts only if the time left covers the longest wave so far. The first
-    wave (config.workers attempts, one per core by default) always runs to completion, however
-    small the budget. checkpoint_dir keeps each attempt's training state and result there;
+    budget_s (None, or a finite positive number of seconds) bounds the wall time: a new wave of
+    attempts starts only if the time left covers the longest wave so far, and training stops when
+    the budget is spent (the attempt is then frozen, refit and scored as it stands;
+    model.train_info["stopped_at_step"] says where, and a resume continues its training).
+    checkpoint_dir keeps each attempt's training state and result there;
     resume=True continues a killed run from them, refusing files of another task, seed, attempt
     or DTConfig (CheckpointError naming the field).
     """
@@ -65,7 +66,8 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
     config.check_size(task.seq_len, task.n_inputs)
     workers = worker_count(config, task_ref, cap=config.max_attempts)
     opts = {"checkpoint_dir": str(checkpoint_dir) if checkpoint_dir is not None else None,
-            "resume": bool(resume), "progress": bool(progress)}
+            "resume": bool(resume), "progress": bool(progress),
+            "deadline": None if budget_s is None else time.time() + budget_s}
     t0 = time.perf_counter()
 
     def solved(result) -> bool:
@@ -87,6 +89,13 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
                     max_attempts=config.max_attempts, name=task.name, progress=progress)
     _, model, history = best
     history.seconds = time.perf_counter() - t0
+    stopped = (history.final or {}).get("stopped_at_step")
+    if stopped is not None:
+        model.train_info = {**model.train_info, "stopped_at_step": stopped}
+        if progress:
+            print(f"{task.name}: the {budget_s:g}s budget ran out at step {stopped} of "
+                  f"{history.final['planned_steps']}: the model is partly trained"
+                  + (" (resume=True continues it)" if checkpoint_dir is not None else ""), flush=True)
     if task.heldout is not None:        # a data task: the score that is reported is the held-out one
         held, n = task.verification(10000)
         x, y = held.batch(np.random.default_rng([seed, 999]), n)

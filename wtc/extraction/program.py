@@ -19,6 +19,7 @@ import numpy as np
 import sympy as sp
 from sympy.printing.pycode import pycode
 
+from wtc.errors import WtcError
 from wtc.extraction.routing_rules import Rule
 
 POSITION = "t"
@@ -26,6 +27,10 @@ _ALLOWED_CALLS = {"max", "min", "abs"}
 _ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Load, ast.Constant,
                   ast.Attribute, ast.IfExp, ast.Compare, ast.BoolOp, ast.operator, ast.unaryop, ast.cmpop,
                   ast.boolop, ast.Tuple)
+
+
+class ProgramInputError(WtcError, ValueError):
+    """A program was called on something that is not a batch of the task's sequences."""
 
 
 @dataclass
@@ -204,12 +209,15 @@ class Program:
         return self._fn(xs)
 
     def __call__(self, x) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float64)
+        try:
+            x = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ProgramInputError(f"program for {self.task!r} takes numbers, got {type(x).__name__}: {exc}") from None
         if x.ndim == 2 and self.n_inputs == 1:
             x = x[:, :, None]
         if x.ndim != 3 or x.shape[1:] != (self.seq_len, self.n_inputs):
-            raise ValueError(f"program for {self.task!r} takes (n, {self.seq_len}, {self.n_inputs}) inputs, "
-                             f"got {x.shape}")
+            raise ProgramInputError(f"program for {self.task!r} takes (n, {self.seq_len}, {self.n_inputs}) inputs, "
+                                    f"got {x.shape}")
         rows = []
         for seq in x:
             xs = seq[:, 0].tolist() if self.n_inputs == 1 else [tuple(r) for r in seq.tolist()]

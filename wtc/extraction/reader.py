@@ -90,8 +90,16 @@ def _route_name(rule, source: str, var: str) -> str:
 
 def extract(model, task, *, n: int = 2048, seed: int = 0) -> Program:
     """Read `model` (a frozen single-replica DiscreteTransformer trained on `task`) as a Program."""
+    from wtc.dt.model import DiscreteTransformer
+
     task = task_registry.get(task)
     n, seed = arguments.positive_int(n, "n"), arguments.seed(seed)
+    if not isinstance(model, DiscreteTransformer):
+        raise ExtractionInputError(f"extract() reads a wtc DiscreteTransformer, got {type(model).__name__}")
+    trained_on = (getattr(model, "train_info", None) or {}).get("task_sha256")
+    if trained_on is not None and trained_on != task.fingerprint():
+        raise ExtractionInputError(f"this model was trained on task {model.train_info.get('task')!r}, not on "
+                                   f"{task.name!r} (task fingerprints differ): extract it with the task it learned")
     if getattr(model, "R", 1) != 1:
         raise ExtractionInputError(f"extract() reads one model; this one holds {model.R} replicas (use model.replica(i))")
     if not bool(model.frozen):

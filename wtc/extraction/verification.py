@@ -40,8 +40,17 @@ def agreement(task, a: np.ndarray, b: np.ndarray) -> float:
 
 
 def verify(program, task, n: int = 10000, seed: int | None = None, model=None) -> Verification:
-    """Score `program` (anything callable on (n, T[, k]) arrays) on n fresh sequences of `task`."""
+    """Score `program` (anything callable on (n, T[, k]) arrays) on n fresh sequences of `task`;
+    a wtc Program must be the one read for this task. `model` (default: the program's own): a
+    model with predict(), compared position by position."""
     task = task_registry.get(task)
+    if not callable(program):
+        raise VerificationError(f"verify() takes a program (a callable on (n, T[, k]) arrays), got "
+                                f"{type(program).__name__}")
+    from wtc.extraction.program import Program
+    if isinstance(program, Program) and program.task != task.name:
+        raise VerificationError(f"this program was read for task {program.task!r}, not {task.name!r}: verify it on "
+                                "its own task")
     n = arguments.positive_int(n, "n")
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**32))
@@ -59,5 +68,8 @@ def verify(program, task, n: int = 10000, seed: int | None = None, model=None) -
         raise VerificationError(f"the program returned {type(pred).__name__}, not numbers: {exc}") from None
     score = task.score(pred, y)
     model = model if model is not None else getattr(program, "model", None)
+    if model is not None and not callable(getattr(model, "predict", None)):
+        raise VerificationError(f"model= must have a predict(x) method (a wtc DiscreteTransformer), got "
+                                f"{type(model).__name__}")
     agree = agreement(task, pred, model.predict(x)) if model is not None else None
     return Verification(score.get("accuracy"), score["max_rel_err"], n, agree, bool(score["solved"]), seed)
