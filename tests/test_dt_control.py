@@ -17,13 +17,16 @@ def reading(module, kind, reads, finding="f", live=True):
 
 def test_where_the_arithmetic_happens():
     head = reading("L0.h0", "head", "v=x, q=x, k=x", "offset 1")          # a head's three slots are not arithmetic
-    out2 = reading("output 0", "head", "x, prev1_x", "prev1_x + x")
-    out1 = reading("output 0", "head", "prev2_x", "prev2_x")
-    assert computes_in([head, out2]) == "head"
-    assert computes_in([head, reading("L0.m0", "mlp", "x, prev1_x", "min"), out1]) == "mlp"
-    assert computes_in([head, reading("L0.m0", "mlp", "x, prev1_x", "min", live=False), out1]) == "routing"
-    assert computes_in([head]) == "none"
-    assert routes([head, out2, reading("L0.h1", "head", "v=x", "offset 2", live=False)]) == ["L0.h0: offset 1"]
+    out = reading("output 0", "head", "linear terms + ", "f")
+    mlp2 = reading("L0.m0", "mlp", "in0=L0.h0, in1=x", "min")
+    mlp1 = reading("L0.m1", "mlp", "in0=L0.h0, in1=L0.h0", "square")       # one variable twice
+    assert computes_in([head, out], ["prev1_x + x"]) == "head"
+    assert computes_in([head, mlp2, out], ["Min(prev1_x, x)"]) == "mlp"
+    assert computes_in([head, dict(mlp2, live=False), mlp1, out], ["prev1_x**2"]) == "mlp"   # the head is linear
+    assert computes_in([head, dict(mlp2, live=False), out], ["2*prev2_x - 1"]) == "routing"
+    assert computes_in([head, out], ["361*minrun_x/1000 + 17*prev1_x/40 + 37*t/50"]) == "head"
+    assert computes_in([head], []) == "none"
+    assert routes([head, out, reading("L0.h1", "head", "v=x", "offset 2", live=False)]) == ["L0.h0: offset 1"]
 
 
 def test_constraints_are_configs_and_bad_ones_are_refused():

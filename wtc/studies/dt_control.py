@@ -13,8 +13,8 @@ Here each task is discovered (wtc.discover, one seed) under each constraint, as 
                by a chain of heads (prev1 of prev1) instead of one head at offset 2.
 For every run the program and the extraction's per-module readings are kept, and the run is
 labelled by where the arithmetic happens: "mlp" when a live sub-MLP combines two or more
-variables, "head" when only the output layer does, "routing" when the output reads one routed
-variable; and by its routes (the live heads' rules). Each run is kept in out/runs/ and skipped on
+variables or an output is nonlinear (the head is linear), "head" when the output layer combines
+variables linearly, "routing" when each output is one routed variable; and by its routes (the live heads' rules). Each run is kept in out/runs/ and skipped on
 rerun.
 """
 from __future__ import annotations
@@ -90,21 +90,27 @@ HEADLINE = ("runs", "algorithm_changed_tasks", "solved_runs")
 OUTPUTS = ("summary.json", "report.md", "dt_control.png")
 
 
-def computes_in(readings: list[dict]) -> str:
-    """Where a program's arithmetic happens: 'mlp' (a live sub-MLP reads >= 2 variables), 'head'
-    (only the output layer combines variables), 'routing' (each output reads one variable), or
-    'none' (no output was read)."""
-    live = [r for r in readings if r["live"]]
+def computes_in(readings: list[dict], outputs: list[str]) -> str:
+    """Where a program's arithmetic happens: 'mlp' (a live sub-MLP reads >= 2 distinct variables,
+    or an output formula is nonlinear, which the linear head cannot make), 'head' (an output is a
+    linear combination of >= 2 variables), 'routing' (each output is one variable, scaled and
+    shifted), or 'none' (no output was read)."""
+    import sympy as sp
 
-    def width(r):
-        return len([v for v in r["reads"].split(",") if v.strip()])
+    def inputs(r):                                    # "in0=L0.h0, in1=x" -> {"L0.h0", "x"}
+        return {v.split("=", 1)[-1].strip() for v in r["reads"].split(",") if v.strip()}
 
-    if any(r["kind"] == "mlp" and width(r) >= 2 for r in live):
+    def linear(e):
+        syms = sorted(e.free_symbols, key=str)
+        return not syms or (e.is_polynomial(*syms) and sp.Poly(e, *syms).total_degree() <= 1)
+
+    exprs = [sp.sympify(o) for o in outputs]
+    if any(r["live"] and r["kind"] == "mlp" and len(inputs(r)) >= 2 for r in readings) or \
+            not all(linear(e) for e in exprs):
         return "mlp"
-    outs = [r for r in live if r["module"].startswith("output")]
-    if any(width(r) >= 2 for r in outs):
-        return "head"
-    return "routing" if outs else "none"
+    if not exprs:
+        return "none"
+    return "head" if any(len(e.free_symbols) >= 2 for e in exprs) else "routing"
 
 
 def routes(readings: list[dict]) -> list[str]:
@@ -126,7 +132,7 @@ def _one_run(task: str, constraint: str, cfg: DTControl, progress: bool) -> dict
     return {"task": task, "constraint": constraint, "config": config.to_dict(), "solved": bool(found.solved),
             "accuracy": None if ver is None else ver.accuracy, "seconds": round(found.seconds, 1),
             "attempts": len(found.attempts), "outputs": [] if program is None else [str(e) for e in program.outputs],
-            "readings": readings, "computes_in": computes_in(readings) if program is not None else "none",
+            "readings": readings,
             "routes": routes(readings),
             "source": "" if program is None else program.source}
 
@@ -152,6 +158,8 @@ def run(cfg: DTControl | None, out_dir, progress: bool = True) -> dict:
             f.write_text(json.dumps(row, indent=1))
             clock.save()
             runs.append(row)
+    for r in runs:      # labelled here, so kept runs follow the current definition
+        r["computes_in"] = computes_in(r["readings"], r["outputs"])
     by_task: dict[str, dict] = {}
     for r in runs:
         by_task.setdefault(r["task"], {})[r["constraint"]] = {k: r[k] for k in ("solved", "computes_in", "routes",
@@ -204,8 +212,9 @@ def _report(s: dict, runs: list[dict]) -> str:
     lines = ["# Discrete Transformer: constraints change the algorithm", "",
              f"{s['solved_runs']} of {s['runs']} runs verified. Tasks whose verified programs compute in different "
              f"places under different constraints: {', '.join(s['algorithm_changed_tasks']) or 'none'}.", "",
-             "Where the arithmetic happens: mlp (a live sub-MLP combines >= 2 variables), head (only the output "
-             "layer combines), routing (the output reads one routed variable).", "",
+             "Where the arithmetic happens: mlp (a live sub-MLP combines >= 2 variables, or an output is "
+             "nonlinear: the head is linear), head (an output is a linear combination of >= 2 variables), routing "
+             "(each output is one routed variable).", "",
              "| task | constraint | verified | accuracy | computes in | routes | output | seconds |",
              "|---|---|---|---|---|---|---|---|"]
     for r in runs:
