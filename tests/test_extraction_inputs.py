@@ -45,7 +45,7 @@ def test_verify_refuses_a_program_of_another_task_and_bad_models(prev2_model):
 
 def test_program_refuses_other_shapes_and_text(prev2_model):
     program = extract(prev2_model, "prev2")
-    for bad, match in ((np.zeros((2, 3)), r"takes \(n, 10, 1\)"), ("abc", "takes numbers")):
+    for bad, match in ((np.zeros((2, 3, 2)), r"takes \(n, T, 1\)"), ("abc", "takes numbers")):
         with pytest.raises(ProgramInputError, match=match) as err:
             program(bad)
         assert isinstance(err.value, (WtcError, ValueError))
@@ -59,3 +59,30 @@ def test_discovery_save_needs_a_directory(tmp_path):
     with pytest.raises(DiscoveryError, match="directory path, got int"):
         d.save(3)
     assert (d.save(tmp_path / "out") / "summary.json").exists()
+
+
+def test_verify_checks_twice_the_length_and_prefers_nothing_silently():
+    from wtc.tasks.task import shift
+
+    running_max = wtc.tasks.get("running_max")
+
+    def window9(x):                                   # right for T = 10 only: a window, not the prefix
+        out = x.copy()
+        for d in range(1, 10):
+            out = np.maximum(out, shift(x, d))
+        return out
+
+    short = verify(window9, running_max, n=300, seed=0)
+    assert short.solved and short.holds_longer is False and short.longer["seq_len"] == 20
+    assert "does NOT hold" in str(short)
+    general = verify(lambda x: np.maximum.accumulate(x, axis=1), running_max, n=300, seed=0)
+    assert general.solved and general.holds_longer is True
+    fixed = verify(lambda x: np.zeros((len(x), 10)), "sum_last2", n=50, seed=0)   # raises at T = 20: reported
+    assert fixed.holds_longer is False and "expected (n, 20, 1)" in fixed.longer["error"]
+    assert verify(lambda x: x[:, :, 0] * 0, "free_fall_next", n=50, seed=0).holds_longer is None
+
+
+def test_a_program_runs_at_any_length(prev2_model):
+    program = extract(prev2_model, "prev2")
+    x = np.arange(2 * 15, dtype=float).reshape(2, 15)
+    assert program(x).shape == (2, 15)

@@ -106,3 +106,36 @@ def test_public_functions_survive_submodule_imports():
             "assert callable(wtc.discover) and callable(wtc.extract), (wtc.discover, wtc.extract); "
             "from wtc.extraction import verify; assert callable(verify)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------- beyond the training length
+def test_any_length_tasks_extend_with_the_same_target():
+    import numpy as np
+
+    from wtc.tasks import builtin
+
+    task = wtc.tasks.get("sum_last2")
+    assert task.any_length and not wtc.tasks.get("free_fall_next").any_length    # a trajectory: one length
+    long = task.at_length(25)
+    x, y = long.batch(np.random.default_rng(0), 32)
+    assert x.shape == (32, 25, 1) and long.seq_len == 25 and long.name == "sum_last2 (T=25)"
+    np.testing.assert_array_equal(y[:, :, 0], x[:, :, 0] + np.concatenate([np.zeros((32, 1)), x[:, :-1, 0]], 1))
+    for name in builtin.SUITE:                        # every extendable built-in: causal targets agree on the prefix
+        t = builtin.make(name)
+        if t.any_length:
+            xl, yl = t.at_length(2 * t.seq_len).batch(np.random.default_rng(1), 16)
+            xb = xl[:, :t.seq_len]
+            yb = t.targets(xb[..., 0] if t.n_inputs == 1 and t._sample_ndim() == 2 else xb)
+            np.testing.assert_array_equal(np.nan_to_num(yl[:, :t.seq_len], nan=-7), np.nan_to_num(yb, nan=-7))
+
+
+def test_at_length_refusals():
+    import numpy as np
+
+    fixed = wtc.Task("fixed", lambda rng, n: rng.integers(0, 9, (n, 6)), lambda x: x, seq_len=6)
+    with pytest.raises(TaskError, match="seq_len=6 only"):
+        fixed.at_length(12)
+    with pytest.raises(TaskError, match="any_length must be True or False"):
+        wtc.Task("t", lambda rng, n: np.zeros((n, 4)), lambda x: x, seq_len=4, any_length="yes")
+    with pytest.raises(TaskError, match="length > valid_from"):
+        wtc.tasks.get("ema3").at_length(2)

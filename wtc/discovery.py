@@ -68,6 +68,7 @@ class Discovery:
                 "program_lines": self.program.n_lines if self.program else None,
                 "accuracy": v.accuracy if v else None, "max_rel_err": v.max_rel_err if v else None,
                 "agrees_with_model": v.agrees_with_model if v else None,
+                "holds_at_twice_the_length": v.holds_longer if v else None,
                 "failures": self.program.failures if self.program else ["no model was trained"],
                 "depends_on": self.dependence.describe() if self.dependence is not None else None,
                 "diagnosis": None if self.solved else self.diagnosis(),
@@ -287,15 +288,20 @@ class DiscoverJob:
                 continue
             ver = verify(program, task, n=10000, seed=int(np.random.default_rng([seed, attempt, r]).integers(2**31)))
             milestone(opts, f"{task.name} attempt {attempt}: replica {r} read ({program.n_lines} lines), "
-                            f"{'verified' if ver.solved and program.ok else 'not verified'} "
+                            f"{'verified' if ver.solved and program.ok else 'not verified'}"
+                            f"{'' if ver.holds_longer is not False else ' (does not hold at twice the length)'} "
                             f"({time.perf_counter() - started:.0f}s)")
             record["replicas_read"] += 1
-            key = (ver.solved and program.ok, program.ok, rank_key(task, scores[r]), -program.n_lines)
+            # a reading that also holds at twice the length beats one that fits the training length only
+            holds = ver.holds_longer is not False
+            record.setdefault("holds_longer", []).append(ver.holds_longer)
+            key = (ver.solved and program.ok, holds, program.ok, rank_key(task, scores[r]), -program.n_lines)
             if best is None or key > best[0]:
                 best = (key, program, model, history, ver)
             if ver.solved and program.ok:
                 record["verified"] = True
-                break
+                if holds:          # else the rung's next replicas may read as one that holds
+                    break
         record["seconds"] = time.perf_counter() - started
         if path is not None:
             save_rung(path, (record, best), task, seed, attempt, rung.config)
@@ -342,8 +348,8 @@ def save_rung(path: Path, result, task, seed: int, attempt: int, config: DTConfi
             "best": None}
     if best is not None:
         key, program, model, history, ver = best
-        save_result(Path(f"{path}_model"), key[2], model, history)
-        meta["best"] = {"key": [key[0], key[1], list(key[2]), key[3]], "program": program_to_dict(program),
+        save_result(Path(f"{path}_model"), key[3], model, history)
+        meta["best"] = {"key": [key[0], key[1], key[2], list(key[3]), key[4]], "program": program_to_dict(program),
                         "verification": dataclasses.asdict(ver)}
     tmp = Path(f"{path}.json.tmp")
     tmp.write_text(json.dumps(meta, default=plain_json))
@@ -364,6 +370,6 @@ def load_rung(path: Path, task, seed: int, attempt: int, config: DTConfig):
         return meta["record"], None
     _, model, history = load_result(Path(f"{path}_model"), task, seed, attempt, config)
     k = b["key"]
-    key = (k[0], k[1], tuple(k[2]), k[3])
+    key = (k[0], k[1], k[2], tuple(k[3]), k[4])
     program = program_from_dict(b["program"], model)
     return meta["record"], (key, program, model, history, Verification(**b["verification"]))

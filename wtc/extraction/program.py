@@ -215,9 +215,9 @@ class Program:
             raise ProgramInputError(f"program for {self.task!r} takes numbers, got {type(x).__name__}: {exc}") from None
         if x.ndim == 2 and self.n_inputs == 1:
             x = x[:, :, None]
-        if x.ndim != 3 or x.shape[1:] != (self.seq_len, self.n_inputs):
-            raise ProgramInputError(f"program for {self.task!r} takes (n, {self.seq_len}, {self.n_inputs}) inputs, "
-                                    f"got {x.shape}")
+        if x.ndim != 3 or x.shape[2] != self.n_inputs or x.shape[1] < 1:   # any length: the source loops over T
+            raise ProgramInputError(f"program for {self.task!r} takes (n, T, {self.n_inputs}) inputs (read at "
+                                    f"T = {self.seq_len}), got {x.shape}")
         rows = []
         for seq in x:
             xs = seq[:, 0].tolist() if self.n_inputs == 1 else [tuple(r) for r in seq.tolist()]

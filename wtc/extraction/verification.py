@@ -23,12 +23,24 @@ class Verification:
     agrees_with_model: float | None  # share of valid positions where program and model agree
     solved: bool
     seed: int | None = None
+    longer: dict | None = None      # any_length tasks: the same check at twice the length (seq_len, accuracy,
+                                    # max_rel_err, solved); None when the task has one length only
+
+    @property
+    def holds_longer(self) -> bool | None:
+        """Whether the program also solves the task at twice the training length (None: not checked)."""
+        return None if self.longer is None else bool(self.longer["solved"])
 
     def __str__(self) -> str:
         metric = (f"accuracy {self.accuracy:.4f}" if self.accuracy is not None
                   else f"max rel err {self.max_rel_err:.3g}")
         agree = "" if self.agrees_with_model is None else f", agrees with model on {self.agrees_with_model:.4f}"
-        return f"{'verified' if self.solved else 'NOT verified'}: {metric} on {self.n} fresh sequences{agree}"
+        longer = ""
+        if self.longer is not None:
+            m = self.longer
+            got = f"accuracy {m['accuracy']:.4f}" if m["accuracy"] is not None else f"max rel err {m['max_rel_err']:.3g}"
+            longer = f"; at T = {m['seq_len']}: {'holds' if m['solved'] else 'does NOT hold'} ({got})"
+        return f"{'verified' if self.solved else 'NOT verified'}: {metric} on {self.n} fresh sequences{agree}{longer}"
 
 
 def agreement(task, a: np.ndarray, b: np.ndarray) -> float:
@@ -42,7 +54,8 @@ def agreement(task, a: np.ndarray, b: np.ndarray) -> float:
 def verify(program, task, n: int = 10000, seed: int | None = None, model=None) -> Verification:
     """Score `program` (anything callable on (n, T[, k]) arrays) on n fresh sequences of `task`;
     a wtc Program must be the one read for this task. `model` (default: the program's own): a
-    model with predict(), compared position by position."""
+    model with predict(), compared position by position. For an any_length task the program is
+    also scored at twice seq_len (Verification.longer; `solved` is the training-length verdict)."""
     task = task_registry.get(task)
     if not callable(program):
         raise VerificationError(f"verify() takes a program (a callable on (n, T[, k]) arrays), got "
@@ -57,19 +70,37 @@ def verify(program, task, n: int = 10000, seed: int | None = None, model=None) -
     seed = arguments.seed(seed)
     task, n = task.verification(n)        # a data task verifies on its held-out sequences
     x, y = task.batch(np.random.default_rng(seed), n)
-    try:
-        pred = program(x)
-    except Exception as exc:              # the program under test is the user's (or emitted) code
-        raise VerificationError(f"the program raised {type(exc).__name__} on {n} fresh sequences of "
-                                f"{task.name!r}: {exc}") from exc
-    try:
-        pred = np.asarray(pred, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise VerificationError(f"the program returned {type(pred).__name__}, not numbers: {exc}") from None
+    pred = _run(program, x, task, n)
     score = task.score(pred, y)
     model = model if model is not None else getattr(program, "model", None)
     if model is not None and not callable(getattr(model, "predict", None)):
         raise VerificationError(f"model= must have a predict(x) method (a wtc DiscreteTransformer), got "
                                 f"{type(model).__name__}")
     agree = agreement(task, pred, model.predict(x)) if model is not None else None
-    return Verification(score.get("accuracy"), score["max_rel_err"], n, agree, bool(score["solved"]), seed)
+    longer = None
+    if task.any_length:                   # the program is a loop over T: it must hold beyond the training length
+        long_task = task.at_length(2 * task.seq_len)
+        m = min(n, LONGER_SEQUENCES)
+        xl, yl = long_task.batch(np.random.default_rng([seed, 2]), m)
+        longer = {"seq_len": long_task.seq_len, "n": m, "accuracy": None, "max_rel_err": float("inf"), "solved": False}
+        try:                              # a callable written for seq_len only is reported, not an error
+            s = long_task.score(_run(program, xl, long_task, m), yl)
+            longer.update(accuracy=s.get("accuracy"), max_rel_err=s["max_rel_err"], solved=bool(s["solved"]))
+        except (VerificationError, WtcError) as exc:
+            longer["error"] = str(exc)
+    return Verification(score.get("accuracy"), score["max_rel_err"], n, agree, bool(score["solved"]), seed, longer)
+
+
+LONGER_SEQUENCES = 2000   # sequences of the twice-as-long check
+
+
+def _run(program, x: np.ndarray, task, n: int) -> np.ndarray:
+    try:
+        pred = program(x)
+    except Exception as exc:              # the program under test is the user's (or emitted) code
+        raise VerificationError(f"the program raised {type(exc).__name__} on {n} fresh sequences of "
+                                f"{task.name!r}: {exc}") from exc
+    try:
+        return np.asarray(pred, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise VerificationError(f"the program returned {type(pred).__name__}, not numbers: {exc}") from None

@@ -185,12 +185,17 @@ SUITE.update({name: (s, t, k, out, v, "wider", T_) for name, (s, t, k, out, v, T
 TIERS = ("must", "stretch", "wider")
 
 
+# samplers whose positions are not independent draws: their tasks are defined at their own length only
+FIXED_LENGTH = {_fall_heights, *wider.FIXED_LENGTH_SAMPLERS}
+
+
 @functools.lru_cache(maxsize=None)
 def make(name: str) -> Task:
     """The built-in task (one object per name, so workers can be sent the name instead)."""
     sample, target, n_inputs, output, valid_from, _, *seq_len = SUITE[name]
     return Task(name, sample, target, seq_len=seq_len[0] if seq_len else T, n_inputs=n_inputs, output=output,
-                valid_from=valid_from, description=" ".join(target.__doc__.split()))
+                valid_from=valid_from, description=" ".join(target.__doc__.split()),
+                any_length=sample not in FIXED_LENGTH)
 
 
 def tier(name: str) -> str:

@@ -32,6 +32,11 @@ class Task:
     Positions before ``valid_from`` have no defined target: they are neither trained on nor scored.
     Integer tasks are scored by rounded accuracy, real tasks by max relative error
     |pred - y| / (1 + |y|) <= 1e-3.
+
+    any_length=True says the task is defined for every length: sample draws each position
+    independently (so longer sequences are draws laid end to end) and target works on any T.
+    Programs are then also verified at twice seq_len (`at_length`), where a reading that only
+    fits the training length fails.
     """
 
     name: str
@@ -45,6 +50,7 @@ class Task:
     description: str = field(default="", kw_only=True)
     size: int | None = field(default=None, kw_only=True)        # recorded sequences (data tasks), else None
     heldout: "Task | None" = field(default=None, kw_only=True)  # what verification scores on (data tasks)
+    any_length: bool = field(default=False, kw_only=True)       # positions i.i.d., target for any T
 
     def __post_init__(self) -> None:
         label = f"task {self.name!r}"
@@ -73,6 +79,10 @@ class Task:
                                 + ", ".join(f"{a} is {getattr(self.heldout, a)!r}, not {getattr(self, a)!r}" for a in differ))
         if not isinstance(self.description, str):
             raise TaskError(f"{label}: description must be a str, got {type(self.description).__name__}")
+        if not isinstance(self.any_length, (bool, np.bool_)):
+            raise TaskError(f"{label}: any_length must be True or False, got {self.any_length!r}")
+        if self.any_length and self.heldout is not None:
+            raise TaskError(f"{label}: a data task (heldout) has the recorded lengths only; any_length must be False")
         for attr in ("sample", "target"):
             if not callable(getattr(self, attr)):
                 raise TaskError(f"{label}: {attr} must be callable, got {type(getattr(self, attr)).__name__}")
@@ -284,6 +294,24 @@ class Task:
             raise TaskError(f"Task.from_arrays: unknown keyword argument(s) {', '.join(map(repr, unknown))} "
                             f"(it takes {', '.join(known)}; seq_len and the input/output counts come from the arrays)")
         return from_arrays(inputs, outputs, task_type=cls, **kw)
+
+    def at_length(self, seq_len: int) -> "Task":
+        """The same task at another sequence length (any_length tasks only): each sequence is
+        ceil(seq_len / self.seq_len) draws of sample laid end to end, cut to seq_len; the same target."""
+        if not self.any_length:
+            raise TaskError(f"task {self.name!r} is defined at seq_len={self.seq_len} only (any_length=False)")
+        if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len <= self.valid_from:
+            raise TaskError(f"task {self.name!r}: at_length needs an integer length > valid_from={self.valid_from}, "
+                            f"got {seq_len!r}")
+        base, length = self, int(seq_len)
+
+        def sample(rng, n):      # in the form (and dtype) base.sample gives; the new task validates it
+            parts = [np.asarray(base.sample(rng, n)) for _ in range(-(-length // base.seq_len))]
+            return np.concatenate(parts, axis=1)[:, :length]
+
+        return Task(f"{self.name} (T={length})", sample, self.target, seq_len=length, n_inputs=self.n_inputs,
+                    n_outputs=self.n_outputs, output=self.output, valid_from=self.valid_from,
+                    description=self.description, any_length=True)
 
     def verification(self, n: int) -> tuple["Task", int]:
         """(the task to verify on, how many sequences): the held-out part of a data task, all of

@@ -228,6 +228,9 @@ def _volts_ohms(rng, n):
     return np.stack([rng.uniform(0, 5, (n, 10)), rng.uniform(1, 5, (n, 10))], -1)
 
 
+# samplers whose positions are not independent draws (a trajectory): tasks at their own length only
+FIXED_LENGTH_SAMPLERS = (_spring_positions,)
+
 # name -> (sampler, target, n_inputs, output, valid_from, seq_len)
 TABLE = {
     "sum_last3": (_ints(0, 10, 10), sum_last3, 1, "integer", 0, 10),
