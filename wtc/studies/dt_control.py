@@ -165,8 +165,9 @@ def run(cfg: DTControl | None, out_dir, progress: bool = True) -> dict:
         by_task.setdefault(r["task"], {})[r["constraint"]] = {k: r[k] for k in ("solved", "computes_in", "routes",
                                                                                  "outputs")}
     # a changed algorithm: two verified programs that compute in different places or route differently
-    changed = sorted(t for t, per in by_task.items()
-                     if len({(p["computes_in"], tuple(p["routes"])) for p in per.values() if p["solved"]}) > 1)
+    changed = sorted(t for t, per in by_task.items()   # rules compared without the heads' names (L0.h2 = L0.h0)
+                     if len({(p["computes_in"], tuple(sorted(r.split(": ", 1)[-1] for r in p["routes"])))
+                             for p in per.values() if p["solved"]}) > 1)
     summary = {"runs": len(runs), "solved_runs": sum(r["solved"] for r in runs), "algorithm_changed_tasks": changed,
                "by_task": by_task, "constraints": {c: constraint_config(c).to_dict() for c in cfg.constraints},
                "seconds": round(clock.total(), 1),
