@@ -60,3 +60,14 @@ def check_config(out: Path, config: dict, free=(), label: str = "study", error: 
                         "use another --out or delete it")
     out.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(mine, indent=2))
+
+
+def kept(path: Path, compute, clock: Clock) -> dict:
+    """A study's unit of resumable work: the JSON row kept at `path`, else compute()'s row, written
+    there (and the clock saved) before it is returned."""
+    if path.exists():
+        return json.loads(path.read_text())
+    row = compute()
+    path.write_text(json.dumps(row, indent=1))
+    clock.save()
+    return row

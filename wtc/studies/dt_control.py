@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 
 from wtc.errors import StudyError
-from wtc.studies.clock import Clock, check_config, study_dir
+from wtc.studies.clock import Clock, check_config, kept, study_dir
 
 TASKS = ("sum_last2", "min_last2", "prev2")
 CONSTRAINTS = ("default", "no-mlp", "mlp-current", "one-head")
@@ -145,19 +145,13 @@ def run(cfg: DTControl | None, out_dir, progress: bool = True) -> dict:
     clock = Clock(out)
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for task in cfg.tasks:
-        for constraint in cfg.constraints:
-            f = runs_dir / f"{task}_{constraint}.json"
-            if f.exists():
-                runs.append(json.loads(f.read_text()))
-                continue
-            if progress:
-                print(f"dt-control: {task} under {constraint}", flush=True)
-            row = _one_run(task, constraint, cfg, progress)
-            f.write_text(json.dumps(row, indent=1))
-            clock.save()
-            runs.append(row)
+    def one(task, constraint):
+        if progress:
+            print(f"dt-control: {task} under {constraint}", flush=True)
+        return _one_run(task, constraint, cfg, progress)
+
+    runs = [kept(runs_dir / f"{task}_{constraint}.json", lambda: one(task, constraint), clock)
+            for task in cfg.tasks for constraint in cfg.constraints]
     for r in runs:      # labelled here, so kept runs follow the current definition
         r["computes_in"] = computes_in(r["readings"], r["outputs"])
     by_task: dict[str, dict] = {}

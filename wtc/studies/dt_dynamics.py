@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from wtc.errors import StudyError
-from wtc.studies.clock import Clock, check_config, study_dir
+from wtc.studies.clock import Clock, check_config, kept, study_dir
 
 FUNCTIONAL = 0.01
 STRUCTURAL = 0.1
@@ -122,19 +122,13 @@ def run(cfg: DTDynamics | None, out_dir, progress: bool = True) -> dict:
     clock = Clock(out)
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for task in cfg.tasks:
-        for seed in cfg.seeds:
-            f = runs_dir / f"{task}_seed{seed}.json"
-            if f.exists():
-                runs.append(json.loads(f.read_text()))
-                continue
-            if progress:
-                print(f"dt-dynamics: {task} seed {seed}", flush=True)
-            row = _one_run(task, seed, cfg, progress)
-            f.write_text(json.dumps(row, indent=1))
-            clock.save()
-            runs.append(row)
+    def one(task, seed):
+        if progress:
+            print(f"dt-dynamics: {task} seed {seed}", flush=True)
+        return _one_run(task, seed, cfg, progress)
+
+    runs = [kept(runs_dir / f"{task}_seed{seed}.json", lambda: one(task, seed), clock)
+            for task in cfg.tasks for seed in cfg.seeds]
     counted = [r for r in runs if r["function_first"] is not None]
     reps = [p for r in runs for p in r["replicas"] if p["function_first"] is not None]
     summary = {
