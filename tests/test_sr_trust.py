@@ -213,3 +213,21 @@ def test_a_large_offset_does_not_let_a_constant_pass_as_exact():
     fit = sr.fit(u[:, None], u + 1e9)
     assert not fit.exact or np.max(np.abs(fit.predict(u[:, None]) - (u + 1e9))) < 1e-3
     assert fit.expr.free_symbols                                      # it reads the input
+
+
+def test_unknown_keywords_name_the_typo_and_the_known_arguments():
+    """A misspelt keyword was Python's bare TypeError; sample_weight (scikit-learn's) is refused by name."""
+    import numpy as np
+    import pytest
+
+    from wtc import sr
+    from wtc.errors import SRError
+
+    X = np.linspace(0, 1, 30)[:, None]
+    with pytest.raises(SRError, match=r"'max_complexty' \(did you mean \['max_complexity'\]\?\)") as e:
+        sr.fit(X, 2 * X[:, 0], max_complexty=5)
+    assert isinstance(e.value, TypeError)                        # still a TypeError for callers
+    with pytest.raises(SRError, match="does not take sample_weight"):
+        sr.SymbolicRegressor().fit(X, 2 * X[:, 0], sample_weight=np.ones(30))
+    with pytest.raises(SRError, match="has no argument 'verbose'"):
+        sr.SymbolicRegressor().fit(X, 2 * X[:, 0], verbose=True)

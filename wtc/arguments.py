@@ -71,15 +71,22 @@ class KnownFields:
 
     def __new__(cls, *args, **kwargs):
         import dataclasses
-        import difflib
 
         if kwargs and dataclasses.is_dataclass(cls):
             names = [f.name for f in dataclasses.fields(cls) if f.init]
-            unknown = sorted(k for k in kwargs if k not in names)
-            if unknown:
-                near = sorted({m for k in unknown for m in difflib.get_close_matches(k, names, n=2)})
-                raise cls._field_error(f"{cls.__name__} has no field {', '.join(map(repr, unknown))}"
-                                       f"{f' (did you mean {near}?)' if near else ''}; its fields are: "
-                                       f"{', '.join(names)}")
+            no_unknown_keywords(f"{cls.__name__} has no field", kwargs, names, cls._field_error, "its fields are")
         return super().__new__(cls)
+
+
+def no_unknown_keywords(what: str, given, known, error, listing: str = "it takes") -> None:
+    """Raise `error` naming the keywords in `given` that are not in `known`, the nearest known names
+    and all of them (a typo such as max_complexty), instead of Python's bare TypeError."""
+    import difflib
+
+    known = list(known)
+    unknown = sorted(k for k in given if k not in known)
+    if unknown:
+        near = sorted({m for k in unknown for m in difflib.get_close_matches(k, known, n=2)})
+        raise error(f"{what} {', '.join(map(repr, unknown))}{f' (did you mean {near}?)' if near else ''}; "
+                    f"{listing}: {', '.join(known)}")
 

@@ -12,6 +12,7 @@ from wtc.sr.expr import evaluate, to_str, uses_integer_ops
 from wtc.sr.noise_level import STRUCTURE_Z, neighbour_index, residual_structure
 from wtc.sr.pareto import (Row, boolean_canonical, choose, equation_str, safe_to_simplify, sympy_form,
                            sympy_size, table)
+from wtc.arguments import no_unknown_keywords
 from wtc.errors import SRError
 
 DEFAULT_MAX_COMPLEXITY = 20
@@ -82,9 +83,17 @@ class Fit:
                 f"max|err| {self.max_abs_err:.3g}, tolerance {self.tolerance:.3g}]")
 
 
+FIT_ARGUMENTS = ("X", "y", "names", "tol", "max_complexity", "operators", "time_limit", "random_state")
+
+
+class SRArgumentError(SRError, TypeError):
+    """An argument wtc.sr does not take (a typo, or a scikit-learn option it does not implement)."""
+
+
 def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEFAULT_MAX_COMPLEXITY,
-        operators=None, time_limit: float | None = None, random_state: int | None = 0) -> Fit:
+        operators=None, time_limit: float | None = None, random_state: int | None = 0, **unknown) -> Fit:
     """Find the simplest formula y = f(X) within the tolerance. See ``wtc.sr`` for details."""
+    no_unknown_keywords("wtc.sr.fit() has no argument", unknown, FIT_ARGUMENTS, SRArgumentError)
     X, y, names = check_inputs(X, y, names)
     check_options(max_complexity=max_complexity, time_limit=time_limit, random_state=random_state, tol=tol,
                   operators=operators)

@@ -6,7 +6,8 @@ from wtc.errors import WtcError
 import numpy as np
 import sympy as sp
 
-from wtc.sr.api import DEFAULT_MAX_COMPLEXITY, Fit, fit
+from wtc.arguments import no_unknown_keywords
+from wtc.sr.api import DEFAULT_MAX_COMPLEXITY, Fit, SRArgumentError, fit
 from wtc.errors import SRError
 from wtc.sr.data import SRDataTypeError
 
@@ -108,7 +109,11 @@ class SymbolicRegressor:
             setattr(self, k, v)
         return self
 
-    def fit(self, X, y=None) -> SymbolicRegressor:
+    def fit(self, X, y=None, **fit_params) -> SymbolicRegressor:
+        if "sample_weight" in fit_params:
+            raise SRArgumentError("SymbolicRegressor.fit() does not take sample_weight: wtc's SR engine fits "
+                                  "every sample with equal weight")
+        no_unknown_keywords("SymbolicRegressor.fit() has no argument", fit_params, ("X", "y"), SRArgumentError)
         if y is None:
             raise SRError("SymbolicRegressor requires y to be passed, but the target y is None")
         X = _as_2d(X)
