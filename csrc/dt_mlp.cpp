@@ -1,5 +1,7 @@
 #include "dt_mlp.h"
 
+#include "flush_denormals.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -322,6 +324,7 @@ template <typename T>
 void dt_mlp_forward(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p, T* y, int threads) {
 #pragma omp parallel num_threads(std::max(1, threads))
   {
+    FlushDenormals ftz;
     Block<T> b(s);
 #pragma omp for schedule(static)
     for (int64_t rm = 0; rm < s.R * s.M; ++rm) forward_pair(s, x, p, y, rm / s.M, rm % s.M, b);
@@ -333,6 +336,7 @@ void dt_mlp_backward(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p,
                      const DtMlpGradsT<T>& g, int threads) {
 #pragma omp parallel num_threads(std::max(1, threads))
   {
+    FlushDenormals ftz;
     Block<T> b(s);
 #pragma omp for schedule(static)
     for (int64_t rm = 0; rm < s.R * s.M; ++rm) backward_pair(s, x, p, dy, g, rm / s.M, rm % s.M, b);

@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "flush_denormals.h"
 #include "noise.h"
 
 namespace wtc {
@@ -607,6 +608,7 @@ void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* ou
   const int64_t blocks = (s.B + LANES - 1) / LANES;
 #pragma omp parallel num_threads(std::max(1, threads))
   {
+    FlushDenormals ftz;
     Unit u(s);
     Lanes w(s);
 #pragma omp for schedule(static)
@@ -626,6 +628,7 @@ void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const fl
   const int64_t H = s.H, L = s.L, N = s.N;
 #pragma omp parallel num_threads(std::max(1, threads))
   {
+    FlushDenormals ftz;
     Unit u(s);
     Back bk(s, u.Lp);
     Lanes w(s);
