@@ -1,7 +1,8 @@
 """The agreement study's Hugging Face path on models that have learned agreement: GPT-2- and
 LLaMA-architecture `transformers` models built from configs, trained here on the agreement corpus
 with the project's loop (wtc.models.training; the study's data and loss), saved as local model
-directories with a word-level tokenizer ("." its BOS, as in training), then analysed by
+directories with a word-level tokenizer ("." its BOS, as in training; the study's default corpus
+variant), then analysed by
 `wtc.studies.agreement` with model=DIR, exactly as `wtc study agreement --model DIR` does.
 
     python bench/agreement_hf.py [--out DIR] [--steps 800] [--arch gpt2,llama]
@@ -44,7 +45,7 @@ def main() -> None:
     from wtc.tasks.agreement import AgreementCorpus
 
     cfg = A.AgreementStudy.quick()
-    corpus = AgreementCorpus(cfg.corpus_seed)
+    corpus = AgreementCorpus(cfg.corpus_seed, variant=cfg.corpus)
     x, real, verb = A.sentence_batch(corpus, cfg.train_sentences, cfg.n_ctx, seed=0)
     rows = []
     for arch in args.arch.split(","):
@@ -61,7 +62,7 @@ def main() -> None:
         d = Path(args.out) / f"{arch}-agreement"
         model.hf.save_pretrained(d)
         word_tokenizer(corpus.vocab, bos=".").save_pretrained(d)
-        s = A.run(A.AgreementStudy(model=str(d), fit_n=cfg.fit_n, eval_n=cfg.eval_n), Path(args.out) / f"{arch}-study",
+        s = A.run(A.AgreementStudy(model=str(d), fit_n=cfg.fit_n, eval_n=cfg.eval_n, corpus=cfg.corpus), Path(args.out) / f"{arch}-study",
                   progress=False)
         m = s["models"][0]
         row = {"arch": arch, "train_s": round(time.perf_counter() - t0, 1), "s_per_step": r.seconds_per_step,

@@ -1,10 +1,12 @@
-"""wtc.tasks.agreement: the agreement corpus (determinism, number labels, held-out structure)."""
+"""wtc.tasks.agreement: the agreement corpus (determinism, number labels, held-out structure), on the
+uniform variant (every noun of definite number; the graded variant's own properties:
+tests/test_agreement_graded.py), and what holds for both."""
 import numpy as np
 import pytest
 import torch
 
-from wtc.tasks.agreement import (MODIFIERS, NOUNS, SETS, VOCAB, AgreementCorpus, AgreementError, Sentence,
-                                 labels)
+from wtc.tasks.agreement import (MODIFIERS, NOUNS, SETS, VARIANTS, VOCAB, AgreementCorpus, AgreementError,
+                                 Sentence, labels)
 
 NOUN_NUMBER = {w: (lemma, num) for lemma, pair in enumerate(NOUNS) for num, w in enumerate(pair)}
 
@@ -15,15 +17,22 @@ def nouns_between(s: Sentence):
     return [NOUN_NUMBER[w] for w in s.words[subject_at + 1: s.verb_index] if w in NOUN_NUMBER]
 
 
-def test_vocabulary_is_a_few_hundred_unique_words():
+def uniform(seed=0):
+    return AgreementCorpus(seed, variant="uniform")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_vocabulary_is_a_few_hundred_unique_words(variant):
     assert 200 <= len(VOCAB) <= 400 and len(set(VOCAB)) == len(VOCAB)
-    c = AgreementCorpus()
+    c = AgreementCorpus(variant=variant)
+    assert 200 <= c.d_vocab <= 400 and len(set(c.vocab)) == c.d_vocab
     assert c.decode(c.encode("the keys near the cabinet are old .")) == "the keys near the cabinet are old .".split()
     assert c.encode("qwerty") == [c.ids["<unk>"]]
 
 
-def test_same_seed_same_data_other_seed_other_holdout():
-    a, b, c = AgreementCorpus(3), AgreementCorpus(3), AgreementCorpus(4)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_same_seed_same_data_other_seed_other_holdout(variant):
+    a, b, c = (AgreementCorpus(s, variant=variant) for s in (3, 3, 4))
     assert torch.equal(a.stream(300, seed=5), b.stream(300, seed=5))
     assert not torch.equal(a.stream(300, seed=5), a.stream(300, seed=6))
     assert [s.text for s in a.eval_set("attractor", 50)] == [s.text for s in b.eval_set("attractor", 50)]
@@ -33,7 +42,7 @@ def test_same_seed_same_data_other_seed_other_holdout():
 
 @pytest.mark.parametrize("name", SETS)
 def test_number_labels_and_attractors_are_what_the_words_say(name):
-    c = AgreementCorpus()
+    c = uniform()
     sents = c.eval_set(name, 400)
     assert labels(sents).tolist() == [i % 2 for i in range(400)]
     for s in sents:
@@ -51,7 +60,7 @@ def test_number_labels_and_attractors_are_what_the_words_say(name):
 
 
 def test_training_sentences_agree_and_avoid_held_out_pairs():
-    c = AgreementCorpus()
+    c = uniform()
     rng = np.random.default_rng(0)
     kinds = set()
     for s in c.sentences(rng, 3000):
@@ -70,7 +79,7 @@ def test_training_sentences_agree_and_avoid_held_out_pairs():
 
 
 def test_held_out_sentences_never_occur_in_training():
-    c = AgreementCorpus()
+    c = uniform()
     train = {s.text for s in c.sentences(np.random.default_rng(1), 20000)}
     for name in SETS:
         held = c.eval_set(name, 500)
@@ -80,8 +89,9 @@ def test_held_out_sentences_never_occur_in_training():
             assert c.held_noun_pairs[s.subject, between[0][0]] if between else c.held_verb_pairs[s.subject, s.verb]
 
 
-def test_distance_sets_and_windows():
-    c = AgreementCorpus()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_distance_sets_and_windows(variant):
+    c = AgreementCorpus(variant=variant)
     for d in (3, 4, 6):
         assert {s.distance for s in c.eval_set("attractor", 30, distance=d)} == {d}
     sents = c.eval_set("attractor", 40)

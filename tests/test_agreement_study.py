@@ -61,6 +61,24 @@ def test_study_writes_the_issue_summary_and_resumes(tmp_path):
         A.run(tiny(lr=1e-3), tmp_path, progress=False)
 
 
+def test_the_spearman_set_holds_ambiguous_subjects_in_the_graded_corpus_only(tmp_path):
+    """graded: ambiguous-subject sentences join the attractor sentences in the Spearman set, in the
+    corpus's share; the attractor sentences alone are spearman_definite. uniform: the set is the
+    attractor sentences, as in Session 7."""
+    for variant in ("graded", "uniform"):
+        cfg = tiny(corpus=variant, models=(A.ModelSpec("a", 1, 16),))
+        s = A.run(cfg, tmp_path / variant, progress=False)
+        q = AgreementCorpus(variant=variant).ambiguous_share
+        n_amb = round(cfg.eval_n * q / (1 - q))
+        assert s["corpus"] == variant and s["ambiguous_n"] == n_amb == s["spearman_set"]["ambiguous"]
+        assert s["spearman_set"]["attractor"] == s["eval_n"] == cfg.eval_n
+        assert s["spearman_definite"] == [[pytest.approx(1.0)]]
+        assert (n_amb > 0) == (variant == "graded") == ("prior_spearman" in s)
+        assert f"corpus {variant}" in (tmp_path / variant / "report.md").read_text()
+    with pytest.raises(StudyError, match="different config"):              # the corpus is part of the run
+        A.run(tiny(corpus="graded", models=(A.ModelSpec("a", 1, 16),)), tmp_path / "uniform", progress=False)
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(StudyError, match="n_ctx"):
         tiny(n_ctx=10)
@@ -68,6 +86,8 @@ def test_config_errors_name_the_field():
         tiny(models=(A.ModelSpec("a", 1, 16), A.ModelSpec("a", 2, 16)))
     with pytest.raises(StudyError, match="verb_weight"):
         tiny(verb_weight=float("nan"))
+    with pytest.raises(StudyError, match="corpus must be one of graded, uniform"):
+        tiny(corpus="english")
 
 
 @pytest.mark.slow
@@ -84,11 +104,11 @@ def test_a_trained_lm_has_a_causal_one_dimensional_agreement_axis(tmp_path):
     assert m["r2"] >= 0.9
 
 
-def _gpt2_dir(path):
+def _gpt2_dir(path, variant=None):
     transformers = pytest.importorskip("transformers")
     from wtc.models.hf import word_tokenizer
 
-    c = AgreementCorpus()
+    c = AgreementCorpus() if variant is None else AgreementCorpus(variant=variant)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_inner=64,
                                                                  vocab_size=c.d_vocab, n_positions=32))
@@ -116,6 +136,13 @@ def test_study_runs_on_a_local_hugging_face_gpt2(tmp_path, monkeypatch, capsys):
     assert [x[i, : pos[i] + 1].tolist() for i in range(5)] == [c.encode(s.prefix) for s in sents]
     assert main(["study", "markov", "--quick", "--model", str(tmp_path / "gpt2-random")]) == 2
     assert "--model does not apply" in capsys.readouterr().err
+
+
+def test_a_word_tokenizer_of_another_corpus_variant_is_refused_by_name(tmp_path):
+    _gpt2_dir(tmp_path / "m", variant="uniform")
+    with pytest.raises(StudyError, match="does not know 2[0-9] of the graded corpus's words .*corpus='uniform'"):
+        A.hf_lm(tmp_path / "m", AgreementCorpus(variant="graded"))
+    assert A.hf_lm(tmp_path / "m", AgreementCorpus(variant="uniform")).name == "m"
 
 
 def test_a_model_directory_without_a_tokenizer_is_refused(tmp_path):

@@ -25,11 +25,21 @@ verbs)) (logsumexp of the logits over the number-marked forms) and margin = plur
 - agreement accuracy by distance and by modifier kind (the sentence's own verb: correct form over
   the incorrect one).
 
+The corpus (`corpus`): "graded" (wtc.tasks.agreement_graded: Zipf noun frequencies, number-ambiguous
+collective and invariant nouns whose verb number is drawn with a noun-specific probability) or
+"uniform" (the Session 7 corpus, reproduced exactly). The fit set, the attractor set and the
+no-attractor set have subjects of definite number in both; every accuracy, keep / remove / flip,
+flip reversal and generation figure is over them. In the graded corpus held-out sentences with a
+number-ambiguous subject and a modifier (no other number evidence) join the attractor sentences in
+the Spearman set, in the corpus's share of such subjects (`ambiguous_n` in summary.json); they have
+no definite label, so they are in no accuracy or flip figure.
+
 Across models: Spearman correlation of the 1-D coordinates over the same attractor sentences (each
 coordinate's sign fixed so that it grows with the margin), and the same within each subject number
 (`spearman_within_number`: for two equal classes that both coordinates separate, the split alone
 gives a Spearman of 0.75 whatever the order inside the classes), the same for the models' margins
-(how far their behaviour orders the sentences alike) and over a mixed set (wtc.studies.agreement_compare).
+(how far their behaviour orders the sentences alike), over a mixed set, over the attractor sentences
+alone (`spearman_definite`) and the ambiguous ones alone (wtc.studies.agreement_compare).
 Writes summary.json (`models`: name,
 rank, baseline_acc, keep_acc, remove_acc, flip_reversal, generation_flip, ...; `spearman`),
 report.md and agreement.png. Training states live in out/<model name>/train_state; a rerun
@@ -53,6 +63,7 @@ from wtc.errors import StudyError
 from wtc.studies.agreement_compare import compare, spearman  # noqa: F401 (spearman: public)
 from wtc.studies.agreement_report import markdown, plot
 from wtc.studies.clock import Clock, check_config, study_dir
+from wtc.tasks.agreement import DEFAULT_VARIANT, VARIANTS
 from wtc.threads import torch_threads
 
 ENERGY = 0.99
@@ -93,6 +104,7 @@ class AgreementStudy:
     gen_tokens: int = 4
     threads: int = 1
     model: str | None = None      # a local Hugging Face model directory: analyse it instead of training
+    corpus: str = DEFAULT_VARIANT  # wtc.tasks.agreement variant: "graded" or "uniform" (the Session 7 corpus)
 
     @classmethod
     def quick(cls) -> "AgreementStudy":
@@ -113,6 +125,8 @@ class AgreementStudy:
                     (name == "lr" and v == 0):
                 raise StudyError(f"AgreementStudy.{name} must be a finite number ({'> 0' if name == 'lr' else '>= 0'}), "
                                  f"got {v!r}")
+        if self.corpus not in VARIANTS:
+            raise StudyError(f"AgreementStudy.corpus must be one of {', '.join(VARIANTS)}, got {self.corpus!r}")
         if not self.models and self.model is None:
             raise StudyError("AgreementStudy needs models to train or a model directory")
         names = [m.name for m in self.models]
@@ -127,7 +141,7 @@ CONFIG = AgreementStudy
 HEADLINE = ("models.0.rank", "models.0.baseline_acc", "models.0.keep_acc", "models.0.remove_acc",
             "models.0.flip_reversal", "models.0.generation_flip", "min_spearman")
 OUTPUTS = ("summary.json", "report.md", "agreement.png")
-_TRAIN_FIELDS = ("corpus_seed", "train_sentences", "n_ctx", "batch", "lr", "warmup", "verb_weight")
+_TRAIN_FIELDS = ("corpus_seed", "corpus", "train_sentences", "n_ctx", "batch", "lr", "warmup", "verb_weight")
 
 
 # ---------------------------------------------------------------------------- the language models
@@ -185,6 +199,12 @@ def hf_lm(path, corpus, n_ctx: int | None = None) -> LM:
         if p.is_floating_point() and not bool(torch.isfinite(p).all()):
             raise StudyError(f"{path}: the model's weight {name} holds NaN or inf; every result would be NaN")
     tok = model.tokenizer
+    if tok.unk_token_id is not None:             # a word-level tokenizer made for another corpus variant
+        unknown = [w for w in corpus.vocab if w != "<unk>" and tok.unk_token_id in model.encode(" " + w)]
+        if unknown:
+            raise StudyError(f"{path}: the tokenizer does not know {len(unknown)} of the {corpus.variant} corpus's "
+                             f"words ({', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''}); a model made "
+                             "for the uniform corpus takes AgreementStudy(corpus='uniform')")
     sing, plur = [], []
     for s, p in zip(*corpus.verb_forms):
         a, b = model.encode(" " + s), model.encode(" " + p)
@@ -394,7 +414,7 @@ def run(cfg: AgreementStudy | None, out_dir, progress: bool = True) -> dict:
     clock = Clock(out)
     from wtc.tasks.agreement import AgreementCorpus
 
-    corpus = AgreementCorpus(cfg.corpus_seed)
+    corpus = AgreementCorpus(cfg.corpus_seed, variant=cfg.corpus)
     user = hf_lm(cfg.model, corpus, cfg.n_ctx) if cfg.model is not None else None     # a bad directory fails before anything is written
     check_config(out, {k: v for k, v in asdict(cfg).items() if k in _TRAIN_FIELDS + ("models", "model")},
                  free=("models",), label="agreement")
@@ -413,6 +433,10 @@ def _study(cfg: AgreementStudy, corpus, user: LM | None, out: Path, progress: bo
                                                                                  seed=12)
     evals = corpus.eval_set("attractor", cfg.eval_n, seed=13)
     no_attr = corpus.eval_set("no_attractor", cfg.eval_n, seed=14)
+    # number-ambiguous subjects join the attractor sentences in the Spearman set, in the corpus's share
+    q = corpus.ambiguous_share
+    n_amb = round(cfg.eval_n * q / (1 - q))
+    amb = corpus.eval_set("ambiguous", n_amb, seed=15) if n_amb else []
     lms, training = [], {}
     if user is not None:
         lms.append(user)
@@ -431,15 +455,21 @@ def _study(cfg: AgreementStudy, corpus, user: LM | None, out: Path, progress: bo
         res["no_attractor_lemma_acc"] = float(np.mean(_lemma_accuracy(lm, corpus, no_attr, xn, pn)))
         # the no-attractor sentences' coordinates, in the orientation fixed on the attractor set
         res["_no_attractor"] = (res["_sign"] * _coordinate(lm, res["_core"], xn, pn), _margins(lm, xn, pn))
+        if amb:
+            xa, pa = lm.inputs(amb, cfg.n_ctx)
+            res["_ambiguous"] = (res["_sign"] * _coordinate(lm, res["_core"], xa, pa), _margins(lm, xa, pa))
         res["training"] = training.get(lm.name)
         results.append(res)
     coords = [r.pop("_coordinate").numpy() for r in results]
     margins = [r.pop("_margin").numpy() for r in results]
     na = [r.pop("_no_attractor") for r in results]
+    am = [r.pop("_ambiguous", None) for r in results]
     for r in results:
         r.pop("_core"), r.pop("_sign")
     summary = {"config": asdict(cfg), "models": results,
                **compare(coords, margins, [s.number for s in evals], [z.numpy() for z, _ in na],
-                         [m.numpy() for _, m in na], [s.number for s in no_attr]),
-               "fit_n": len(fit), "eval_n": len(evals)}
+                         [m.numpy() for _, m in na], [s.number for s in no_attr],
+                         [z.numpy() for z, _ in am] if amb else None, [m.numpy() for _, m in am] if amb else None,
+                         [s.p_plural for s in amb]),
+               "fit_n": len(fit), "eval_n": len(evals), "ambiguous_n": len(amb), "corpus": corpus.variant}
     return summary, lms

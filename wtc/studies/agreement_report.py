@@ -57,12 +57,30 @@ def markdown(s: dict) -> str:
     for r in s["models"]:
         dist.append(f"- {r['name']}: " + ", ".join(f"{d}: {v:.3f}" for d, v in r["lemma_acc_by_distance"].items()))
     names = [r["name"] for r in s["models"]]
-    sp = ["", "Spearman of the 1-D coordinate over the same attractor sentences:", "",
+    n_amb = s.get("ambiguous_n", 0)
+    what = (f"the same {s['eval_n']} attractor sentences and {n_amb} held-out sentences whose subject is "
+            f"number-ambiguous (corpus {s.get('corpus')}: they are the corpus's share of such subjects; accuracy, "
+            "keep / remove / flip and generation are measured on the attractor sentences only, which have a "
+            "definite number)") if n_amb else "the same attractor sentences"
+    sp = ["", f"Spearman of the 1-D coordinate over {what}:", "",
           "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for n, row in zip(names, s["spearman"]):
         sp.append(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
-    sp += ["", "The same within each subject number (the mean over singular and plural sentences; the class split "
-           "alone gives 0.75 above for two equal classes the coordinates separate):", "",
+    if n_amb:
+        for key, title in (("spearman_definite", "The same over the attractor sentences alone (the uniform corpus's set)"),
+                           ("spearman_ambiguous", "The same over the ambiguous-subject sentences alone (the graded order "
+                                                  "inside, not only their place between the numbers)")):
+            sp += ["", title + ":", "", "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+            for n, row in zip(names, s[key]):
+                sp.append(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+        sp += ["", "Spearman of each coordinate with the ambiguous nouns' P(plural verb): "
+               + ", ".join(f"{n} {v:.3f}" for n, v in zip(names, s["prior_spearman"])),
+               "", "Mean plural share of the verb forms' mass per ambiguous noun, by its P(plural verb) "
+               "(" + ", ".join(f"{p:g}" for p in s["prior_calibration"]["p"]) + "):", ""]
+        for n, row in zip(names, s["prior_calibration"]["models"]):
+            sp.append(f"- {n}: " + ", ".join(f"{v:.2f}" for v in row))
+    sp += ["", "The same within each subject number (attractor sentences; the mean over singular and plural sentences; "
+           "the class split alone gives 0.75 for two equal classes the coordinates separate):", "",
            "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for n, row in zip(names, s["spearman_within_number"]):
         sp.append(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
@@ -79,7 +97,7 @@ def markdown(s: dict) -> str:
                + ", ".join(f"{n} {v:.3f}" for n, v in zip(names, s["coordinate_margin_r_within_number"]))]
     c = s["config"]
     head = (f"# Agreement study ({'model ' + str(c['model']) if c['model'] else str(len(names)) + ' trained models, ' + str(c['steps']) + ' steps'}; "
-            f"{s['seconds']} s)")
+            f"corpus {c.get('corpus', 'uniform')}; {s['seconds']} s)")
     return "\n".join([head, "", f"Core of the last layer's residual stream at the verb-predicting position, readout "
                       f"(log P(singular verbs), log P(plural verbs)); fitted on {s['fit_n']} held-out sentences, evaluated "
                       f"on {s['eval_n']} held-out attractor sentences. Chance 0.5.", ""] + rows + prof + dist + sp +

@@ -25,6 +25,13 @@ number-marked main verb.
 Evaluation sets (`AgreementCorpus.eval_set`): "attractor" (every modifier noun has the other number),
 "no_attractor" (no modifier, or one whose nouns share the subject's number), either one restricted
 to a modifier kind or to a distance (the number of words between the subject noun and the verb).
+Two variants (`AgreementCorpus(variant=...)`): "graded", the default (wtc.tasks.agreement_graded: nouns
+drawn with Zipf frequencies, and 15 number-ambiguous collective / invariant nouns, "team", "sheep",
+..., whose verb number is drawn with a noun-specific probability; 257 words; its attractor and
+no-attractor sets have subjects and modifier nouns of definite number, and a third set,
+"ambiguous", has an ambiguous subject), and "uniform", the Session 7 corpus described above,
+reproduced exactly for a seed (same words, ids, draws).
+
 `windows` turns sentences into fixed-length token windows that end just before the verb, the
 window filled on the left by training-distribution sentences (the models are trained on a stream
 of sentences): the last position predicts the verb, and its label is the subject's number
@@ -96,6 +103,7 @@ class Sentence:
     verb_kind: str               # one of VERB_KINDS
     subject: int                 # noun lemma index
     verb: int                    # verb lemma index (0 be, 1 have, 2.. VERBS)
+    p_plural: float | None = None  # a number-ambiguous subject (graded corpus): P(plural verb); None: definite
 
     @property
     def text(self) -> str:
@@ -119,27 +127,42 @@ def _vocabulary() -> list[str]:
 
 
 VOCAB = _vocabulary()
+VARIANTS = ("graded", "uniform")
+DEFAULT_VARIANT = "graded"
 
 
 class AgreementCorpus:
     """The generator (module doc). seed: which pairs are held out (and nothing else; every sample
-    takes its own numpy Generator). holdout: the held-out share of each kind of pair."""
+    takes its own numpy Generator). holdout: the held-out share of each kind of pair. variant:
+    "uniform" (the Session 7 corpus: nouns drawn uniformly, every noun of definite number) or
+    "graded" (wtc.tasks.agreement_graded: Zipf noun frequencies and number-ambiguous nouns with a
+    noun-specific P(plural verb))."""
 
-    def __init__(self, seed: int = 0, holdout: float = 0.1, adjective_p: float = 0.25):
+    def __init__(self, seed: int = 0, holdout: float = 0.1, adjective_p: float = 0.25, variant: str = DEFAULT_VARIANT):
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise AgreementError(f"seed must be a non-negative int, got {seed!r}")
         if not isinstance(holdout, (int, float)) or not 0 < holdout < 0.5:
             raise AgreementError(f"holdout must be a share in (0, 0.5), got {holdout!r}")
-        self.seed, self.holdout, self.adjective_p = seed, float(holdout), float(adjective_p)
+        if variant not in VARIANTS:
+            raise AgreementError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+        self.seed, self.holdout, self.adjective_p, self.variant = seed, float(holdout), float(adjective_p), variant
         self.vocab = list(VOCAB)
+        self.n_definite = len(NOUNS)
+        if variant == "graded":
+            from wtc.tasks import agreement_graded as G
+            self.nouns, self.prior, self.noun_weights = G.tables(NOUNS)
+            self.vocab += G.new_words(NOUNS)
+        else:
+            self.nouns, self.noun_weights = list(NOUNS), None
+            self.prior = np.array([[0.0, 1.0]] * len(NOUNS))
         self.ids = {w: i for i, w in enumerate(self.vocab)}
         rng = np.random.default_rng([seed, 7129])
-        n = len(NOUNS)
+        n = len(self.nouns)
         pairs = rng.random((n, n)) < holdout
         np.fill_diagonal(pairs, False)
         for s in range(n):                       # every subject has held-out partners of both kinds
-            if not pairs[s].any():
-                pairs[s, (s + 1 + rng.integers(n - 1)) % n] = True
+            if not pairs[s, :self.n_definite].any():     # (a definite noun among them: evaluation modifiers are)
+                pairs[s, (s + 1 + rng.integers(self.n_definite - 1)) % self.n_definite] = True
         verbs = rng.random((n, N_LEMMAS)) < holdout
         for s in range(n):
             if not verbs[s].any():
@@ -219,10 +242,16 @@ class AgreementCorpus:
         return choices[rng.integers(len(choices))] if choices else -1
 
     def sentence(self, rng: np.random.Generator, *, split: str = "train", modifier: str | None = None,
-                 number: int | None = None, attractor: bool | None = None, verb_kind: str | None = None) -> Sentence:
+                 number: int | None = None, attractor: bool | None = None, verb_kind: str | None = None,
+                 subject: str | None = None) -> Sentence:
         """One sentence. split "train": no held-out pair; "eval": a held-out pair and a number-marked
         verb. modifier / number / verb_kind: fixed, or drawn (training shares); attractor: True every
-        modifier noun has the other number, False the subject's, None each noun drawn."""
+        modifier noun has the other number, False the subject's, None each noun drawn. subject
+        (graded corpus only): None drawn by frequency, "definite" / "ambiguous" a noun of that kind
+        (wtc.tasks.agreement_graded.sentence)."""
+        if subject is not None and (self.variant != "graded" or subject not in ("definite", "ambiguous")):
+            raise AgreementError(f"subject={subject!r}: only the graded corpus has subject kinds ('definite', "
+                                 f"'ambiguous'); this one is {self.variant!r}")
         if split not in ("train", "eval"):
             raise AgreementError(f"split must be 'train' or 'eval', got {split!r}")
         if modifier is not None and modifier not in MODIFIERS:
@@ -231,6 +260,10 @@ class AgreementCorpus:
             raise AgreementError(f"verb_kind must be one of {', '.join(VERB_KINDS)}, got {verb_kind!r}")
         if split == "eval" and verb_kind == "past":
             raise AgreementError("evaluation sentences have a number-marked verb; verb_kind 'past' marks none")
+        if self.variant == "graded":
+            from wtc.tasks.agreement_graded import sentence
+            return sentence(self, rng, split=split, modifier=modifier, number=number, attractor=attractor,
+                            verb_kind=verb_kind, subject=subject)
         n = len(NOUNS)
         for _ in range(1000):
             mod = modifier or MODIFIERS[rng.choice(len(MODIFIERS), p=TRAIN_MODIFIERS)]
@@ -285,15 +318,22 @@ class AgreementCorpus:
         """n held-out sentences, half singular and half plural subjects (module doc): name
         "attractor" (every modifier noun of the other number; modifier drawn among pp, pp2, rc_obj,
         rc_subj unless given) or "no_attractor" (modifier drawn among all kinds, nouns of the
-        subject's number); distance: only sentences with that many words between subject and verb."""
-        if name not in SETS:
-            raise AgreementError(f"evaluation set must be one of {', '.join(SETS)}, got {name!r}")
+        subject's number); distance: only sentences with that many words between subject and verb.
+        In the graded corpus these two have subjects of definite number; its third set, "ambiguous",
+        has a number-ambiguous subject (its verb's number drawn with the noun's probability, so not
+        half and half), a modifier of any kind but "none" and modifier nouns of either number, and
+        no other number evidence (a subject relative clause's verb is past tense)."""
+        sets = SETS + (("ambiguous",) if self.variant == "graded" else ())
+        if name not in sets:
+            raise AgreementError(f"evaluation set must be one of {', '.join(sets)} (the {self.variant} corpus), "
+                                 f"got {name!r}")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise AgreementError(f"n must be a positive int, got {n!r}")
-        if modifier is not None and (modifier not in MODIFIERS or (name == "attractor" and modifier == "none")):
+        with_modifier = name != "no_attractor"
+        if modifier is not None and (modifier not in MODIFIERS or (with_modifier and modifier == "none")):
             raise AgreementError(f"modifier {modifier!r} is not one of the {name} set's "
-                                 f"({', '.join(MODIFIERS[1:] if name == 'attractor' else MODIFIERS)})")
-        kinds = [modifier] if modifier else list(MODIFIERS[1:] if name == "attractor" else MODIFIERS)
+                                 f"({', '.join(MODIFIERS[1:] if with_modifier else MODIFIERS)})")
+        kinds = [modifier] if modifier else list(MODIFIERS[1:] if with_modifier else MODIFIERS)
         if distance is not None:
             kinds = [k for k in kinds if distance in _distances(k)]
             if not kinds:
@@ -302,15 +342,28 @@ class AgreementCorpus:
         rng = np.random.default_rng([self.seed, seed, 31337])
         out = []
         for i in range(n):
+            if self.variant == "graded":
+                kw = (dict(subject="ambiguous", attractor=None) if name == "ambiguous" else
+                      dict(subject="definite", number=i % 2, attractor=name == "attractor"))
+            else:
+                kw = dict(number=i % 2, attractor=name == "attractor")
             for _ in range(1000):
-                s = self.sentence(rng, split="eval", modifier=kinds[rng.integers(len(kinds))], number=i % 2,
-                                  attractor=name == "attractor")
+                s = self.sentence(rng, split="eval", modifier=kinds[rng.integers(len(kinds))], **kw)
                 if distance is None or s.distance == distance:
                     break
             else:
                 raise AgreementError(f"no {name} sentence with distance {distance} in 1000 draws")
             out.append(s)
         return out
+
+    @property
+    def ambiguous_share(self) -> float:
+        """The share of training sentences whose subject is a number-ambiguous form (0 in the uniform
+        corpus): the frequency-weighted share of lemmas, a form drawn half and half."""
+        if self.noun_weights is None:
+            return 0.0
+        amb = ((self.prior > 0) & (self.prior < 1)).mean(1)
+        return float(self.noun_weights @ amb)
 
     # ------------------------------------------------------------------ token data
 
