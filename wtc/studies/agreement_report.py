@@ -66,6 +66,11 @@ def markdown(s: dict) -> str:
           "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for n, row in zip(names, s["spearman"]):
         sp.append(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+    sp += ["", "The same within each subject number (attractor sentences; the mean over singular and plural sentences; "
+           "the class split alone gives 0.75 for two equal classes the coordinates separate):", "",
+           "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for n, row in zip(names, s["spearman_within_number"]):
+        sp.append(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
     if n_amb:
         for key, title in (("spearman_definite", "The same over the attractor sentences alone (the uniform corpus's set)"),
                            ("spearman_ambiguous", "The same over the ambiguous-subject sentences alone (the graded order "
@@ -79,11 +84,6 @@ def markdown(s: dict) -> str:
                "(" + ", ".join(f"{p:g}" for p in s["prior_calibration"]["p"]) + "):", ""]
         for n, row in zip(names, s["prior_calibration"]["models"]):
             sp.append(f"- {n}: " + ", ".join(f"{v:.2f}" for v in row))
-    sp += ["", "The same within each subject number (attractor sentences; the mean over singular and plural sentences; "
-           "the class split alone gives 0.75 for two equal classes the coordinates separate):", "",
-           "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for n, row in zip(names, s["spearman_within_number"]):
-        sp.append(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
     if "spearman_margin" in s:
         def mn(key):
             v = s.get(key)
