@@ -599,6 +599,15 @@ def versus_worker() -> None:
     print("ready", os.path.dirname(os.path.abspath(wtc.__file__)), _native.cpu_module() is not None, flush=True)
     for line in sys.stdin:
         task_name, rung, phase, steps = line.split()
+        if phase == "whole":   # a fresh attempt trained through all its steps: the mean step, late anneal included
+            task = running_sum_t20() if task_name == "running_sum_t20" else wtc.tasks.get(task_name)
+            run = Attempt(task, DTConfig().rung(int(rung))[1], seed=0, attempt=0)
+            n, t0 = 0, time.perf_counter()
+            while run.phase in ("anneal", "hard"):
+                run.train_step()
+                n += 1
+            print((time.perf_counter() - t0) / n, flush=True)
+            continue
         key = (task_name, int(rung), phase)
         if key not in runs:
             task = running_sum_t20() if task_name == "running_sum_t20" else wtc.tasks.get(task_name)
@@ -628,10 +637,12 @@ def _baseline_tree(rev: str, where: str) -> str:
     return where
 
 
-def versus(rev: str, cases: list[tuple[str, int]], rounds: int, steps: int, out: str) -> dict:
+def versus(rev: str, cases: list[tuple[str, int]], rounds: int, steps: int, out: str,
+           phases: tuple[str, ...] = ("anneal", "hard")) -> dict:
     """Step time of `rev` (a git revision, run from a temporary copy), this checkout with
     WTC_KERNELS=reference (the torch path) and this checkout as it chooses, one worker process
-    each (1 thread), interleaved round by round; medians of the per-round means."""
+    each (1 thread), interleaved round by round; medians of the per-round means. Phase "whole":
+    the mean step of a fresh attempt trained through all its steps (one attempt per round)."""
     import subprocess
 
     here = os.path.dirname(os.path.abspath(__file__))
@@ -662,7 +673,7 @@ def versus(rev: str, cases: list[tuple[str, int]], rounds: int, steps: int, out:
                   "steps_per_round": steps, "threads": 1, "cases": []}
         try:
             for task_name, rung in cases:
-                for phase in ("anneal", "hard"):
+                for phase in phases:
                     times = {name: [] for name in procs}
                     for _ in range(rounds):
                         for name, proc in procs.items():
@@ -700,6 +711,7 @@ def main() -> None:
     ap.add_argument("--probe", help=argparse.SUPPRESS)   # internal: one compile in a new process (_probe)
     ap.add_argument("--versus", metavar="REV", help="only: step time of git revision REV vs now, side by side")
     ap.add_argument("--versus-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--whole", action="store_true", help="with --versus: whole attempts (every step, late anneal included)")
     args = ap.parse_args()
     if args.probe:
         return probe_main(args.probe)
@@ -709,8 +721,9 @@ def main() -> None:
         cases = [("parity_last2", 0)] if args.quick else [("parity_last2", r) for r in (0, 1, 2, 3)] + [("running_sum_t20", 0)]
         print(f"| task | rung | phase | before ({args.versus}) ms | now, reference ms | now ms | speedup |")
         print("|---|---|---|---|---|---|---|")
-        versus(args.versus, cases, args.rounds or 5, args.steps or 10,
-               args.out if args.out != str(OUT) else str(VERSUS_OUT))
+        versus(args.versus, cases, args.rounds or (1 if args.whole else 5), args.steps or 10,
+               args.out if args.out != str(OUT) else str(VERSUS_OUT),
+               phases=("whole",) if args.whole else ("anneal", "hard"))
         return print(f"wrote {args.out if args.out != str(OUT) else VERSUS_OUT}")
     rounds = args.rounds or (3 if args.quick else 5)
     steps = args.steps or (5 if args.quick else 10)
