@@ -115,12 +115,19 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> No
     """Write <path>.safetensors and <path>.json so that a crash never leaves a half-written pair."""
     path = stem(path)
     tensors, meta = _checked(tensors, meta)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:                   # a file or a broken symbolic link where a directory must be
+        raise CheckpointError(f"cannot write the checkpoint {path}: {path.parent} cannot be made a directory "
+                              f"({exc.strerror or exc})") from None
     pair = uuid.uuid4().hex
     tmp_t, tmp_j = path.with_suffix(".safetensors.tmp"), path.with_suffix(".json.tmp")
-    save_file(tensors, str(tmp_t), metadata={_PAIR: pair})
-    meta = {**meta, _DIGESTS: digests(tensors)}
-    tmp_j.write_text(json.dumps({**meta, _PAIR: pair, _META_DIGEST: meta_digest(meta)}, indent=1))
+    try:
+        save_file(tensors, str(tmp_t), metadata={_PAIR: pair})
+        meta = {**meta, _DIGESTS: digests(tensors)}
+        tmp_j.write_text(json.dumps({**meta, _PAIR: pair, _META_DIGEST: meta_digest(meta)}, indent=1))
+    except OSError as exc:                   # disk full, read-only, a directory in the way: the old pair is intact
+        raise CheckpointError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from exc
     os.replace(tmp_t, path.with_suffix(".safetensors"))
     os.replace(tmp_j, path.with_suffix(".json"))
 

@@ -83,9 +83,17 @@ class ModelInputError(WtcError, ValueError):
     """A model was called on inputs it cannot take (shape, dtype, values); the message says which."""
 
 
+class ModelInputTypeError(ModelInputError, TypeError):
+    """A model input of the wrong kind (an int where a slice is expected, ...)."""
+
+
 class TaskError(WtcError, ValueError):
     """A task definition or one of its callables is wrong; the message names the task."""
 
 
 class ArgumentError(WtcError, ValueError):
     """An argument of a public function is out of range or of the wrong kind (wtc.arguments)."""
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of the wrong kind (also a TypeError, so `except TypeError` keeps working)."""

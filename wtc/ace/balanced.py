@@ -40,6 +40,10 @@ def _check_pair(cov: torch.Tensor, obs: torch.Tensor, jitter: float = 0.0) -> No
         raise AceError(f"cov and obs must be torch tensors, got {type(cov).__name__} and {type(obs).__name__}")
     if cov.shape != obs.shape or cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
         raise AceError(f"cov and obs must be square and of equal shape, got {tuple(cov.shape)}, {tuple(obs.shape)}")
+    if cov.shape[0] == 0:
+        raise AceError("cov and obs are empty (0 x 0): a Gramian needs at least one dimension")
+    if cov.dtype.is_complex or obs.dtype.is_complex:
+        raise AceError(f"cov and obs must be real Gramians, got {cov.dtype} and {obs.dtype}")
     if not (torch.isfinite(cov).all() and torch.isfinite(obs).all()):
         raise AceError("cov or obs hold NaN/inf")
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not math.isfinite(jitter) or jitter < 0:

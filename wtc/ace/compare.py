@@ -16,6 +16,8 @@ def _bases(Q1, Q2) -> tuple[torch.Tensor, torch.Tensor]:
         if not torch.is_tensor(Q) or Q.ndim != 2:
             raise AceError(f"{name} must be a (D, r) tensor of orthonormal columns (e.g. core.Q), got "
                            f"{tuple(Q.shape) if torch.is_tensor(Q) else type(Q).__name__}")
+        if Q.dtype.is_complex:
+            raise AceError(f"{name} is complex ({Q.dtype}); a core basis is real")
         Q = Q.double()
         if not torch.isfinite(Q).all():
             raise AceError(f"{name} holds NaN or inf")
@@ -51,6 +53,8 @@ def cca(X: torch.Tensor, Y: torch.Tensor, eps: float = 1e-10) -> torch.Tensor:
         if not torch.is_tensor(A) or A.ndim != 2:
             raise AceError(f"CCA needs {name} as a (N, features) tensor, got "
                            f"{tuple(A.shape) if torch.is_tensor(A) else type(A).__name__}")
+        if A.dtype.is_complex:
+            raise AceError(f"CCA: {name} is complex ({A.dtype}); CCA here compares real activations")
         if not torch.isfinite(A).all():
             raise AceError(f"CCA: {name} holds NaN or inf")
     if X.shape[0] != Y.shape[0]:

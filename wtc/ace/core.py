@@ -14,6 +14,7 @@ whole chunk.
 from __future__ import annotations
 
 import contextlib
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +74,8 @@ class Core:
         if not torch.is_tensor(h) or h.ndim < 1 or h.shape[-1] != Q.shape[0]:
             raise AceError(f"activations must be (..., {Q.shape[0]}) (this core's layer width), got "
                            f"{tuple(h.shape) if torch.is_tensor(h) else type(h).__name__}")
+        if h.dtype.is_complex:
+            raise AceError(f"activations are complex ({h.dtype}); a core projects real activations")
         return (h.double() - self.mean) @ Q
 
 
@@ -179,6 +182,7 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
     at position[i], and the readout gets the model output at the same positions ((B, V) -> (B, K)).
     The core keeps these positions; validate / patched_accuracy / keep_kl patch at them (or at the
     `positions` they are given for other inputs)."""
+    position, rank, chunk, energy = _int(position), _int(rank), _int(chunk), _real(energy)
     position = _check_position(position, len(inputs))
     _check_chunk(chunk)
     if not isinstance(layer, str):
@@ -216,10 +220,40 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
 PATCH_MODES = ("keep", "remove", "flip")
 
 
+def _int(value):
+    """A numpy integer as an int (np.int64(2) is a rank as 2 is); anything else unchanged."""
+    return int(value) if isinstance(value, np.integer) else value
+
+
+def _real(value):
+    """A numpy float or integer as a Python number; anything else unchanged."""
+    return value.item() if isinstance(value, (np.floating, np.integer)) else value
+
+
+def _check_core(core) -> None:
+    if not isinstance(core, Core):
+        raise AceError(f"core must be a Core (from extract_core), got {type(core).__name__}")
+
+
+def _as_labels(labels) -> torch.Tensor:
+    try:
+        labels = torch.as_tensor(labels)
+    except (TypeError, ValueError, RuntimeError) as exc:     # ragged lists, text
+        raise AceError(f"labels must be an integer array of class ids (one per input), got "
+                       f"{type(labels).__name__} that is not one ({exc})") from None
+    if labels.dtype.is_complex:
+        raise AceError(f"labels must be integer class ids (-1: not scored), got dtype {labels.dtype}")
+    return labels
+
+
 def _check_position(position, n: int | None = None):
     """The position, checked (a per-input one as an int64 tensor of n entries)."""
-    if _per_input(position) or isinstance(position, (list, tuple)):
-        pos = torch.as_tensor(position)
+    if _per_input(position) or isinstance(position, (list, tuple, np.ndarray)):
+        try:
+            pos = torch.as_tensor(position)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise AceError(f"per-input positions must be a 1-D integer tensor, got {type(position).__name__} "
+                           f"that is not one ({exc})") from None
         if pos.ndim != 1 or pos.dtype.is_floating_point or pos.dtype == torch.bool or pos.dtype.is_complex:
             raise AceError(f"per-input positions must be a 1-D integer tensor, got {tuple(pos.shape)} {pos.dtype}")
         if n is not None and len(pos) != n:
@@ -232,6 +266,7 @@ def _check_position(position, n: int | None = None):
 
 
 def _check_chunk(chunk) -> None:
+    chunk = _int(chunk)
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise AceError(f"chunk must be a positive integer, got {chunk!r}")
 
@@ -315,9 +350,11 @@ def patched_accuracy(model, inputs, labels, core: Core, mode: str, rank: int | N
     positions: per-input positions of these inputs (default: the core's, for a core with them)."""
     if mode not in ("clean",) + PATCH_MODES:
         raise AceError(f"mode must be clean, keep, remove or flip, got {mode!r}")
-    labels = torch.as_tensor(labels)
+    _check_core(core)
+    labels = _as_labels(labels)
     _check_labels(labels, inputs, core)
     _check_chunk(chunk)
+    chunk = int(chunk)
     pos = _positions_for(core, inputs, positions)
     readout = readout or _default_readout(core.position)
     hits = 0
@@ -341,7 +378,12 @@ def keep_kl(model, inputs, core: Core, rank: int, readout=None, chunk: int = 204
             projector: str = "orthogonal", positions=None) -> float:
     """Mean KL(clean || kept) of the readout's softmax when only the rank-r core is kept: whether
     the core carries the whole output distribution, not just its argmax."""
+    _check_core(core)
     _check_chunk(chunk)
+    chunk = int(chunk)
+    if len(inputs) == 0:
+        raise AceError("inputs are empty: a mean KL needs at least one input")
+    core._rank(rank)                              # a bad rank is named before anything runs
     pos = _positions_for(core, inputs, positions)
     readout = readout or _default_readout(core.position)
     total, count = 0.0, 0
@@ -364,7 +406,9 @@ def validate(core: Core, model, inputs, labels, readout=None, tolerance: float =
     chance to baseline, and <= 2 x chance), with the
     `projector` kind: "orthogonal" (onto the core subspace) or "oblique" (balanced truncation).
     positions: per-input positions of these inputs (default: the core's, for a core with them)."""
-    labels = torch.as_tensor(labels)
+    _check_core(core)
+    labels = _as_labels(labels)
+    tolerance = _real(tolerance)
     _check_labels(labels, inputs, core)
     positions = _positions_for(core, inputs, positions)
     with torch.no_grad():

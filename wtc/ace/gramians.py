@@ -56,7 +56,7 @@ class GramianAccumulator:
     """
 
     def __init__(self, dim: int, backend: str | None = None):
-        if not isinstance(dim, int) or dim < 1:
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
             raise AceError(f"dim must be a positive int, got {dim!r}")
         if backend is not None and backend not in BACKENDS:
             raise BackendNameError(f"backend must be one of {', '.join(BACKENDS)} or None, got {backend!r}")
@@ -79,10 +79,18 @@ class GramianAccumulator:
             raise AceError(f"Jacobians must be (n, K, {self.dim}) with n = {h.shape[0]}, got {tuple(J.shape)}")
         if J.shape[1] < 1:
             raise AceError(f"Jacobians must have K >= 1 readout outputs, got {tuple(J.shape)}")
+        for what, a in (("activations", h), ("Jacobians", J)):
+            if np.iscomplexobj(a) if not isinstance(a, torch.Tensor) else a.dtype.is_complex:
+                raise AceError(f"{what} are complex ({a.dtype}); the Gramians are of real activations")
         if h.shape[0] == 0:
             return
         if self.backend == "native" and _on_cpu(h) and _on_cpu(J):
-            self._add_native(h, J)
+            try:
+                self._add_native(h, J)
+            except AceError:
+                raise
+            except ValueError as exc:          # the kernel's NaN/inf check (the state is unchanged)
+                raise AceError(str(exc)) from None
         else:
             self._add_reference(h, J)
 

@@ -30,7 +30,7 @@ import re
 import numpy as np
 import torch
 
-from wtc.errors import ArgumentError, IndexOutOfRange, UnknownName
+from wtc.errors import ArgumentError, IndexOutOfRange, ScanError, UnknownName
 from wtc.hooks import hook_modules
 
 _PATTERN = re.compile(r"^(embed\.W_E|pos_embed\.W_pos|unembed\.W_U|blocks\.(\d+)\.(attn\.W_[QKVO]|mlp\.W_in|mlp\.W_out))$")
@@ -154,14 +154,19 @@ def conditional_kl(model, tokens: torch.Tensor, name: str, index, masks, clean_l
     """Total KL(clean || zeroed at S) summed over all positions, for each mask S in `masks` (a (B, T)
     bool tensor or a list of them); float64. per_position=True gives (len(masks), B, T) instead.
     The masks run as one batch (the tokens repeated)."""
-    tokens = torch.as_tensor(tokens).long()
-    single = torch.is_tensor(masks)
+    from wtc.scan.inputs import as_tokens, vocab_size
+    try:                    # integer ids only: float tokens would be truncated, negative ones index from the end
+        tokens = as_tokens(tokens, model)
+    except ScanError as exc:
+        raise ArgumentError(str(exc)) from None
+    single = torch.is_tensor(masks) or isinstance(masks, np.ndarray)
     masks = [masks] if single else list(masks)
     if not masks:
         raise ArgumentError("masks must be a (B, T) bool tensor or a non-empty list of them")
     if clean_logp is None:
         clean_logp = torch.log_softmax(model(tokens).double(), -1)
-    elif not torch.is_tensor(clean_logp) or clean_logp.ndim != 3 or clean_logp.shape[:2] != tokens.shape:
+    elif (not torch.is_tensor(clean_logp) or clean_logp.ndim != 3 or clean_logp.shape[:2] != tokens.shape
+          or clean_logp.shape[2] != (vocab_size(model) or clean_logp.shape[2])):
         raise ArgumentError(f"clean_logp must be the model's clean log-probabilities (B, T, V) for tokens "
                             f"{tuple(tokens.shape)}, got {tuple(clean_logp.shape) if torch.is_tensor(clean_logp) else type(clean_logp).__name__}")
     k = len(masks)

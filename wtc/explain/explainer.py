@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from wtc import arguments
-from wtc.errors import ScanError, UnknownName
+from wtc.errors import ArgumentError, ArgumentTypeError, IndexOutOfRange, ScanError, UnknownName
 from wtc.explain import predicate_search
 from wtc.explain import sandbox
 from wtc.explain.conditional import conditional_kl, is_local, is_matrix
@@ -58,14 +58,20 @@ def sample_weights(model, n: int, params=None, seed: int = 0) -> list[tuple[str,
     """n nonzero weights drawn uniformly (seeded) from the chosen weight matrices (default: every
     matrix: embedding, positions, attention W_Q/W_K/W_V/W_O, MLP W_in/W_out, unembedding; biases
     and norm weights are not weights here)."""
+    if isinstance(params, str):
+        params = [params]
+    if params is not None and (not isinstance(params, (list, tuple, set, frozenset)) or
+                               not all(isinstance(k, str) for k in params)):
+        raise ArgumentTypeError(f"params must be None or a list of weight-matrix names, got {params!r}")
     named = {k: p for k, p in model.named_parameters() if is_matrix(k) and (params is None or k in params)}
     if params is not None and set(params) - set(named):
-        raise KeyError(f"not weight matrices of this model: {sorted(set(params) - set(named))}")
+        raise UnknownName(f"not weight matrices of this model: {sorted(set(params) - set(named))}; its matrices: "
+                          f"{', '.join(k for k, _ in model.named_parameters() if is_matrix(k))}")
     n, seed = arguments.positive_int(n, "sample"), arguments.seed(seed)
     names = sorted(named)
     counts = np.array([int((named[k] != 0).sum()) for k in names])
     if counts.sum() == 0:
-        raise ValueError("the chosen parameters have no nonzero weights")
+        raise ArgumentError("the chosen parameters have no nonzero weights")
     rng = np.random.default_rng([seed, 41])
     picks = np.sort(rng.choice(counts.sum(), size=min(n, int(counts.sum())), replace=False))
     edges = np.cumsum(counts)
@@ -139,12 +145,15 @@ def _given_weights(model, weights) -> list[tuple[str, tuple[int, ...]]]:
             name, idx = item
             idx = (int(idx),) if isinstance(idx, (int, np.integer)) else tuple(int(i) for i in idx)
         except (TypeError, ValueError):
-            raise TypeError(f"weights must be (name, index) pairs, got {item!r}") from None
+            raise ArgumentTypeError(f"weights must be (name, index) pairs, got {item!r}") from None
         if name not in params:
             raise UnknownName(f"weights: {name!r} is not a parameter of this model")
         shape = tuple(params[name].shape)
-        if len(idx) != len(shape) or any(not 0 <= i < n for i, n in zip(idx, shape)):
-            raise IndexError(f"weights: index {idx} out of range for {name} {shape}")
+        if len(idx) != len(shape):
+            raise IndexOutOfRange(f"weights: index {idx} of {name} must have one entry per dimension of its "
+                                  f"shape {shape}")
+        if any(not 0 <= i < n for i, n in zip(idx, shape)):
+            raise IndexOutOfRange(f"weights: index {idx} out of range for {name} {shape}")
         out.append((name, idx))
     return out
 
@@ -166,7 +175,7 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
     max_atoms = arguments.positive_int(max_atoms, "max_atoms", upper=16)
     proposer_timeout_s = arguments.positive_seconds(proposer_timeout_s, "proposer_timeout_s")
     if proposer is not None and not callable(proposer) and not (isinstance(proposer, str) and proposer.strip()):
-        raise TypeError(f"proposer must be None, a callable or a shell command (a non-empty str), got {proposer!r}")
+        raise ArgumentTypeError(f"proposer must be None, a callable or a shell command (a non-empty str), got {proposer!r}")
     t0 = time.perf_counter()
     model.eval()
     weights = sample_weights(model, sample, params, seed) if weights is None else _given_weights(model, weights)

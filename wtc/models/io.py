@@ -35,6 +35,10 @@ def save(model: Transformer, directory, extra: dict | None = None) -> Path:
     if d.exists() and not d.is_dir():
         raise CheckpointError(f"{d} is a file; a checkpoint is a directory (model.safetensors + model.json)")
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    bad = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:                                      # load() refuses them: such a checkpoint could never be read back
+        raise CheckpointError(f"the model holds non-finite weights (NaN or inf) in {bad[:5]}; a checkpoint of "
+                              "it could not be loaded (did training diverge?)")
     write_atomic(d / "model", state, {"kind": KIND, "config": dataclasses.asdict(model.cfg), "extra": extra or {}})
     return d
 

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from wtc.errors import TrainConfigError
+from wtc.errors import ArgumentError, ArgumentTypeError, ModelInputError, TrainConfigError
 from wtc.models.training import Eval, TrainConfig, Trainer, lr_at
 from wtc.models.transformer import Transformer, TransformerConfig
 
@@ -198,6 +198,17 @@ def topk_mask(w: torch.Tensor, density: float, min_per_unit: int = 4, axis: int 
     """Boolean mask of the entries `project_topk` keeps in w: its round(density * numel) largest |w|
     and, for every unit (index of the axes other than `axis`), its min_per_unit largest |w| along
     `axis`. None when everything is kept."""
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 <= density < math.inf:
+        raise ArgumentError(f"density must be a finite number >= 0, got {density!r}")
+    if isinstance(min_per_unit, bool) or not isinstance(min_per_unit, int) or min_per_unit < 0:
+        raise ArgumentError(f"min_per_unit must be a non-negative int, got {min_per_unit!r}")
+    if not torch.is_tensor(w) or w.ndim < 1:
+        raise ArgumentTypeError(f"w must be a tensor with at least one dimension, got {type(w).__name__}")
+    if isinstance(axis, bool) or not isinstance(axis, int) or not -w.ndim <= axis < w.ndim:
+        raise ArgumentError(f"axis must be an int in [{-w.ndim}, {w.ndim}) for a weight of shape {tuple(w.shape)}, "
+                            f"got {axis!r}")
+    if w.is_floating_point() and not torch.isfinite(w).all():
+        raise ArgumentError("w holds NaN or inf: its largest magnitudes are not defined")
     n = w.numel()
     k = min(n, round(density * n))
     if k >= n:
@@ -212,6 +223,13 @@ def topk_mask(w: torch.Tensor, density: float, min_per_unit: int = 4, axis: int 
         idx = a.movedim(axis, -1).topk(m, dim=-1, sorted=False).indices
         keep.movedim(axis, -1).scatter_(-1, idx, True)       # writes through the view
     return keep
+
+
+def _check_density(density, min_per_unit) -> None:
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
+        raise ArgumentError(f"density must be a number in (0, 1], got {density!r}")
+    if isinstance(min_per_unit, bool) or not isinstance(min_per_unit, int) or min_per_unit < 0:
+        raise ArgumentError(f"min_per_unit must be a non-negative int, got {min_per_unit!r}")
 
 
 def _project(model: torch.nn.Module, density: float, min_per_unit: int) -> None:
@@ -229,10 +247,9 @@ def project_topk(model: torch.nn.Module, density: float, min_per_unit: int = 4) 
     round(density * numel) largest magnitudes nor among its unit's min_per_unit largest (units: the
     module doc). Returns the achieved density (fraction nonzero) of each matrix. Idempotent (ties
     aside)."""
-    if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
-        raise ValueError(f"density must be a number in (0, 1], got {density!r}")
-    if isinstance(min_per_unit, bool) or not isinstance(min_per_unit, int) or min_per_unit < 0:
-        raise ValueError(f"min_per_unit must be a non-negative int, got {min_per_unit!r}")
+    _check_density(density, min_per_unit)
+    if not isinstance(model, torch.nn.Module):
+        raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _project(model, float(density), min_per_unit)
     return nonzero_fraction(model, matrices_only=True)
 
@@ -260,12 +277,14 @@ def density_allowance(model: torch.nn.Module, density: float, min_per_unit: int 
 def _check_tokens(tokens, what: str, ctx: int, vocab: int) -> np.ndarray:
     t = tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
     if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer):
-        raise ValueError(f"{what} must be a 1-D integer array, got shape {t.shape} dtype {t.dtype}")
+        raise ModelInputError(f"{what} must be a 1-D integer array, got shape {t.shape} dtype {t.dtype}")
     if len(t) < ctx + 1:
-        raise ValueError(f"{what} has {len(t)} tokens; a window needs ctx + 1 = {ctx + 1}")
+        raise ModelInputError(f"{what} has {len(t)} tokens; a window needs ctx + 1 = {ctx + 1}")
+    if vocab is None:
+        return t
     lo, hi = int(t.min()), int(t.max())
     if lo < 0 or hi >= vocab:
-        raise ValueError(f"{what} ids must lie in [0, {vocab}) (the model's d_vocab), got [{lo}, {hi}]")
+        raise ModelInputError(f"{what} ids must lie in [0, {vocab}) (the model's d_vocab), got [{lo}, {hi}]")
     return t
 
 
@@ -279,6 +298,7 @@ def _fingerprint(t: np.ndarray | None) -> str | None:
 def batch_windows(tokens: np.ndarray, ctx: int, batch: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and next-token targets (batch, ctx) int64 of training step `step`: random contiguous
     windows drawn by numpy.random.default_rng([seed, step])."""
+    tokens = _check_tokens(tokens, "tokens", ctx, None)          # floats would be truncated
     starts = np.random.default_rng([seed, step]).integers(0, len(tokens) - ctx, size=batch)
     w = torch.from_numpy(tokens[starts[:, None] + np.arange(ctx + 1)].astype(np.int64))
     return w[:, :-1], w[:, 1:]
@@ -286,6 +306,9 @@ def batch_windows(tokens: np.ndarray, ctx: int, batch: int, seed: int, step: int
 
 def eval_windows(tokens: np.ndarray, ctx: int, n: int) -> torch.Tensor:
     """n fixed windows of ctx + 1 tokens (B, ctx + 1), starts evenly spaced over the array."""
+    tokens = _check_tokens(tokens, "tokens", ctx, None)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ArgumentError(f"n must be a positive integer (windows), got {n!r}")
     starts = np.unique(np.linspace(0, len(tokens) - ctx - 1, n).round().astype(np.int64))
     return torch.from_numpy(tokens[starts[:, None] + np.arange(ctx + 1)].astype(np.int64))
 
@@ -294,6 +317,9 @@ def eval_windows(tokens: np.ndarray, ctx: int, n: int) -> torch.Tensor:
 def lm_loss(model: Transformer, windows: torch.Tensor, batch: int = 32) -> float:
     """Mean next-token cross-entropy (nats per token, = per byte for byte tokens) over all
     positions of windows (B, ctx + 1)."""
+    if not torch.is_tensor(windows) or windows.ndim != 2 or len(windows) == 0 or windows.shape[1] < 2:
+        raise ModelInputError(f"windows must be a non-empty (B, ctx + 1) token tensor, got "
+                              f"{tuple(windows.shape) if torch.is_tensor(windows) else type(windows).__name__}")
     was = model.training
     model.eval()
     total, count = 0.0, 0

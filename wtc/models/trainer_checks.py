@@ -47,6 +47,9 @@ def check_eval(ev) -> None:
         raise TrainConfigError(f"Eval {ev.name!r}: show must be a tuple of record keys (str), got {ev.show!r}")
 
 
+MAX_THREADS = 4096                  # more intra-op threads than any machine has cores: a typo
+
+
 def check_trainer(model, batch_fn, loss_fn, *, path, evals, rngs, threads, decay, post_step, checkpoint_every,
                   checkpoint_at) -> int | None:
     """Trainer's arguments, before anything is built; returns threads as an int (or None)."""
@@ -62,6 +65,9 @@ def check_trainer(model, batch_fn, loss_fn, *, path, evals, rngs, threads, decay
             raise TrainConfigTypeError(f"rngs[{name!r}] must be a numpy or torch Generator, got {type(g).__name__}")
     if threads is not None:
         threads = arguments.positive_int(threads, "threads", TrainConfigError)
+        if threads > MAX_THREADS:
+            raise TrainConfigError(f"threads must be a positive integer <= {MAX_THREADS} (intra-op torch threads), "
+                                   f"got {threads}")
     for name, fn in (("decay", decay), ("post_step", post_step)):
         if fn is not None and not callable(fn):
             raise TrainConfigTypeError(f"{name} must be None or callable, got {type(fn).__name__}")
@@ -72,6 +78,13 @@ def check_trainer(model, batch_fn, loss_fn, *, path, evals, rngs, threads, decay
             checkpoint_io.stem(path)            # refused now, not at the first save
         except CheckpointError as exc:
             raise TrainConfigError(f"path: {exc}") from None
+        for above in Path(path).absolute().parents:     # the nearest existing ancestor must be a directory
+            if above.is_dir():
+                break
+            if above.exists() or above.is_symlink():
+                what = "a broken symbolic link" if not above.exists() else "not a directory"
+                raise TrainConfigError(f"path {str(path)!r}: {above} is {what}, so the checkpoint cannot be "
+                                       "written there")
     if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
                                          or checkpoint_every < 1):
         raise TrainConfigError(f"checkpoint_every must be None or a positive int, got {checkpoint_every!r}")

@@ -64,7 +64,11 @@ class TrainConfig(KnownFields):
             raise TrainConfigError(f"TrainConfig.{name} must be {what}, got {getattr(self, name)!r}")
 
         def number(v):
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            return isinstance(v, (int, float, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+
+        for name in ("lr", "eps", "weight_decay", "grad_clip", "min_lr_frac"):   # numpy floats as floats (JSON)
+            if isinstance(getattr(self, name), np.floating):
+                setattr(self, name, float(getattr(self, name)))
 
         for name, lo in (("steps", 0), ("warmup", 0)):
             v = getattr(self, name)
@@ -412,7 +416,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss = self._call("loss_fn", self.loss_fn, self._call("batch_fn", self.batch_fn, self.step))
-        if not torch.is_tensor(loss) or loss.numel() != 1 or not loss.requires_grad:
+        if not torch.is_tensor(loss) or loss.numel() != 1 or not loss.requires_grad or not loss.is_floating_point():
             raise TrainingError(f"{self.desc}: loss_fn must return a scalar tensor with a gradient, got "
                                 f"{type(loss).__name__}{tuple(loss.shape) if torch.is_tensor(loss) else ''}")
         if not torch.isfinite(loss):

@@ -19,14 +19,17 @@ only the rest of the network (wtc.scan).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from wtc.arguments import KnownFields
-from wtc.errors import ModelConfigError, ModelInputError
+from wtc.errors import ModelConfigError, ModelInputError, ModelInputTypeError
 from wtc.hooks import Hooked, HookPoint
 
 
@@ -50,10 +53,13 @@ class TransformerConfig(KnownFields):
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_vocab", "n_ctx"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            if not isinstance(v, numbers.Integral) or isinstance(v, (bool, np.bool_)) or v <= 0:
                 raise ModelConfigError(f"TransformerConfig.{name} must be a positive int, got {v!r}")
-        if self.d_mlp is not None and (not isinstance(self.d_mlp, int) or self.d_mlp <= 0):
-            raise ModelConfigError(f"TransformerConfig.d_mlp must be None or a positive int, got {self.d_mlp!r}")
+            setattr(self, name, int(v))          # a numpy integer as an int (the config is written as JSON)
+        if self.d_mlp is not None:
+            if not isinstance(self.d_mlp, numbers.Integral) or isinstance(self.d_mlp, (bool, np.bool_)) or self.d_mlp <= 0:
+                raise ModelConfigError(f"TransformerConfig.d_mlp must be None or a positive int, got {self.d_mlp!r}")
+            self.d_mlp = int(self.d_mlp)
         D, M = self.d_model, self.d_mlp or 0
         n = 2 * self.d_vocab * D + self.n_ctx * D + self.n_layers * (4 * self.n_heads * self.d_head * D + 2 * D * M)
         if n > MAX_PARAMETERS:                       # building it would allocate (or hang) for minutes first
@@ -66,7 +72,14 @@ class TransformerConfig(KnownFields):
             raise ModelConfigError(f"TransformerConfig.normalization must be None, 'LN' or 'RMS', got {self.normalization!r}")
         if self.mlp_layers is None:
             self.mlp_layers = tuple(range(self.n_layers)) if self.d_mlp else ()
-        self.mlp_layers = tuple(self.mlp_layers)
+        if isinstance(self.mlp_layers, (str, bytes)) or not isinstance(self.mlp_layers, (list, tuple, range)):
+            raise ModelConfigError(f"TransformerConfig.mlp_layers must be None or a list of block indices, "
+                                   f"got {self.mlp_layers!r}")
+        if any(not isinstance(l, numbers.Integral) or isinstance(l, (bool, np.bool_)) for l in self.mlp_layers):
+            raise ModelConfigError(f"TransformerConfig.mlp_layers must hold block indices (ints), got {list(self.mlp_layers)!r}")
+        self.mlp_layers = tuple(int(l) for l in self.mlp_layers)
+        if len(set(self.mlp_layers)) != len(self.mlp_layers):
+            raise ModelConfigError(f"TransformerConfig.mlp_layers {self.mlp_layers} names a block twice")
         if any(not 0 <= l < self.n_layers for l in self.mlp_layers):
             raise ModelConfigError(f"TransformerConfig.mlp_layers {self.mlp_layers} must index blocks 0..{self.n_layers - 1}")
         if self.mlp_layers and not self.d_mlp:
@@ -80,6 +93,7 @@ class TransformerConfig(KnownFields):
 
 
 MAX_PARAMETERS = 2**34
+INT64_MAX = 2**63 - 1
 
 
 def _bias(module: nn.Module, name: str, size, trained: bool) -> None:
@@ -252,9 +266,19 @@ class Transformer(Hooked):
         self.setup_hooks()
 
     def check_tokens(self, tokens) -> torch.Tensor:
-        tokens = torch.as_tensor(tokens)
+        if isinstance(tokens, np.ndarray) and tokens.dtype.kind == "u" and tokens.size and int(tokens.max()) > INT64_MAX:
+            raise ModelInputError(f"token ids must lie in [0, {self.cfg.d_vocab}), got {int(tokens.max())}")
+        try:
+            tokens = torch.as_tensor(tokens)
+        except (TypeError, ValueError, RuntimeError) as exc:      # ragged lists, text, None, object arrays
+            raise ModelInputError(f"tokens must be an integer tensor (B, T), got {type(tokens).__name__} "
+                                  f"that is not one ({exc})") from None
         if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool or tokens.ndim != 2:
             raise ModelInputError(f"tokens must be an integer tensor (B, T), got {tuple(tokens.shape)} {tokens.dtype}")
+        if tokens.dtype in (torch.uint16, torch.uint32, torch.uint64):     # torch has no min/max for these
+            if tokens.dtype == torch.uint64 and tokens.numel() and bool((tokens.view(torch.int64) < 0).any()):
+                raise ModelInputError(f"token ids must lie in [0, {self.cfg.d_vocab}), got ids beyond int64")
+            tokens = tokens.to(torch.int64)
         if tokens.shape[1] > self.cfg.n_ctx:
             raise ModelInputError(f"tokens have {tokens.shape[1]} positions, more than n_ctx={self.cfg.n_ctx}")
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.cfg.d_vocab):
@@ -282,7 +306,9 @@ class Transformer(Hooked):
         forward(tokens)[:, positions], with the last block run for those queries alone (a task read
         out at one position trains several times faster; hooks of the last block see those rows)."""
         if not isinstance(positions, slice):
-            raise TypeError(f"positions must be a slice, got {type(positions).__name__}")
+            raise ModelInputTypeError(f"positions must be a slice, got {type(positions).__name__}")
+        if positions.step is not None and (not isinstance(positions.step, int) or positions.step < 1):
+            raise ModelInputError(f"positions must be a slice with a positive step, got {positions!r}")
         resid = self.embed_tokens(self.check_tokens(tokens))
         for block in self.blocks[:-1]:
             resid = block(resid)

@@ -20,6 +20,7 @@ With torch.distributed initialised, chunks are shared round-robin across ranks a
 from __future__ import annotations
 
 import fnmatch
+import numbers
 import os
 import hashlib
 import re
@@ -35,7 +36,7 @@ from tqdm.auto import tqdm
 from wtc.hooks import has_hooks, hook_modules
 from wtc.errors import ScanError, UnknownName
 from wtc.arguments import float_readout
-from wtc.scan.inputs import architecture, as_tokens, positive_int, readout_identity
+from wtc.scan.inputs import architecture, as_tokens, positive_int, readout_identity, tensor_bytes
 from wtc.scan.generic import Generic
 from wtc.scan.kl import importance_positions, kl_rows, kl_unembed
 from wtc.scan.result import ScanResult
@@ -87,7 +88,7 @@ def _fingerprint(model: nn.Module, tokens: torch.Tensor) -> dict:
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        h.update(tensor_bytes(p))
     return {"model_sha256": h.hexdigest(), "tokens_sha256": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest(),
             "tokens_shape": list(tokens.shape)}
 
@@ -249,8 +250,10 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
     0 elsewhere; the ablations themselves still act everywhere, so effects that travel to the
     counted positions through attention are in.
     """
-    if not isinstance(mass, (int, float)) or isinstance(mass, bool) or not 0 < mass <= 1:
+    if not isinstance(mass, numbers.Real) or isinstance(mass, (bool, np.bool_)) or not 0 < mass <= 1:
         raise ScanError(f"mass must be a number in (0, 1], got {mass!r}")
+    if isinstance(mass, (np.floating, np.integer)):
+        mass = float(mass)               # a numpy number as a float (the store records it as JSON)
     if not isinstance(model, nn.Module):
         raise ScanError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if keep_positions is not None and not isinstance(keep_positions, bool):
@@ -275,6 +278,9 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
         if positions.dtype != torch.bool or positions.shape != tokens.shape:
             raise ScanError(f"positions must be a bool mask shaped like the tokens {tuple(tokens.shape)}, "
                              f"got {positions.dtype} {tuple(positions.shape)}")
+        if not bool(positions.any()):
+            raise ScanError("positions selects no position (the mask is all False): every KL would be 0; "
+                            "mark at least one position to count")
     was_training = model.training
     model.eval()
     try:

@@ -84,7 +84,7 @@ def context_size(model: nn.Module) -> int | None:
 
 
 def positive_int(value, name: str) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)) or value < 1:
         raise ScanError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
@@ -124,9 +124,15 @@ def readout_identity(readout) -> str:
     return f"{name}:{hashlib.sha256(b''.join(parts)).hexdigest()[:16]}"
 
 
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's bytes as numpy's tobytes() gives them, for every dtype (numpy has no bfloat16)."""
+    t = t.detach().cpu().contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
 def _cell_bytes(value) -> bytes:
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().contiguous().numpy().tobytes()
+        return tensor_bytes(value)
     if isinstance(value, np.ndarray):
         return value.tobytes()
     if inspect.isfunction(value):

@@ -28,6 +28,7 @@ different config in the same directory is refused (`steps` may grow).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -36,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from wtc.arguments import seed as seed_arg
 from wtc.errors import StudyError
 from wtc.models import Transformer, TransformerConfig
 from wtc.models import io as model_io
@@ -94,8 +96,16 @@ class AssignAddStudy:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise StudyError(f"AssignAddStudy.{name} must be a positive int, got {v!r}")
-        if not isinstance(self.sweep_steps, int) or self.sweep_steps < 0:
-            raise StudyError(f"AssignAddStudy.sweep_steps must be an int >= 0, got {self.sweep_steps!r}")
+        for name in ("sweep_steps", "scan_sequences", "scan_attention_sample"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise StudyError(f"AssignAddStudy.{name} must be an int >= 0, got {v!r}")
+        for name in ("seed", "union_seed") + (("split_seed",) if self.split_seed is not None else ()):
+            seed_arg(getattr(self, name), f"AssignAddStudy.{name}", StudyError)
+        for name in ("lr", "weight_decay", "phase_jump"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise StudyError(f"AssignAddStudy.{name} must be a finite number, got {v!r}")
         if self.checkpoint_every % self.eval_every:
             raise StudyError(f"checkpoint_every ({self.checkpoint_every}) must be a multiple of eval_every "
                              f"({self.eval_every})")

@@ -17,9 +17,11 @@ from its checkpoints, explanations weight by weight from their weights.jsonl.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from wtc.arguments import seed as seed_arg
 from wtc.errors import StudyError
 from wtc.explain import report as explain_report
 from wtc.explain.corpus import build_corpus
@@ -63,8 +65,20 @@ class SparseDenseStudy:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise StudyError(f"SparseDenseStudy.{name} must be a positive int, got {v!r}")
+        for name in ("lr", "density") + (("abstopk",) if self.abstopk is not None else ()):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise StudyError(f"SparseDenseStudy.{name} must be a finite number, got {v!r}")
+        if not self.lr > 0:
+            raise StudyError(f"SparseDenseStudy.lr must be > 0, got {self.lr}")
         if not 0 < self.density < 1:
             raise StudyError(f"SparseDenseStudy.density must be in (0, 1), got {self.density}")
+        if self.abstopk is not None and not 0 < self.abstopk <= 1:
+            raise StudyError(f"SparseDenseStudy.abstopk must be None or a fraction in (0, 1], got {self.abstopk}")
+        seed_arg(self.seed, "SparseDenseStudy.seed", StudyError)
+        if self.max_bytes is not None and (not isinstance(self.max_bytes, int) or isinstance(self.max_bytes, bool)
+                                           or self.max_bytes < 1):
+            raise StudyError(f"SparseDenseStudy.max_bytes must be None or a positive int, got {self.max_bytes!r}")
         if self.d_model % 32:
             raise StudyError(f"SparseDenseStudy.d_model must be a multiple of 32 (heads of 32), got {self.d_model}")
 

@@ -15,13 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from wtc.errors import TaskError
-from wtc.tasks.limits import MAX_MAGNITUDE
+from wtc.tasks.limits import MAX_MAGNITUDE, without_bfloat16
 
 MIN_HELDOUT = 16           # held-out sequences a verification needs to mean anything
 MIN_TRAIN = 32             # training sequences below which a fit is a lookup of a handful of rows
 
 
 def _as_array(a, what: str, name: str) -> np.ndarray:
+    a = without_bfloat16(a)
     try:
         complex_ = np.iscomplexobj(a)
     except (TypeError, ValueError) as exc:        # ragged lists
@@ -99,8 +100,9 @@ def from_arrays(inputs, outputs, *, name: str = "data", output: str | None = Non
 
     x, y = _as_array(inputs, "inputs", name), _as_array(outputs, "outputs", name)
     seed = arguments.seed(seed, error=TaskError)
-    if isinstance(heldout, bool) or not isinstance(heldout, (int, float)) or not 0 < heldout < 1:
+    if isinstance(heldout, (bool, np.bool_)) or not isinstance(heldout, (int, float, np.floating)) or not 0 < heldout < 1:
         raise TaskError(f"task {name!r}: heldout must be a share in (0, 1), got {heldout!r}")
+    heldout = float(heldout)          # a numpy float as a float (the options are written as JSON)
     squeeze_in, squeeze_out = x.ndim == 2, y.ndim == 2
     x3, y3 = (x[..., None] if squeeze_in else x), (y[..., None] if squeeze_out else y)
     if x3.shape[:2] != y3.shape[:2]:

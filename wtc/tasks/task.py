@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 
 from wtc.errors import TaskError
-from wtc.tasks.limits import MAX_MAGNITUDE, REAL_TOLERANCE  # noqa: F401  (REAL_TOLERANCE: re-exported)
+from wtc.tasks.limits import MAX_MAGNITUDE, REAL_TOLERANCE, without_bfloat16  # noqa: F401  (REAL_TOLERANCE: re-exported)
 
 OUTPUT_KINDS = ("integer", "real")
 
@@ -99,16 +99,21 @@ class Task:
             x = self.sample(rng, int(n))
         except (Exception, SystemExit) as exc:  # a user callable that throws (or calls sys.exit)
             raise TaskError(f"task {self.name!r}: sample(rng, {n}) raised {type(exc).__name__}: {exc}") from exc
-        if self.n_inputs == 1 and np.ndim(x) in (2, 3) and np.ndim(x) != self._sample_ndim():
+        try:
+            ndim = np.ndim(x)
+        except (TypeError, ValueError) as exc:           # ragged lists and the like
+            raise TaskError(f"task {self.name!r}: sample is not a numeric array: {exc}") from None
+        if self.n_inputs == 1 and ndim in (2, 3) and ndim != self._sample_ndim():
             # target(x) gets batches in the form sample gave first; a sampler that switches would
             # hand it the other form without a word
-            raise TaskError(f"task {self.name!r}: sample returned a {np.ndim(x)}-d array now but a "
+            raise TaskError(f"task {self.name!r}: sample returned a {ndim}-d array now but a "
                             f"{self._sample_ndim()}-d one before; it must return one form, (n, T) or (n, T, 1)")
         return self.check_inputs(x, n=int(n), source="sample")
 
     def check_inputs(self, x, n: int | None = None, source: str = "inputs") -> np.ndarray:
         """Validate an input batch and return it as float64 (n, seq_len, n_inputs)."""
         label = f"task {self.name!r}: {source}"
+        x = without_bfloat16(x)
         try:
             complex_ = np.iscomplexobj(x)
             if not complex_:
@@ -148,6 +153,7 @@ class Task:
         except (Exception, SystemExit) as exc:
             raise TaskError(f"task {self.name!r}: target(x) raised {type(exc).__name__}: {exc}") from exc
         label = f"task {self.name!r}: target"
+        y = without_bfloat16(y)
         if np.iscomplexobj(y):
             raise TaskError(f"{label} is complex; targets must be real numbers")
         try:
@@ -189,6 +195,15 @@ class Task:
             if not np.array_equal(y, self.targets(x), equal_nan=True):
                 raise TaskError(f"task {self.name!r}: target(x) gave other values for the same inputs on a second "
                                 "call; a target must be a function of x (no randomness or state)")
+            if not np.array_equal(y[-3:], self.targets(x[-3:]), equal_nan=True):
+                # e.g. x.cumsum(0) or x - x.mean(0): axis 0 is the batch, so each sequence's target would
+                # change with the batch it is drawn in (and a transposed (T, n) target when n == T)
+                raise TaskError(f"task {self.name!r}: target(x) of a sequence depends on the other sequences in the "
+                                "batch (the last 3 of 8 got other targets alone); a target works along each "
+                                "sequence (axis 1), never across the batch (axis 0)")
+            if not np.array_equal(x, self.draw(np.random.default_rng(20261201), 8)):
+                raise TaskError(f"task {self.name!r}: sample(rng, n) gave other sequences for the same seed; it must "
+                                "draw from the rng it is given (not np.random or random), or runs do not reproduce")
             h = hashlib.sha256(repr((self.seq_len, self.n_inputs, self.n_outputs, self.output,
                                      self.valid_from)).encode())
             h.update(np.ascontiguousarray(x).tobytes())
