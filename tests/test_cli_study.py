@@ -67,3 +67,17 @@ def test_a_study_dir_with_nothing_computed_takes_another_config(tmp_path):
     (tmp_path / "result.json").write_text("{}")
     with pytest.raises(StudyError, match="different config"):
         check_config(tmp_path, {"a": 3})
+
+
+def test_corpus_option_reaches_the_agreement_config_and_is_refused_elsewhere(tmp_path, monkeypatch, capsys):
+    from wtc import studies
+    from wtc.cli import main
+
+    seen = {}
+    study = studies.load("agreement")
+    monkeypatch.setattr(study, "run", lambda cfg, out, progress: seen.setdefault("cfg", cfg) and {"seconds": 0})
+    monkeypatch.setattr(studies, "headline", lambda summary, spec: [])
+    assert main(["study", "agreement", "--quick", "--quiet", "--corpus", "uniform", "--out", str(tmp_path)]) == 0
+    assert seen["cfg"].corpus == "uniform"
+    assert main(["study", "markov", "--quick", "--corpus", "graded", "--out", str(tmp_path / "m")]) == 2
+    assert "--corpus does not apply" in capsys.readouterr().err

@@ -214,11 +214,14 @@ def _cmd_study(args) -> int:
                   "does not apply", file=sys.stderr)
             return 2
         cfg = dataclasses.replace(cfg, seed=args.seed)
-    if args.model is not None:
-        if "model" not in {f.name for f in dataclasses.fields(cfg)}:
-            print(f"wtc: error: the {args.name} study trains its own models; --model does not apply", file=sys.stderr)
+    for field, value, why in (("model", args.model, "trains its own models"),
+                              ("corpus", args.corpus, "has no text corpus")):
+        if value is None:
+            continue
+        if field not in {f.name for f in dataclasses.fields(cfg)}:
+            print(f"wtc: error: the {args.name} study {why}; --{field} does not apply", file=sys.stderr)
             return 2
-        cfg = dataclasses.replace(cfg, model=args.model)
+        cfg = dataclasses.replace(cfg, **{field: value})
     out = Path(args.out or f"study-{args.name}")
     summary = study.run(cfg, out, progress=not args.quiet)
 
@@ -326,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--seed", type=int, default=None, help="seed of the study (default: its config's, 0)")
     st.add_argument("--model", default=None, metavar="DIR", help="a local Hugging Face model directory to analyse "
                                                                  "instead of trained models (agreement)")
+    st.add_argument("--corpus", default=None, choices=("graded", "uniform"),
+                    help="agreement corpus: graded number evidence (default) or the uniform draw of session 7")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=_cmd_study)
     ex = sub.add_parser("explain", help="explain single weights of a byte-level model by predicates, scored by "
