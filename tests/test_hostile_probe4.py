@@ -369,3 +369,63 @@ def test_sparse_windows_refuse_float_short_and_empty_tokens():
         sp.lm_loss(Transformer(_cfg(), seed=0), torch.zeros(0, 6, dtype=torch.long))
     x, y = sp.batch_windows(np.arange(100) % 5, 4, 2, 0, 0)
     assert x.shape == y.shape == (2, 4) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+# ----------------------------------------------------------------------------------- fisher
+def test_fisher_estimate_checks_samples_and_the_readout():
+    from wtc.scan import fisher_estimate
+    m = Transformer(_cfg(), seed=0)
+    with pytest.raises(ScanError, match=r"samples must be a positive integer <= 100000"):
+        fisher_estimate(m, TOKENS, W_OUT, samples=10**9)                 # ran (practically) for ever
+    with pytest.raises(ScanError, match="the readout raised ZeroDivisionError"):
+        fisher_estimate(m, TOKENS, W_OUT, readout=lambda o: 1 / 0)
+    with pytest.raises(ScanError, match="floating-point tensor"):
+        fisher_estimate(m, TOKENS, W_OUT, readout=lambda o: o.argmax(-1))
+    with pytest.raises(ScanError, match="NaN or inf"):
+        fisher_estimate(m, TOKENS, W_OUT, readout=lambda o: o * float("nan"))
+    with pytest.raises(ScanError, match="readout must be a callable"):
+        fisher_estimate(m, TOKENS, W_OUT, readout=3)
+    a = fisher_estimate(m, TOKENS, W_OUT, samples=2)[W_OUT]
+    b = fisher_estimate(m, TOKENS, W_OUT, samples=2, readout=lambda o: o)[W_OUT]
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert torch.isfinite(a).all() and float(a.sum()) > 0
+
+
+# ----------------------------------------------------------------------------------- hooks, and plain errors now wtc errors
+def test_a_hook_returning_a_tensor_on_another_device_is_named():
+    from wtc.errors import HookError
+    m = Transformer(_cfg(), seed=0)
+    with pytest.raises(HookError, match="returned a tensor on meta"):
+        m.run_with_hooks(TOKENS, fwd_hooks=[("hook_embed", lambda v, h: torch.empty_like(v, device="meta"))])
+    assert not m.hook_embed.has_hooks
+
+
+def test_argument_errors_of_helpers_are_wtc_errors_and_keep_their_builtin_type():
+    from wtc.explain import predicate_search, sandbox
+    from wtc.explain.predicates import check_tokens
+    from wtc.scan.kl import kl_rows
+    from wtc.tasks.assign_add import AssignAdd
+    tok = np.zeros((2, 4), dtype=np.int64)
+    cases = [
+        (lambda: sandbox.evaluate(5, [["a"]]), TypeError, "predicate source must be a str"),
+        (lambda: check_tokens(np.full((2, 4), 300)), ValueError, "byte values 0..255"),
+        (lambda: predicate_search.search(tok, np.zeros((2, 4))), ValueError, "kl sums to 0"),
+        (lambda: predicate_search.search(tok, np.zeros((3, 4))), ValueError, "kl must have the shape"),
+        (lambda: kl_rows(torch.full((2, 3), float("nan")).double(), torch.zeros(1, 2, 3)), ValueError, "non-finite"),
+        (lambda: AssignAdd(f=2.0), ValueError, "AssignAdd.f"),
+    ]
+    for call, builtin, match in cases:
+        with pytest.raises(WtcError, match=match):
+            call()
+        with pytest.raises(builtin):
+            call()
+
+
+def test_corpus_manifest_that_is_not_an_object_and_negative_slice_seeds_are_named(tmp_path):
+    from wtc.explain.corpus import Corpus, CorpusError, slice_starts
+    (tmp_path / "m.json").write_text("[]")
+    with pytest.raises(CorpusError, match="a corpus manifest is a JSON object, got list"):
+        Corpus.from_manifest(tmp_path / "m.json")
+    with pytest.raises(CorpusError, match="seed must be a non-negative integer, got -1"):
+        slice_starts(1000, 10, 2, 2, seed=-1)
+    assert slice_starts(1000, 10, 2, 2, seed=np.int64(3)).shape == (2, 2)

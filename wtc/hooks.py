@@ -216,6 +216,9 @@ def _replacement(new, value: torch.Tensor, where: str):
         got = f"{tuple(new.shape)} {new.dtype}" if torch.is_tensor(new) else type(new).__name__
         raise HookError(f"the hook on {where} returned {got}; a hook returns None or a tensor of the shape and "
                         f"dtype it was given, {tuple(value.shape)} {value.dtype}")
+    if new.device != value.device:
+        raise HookError(f"the hook on {where} returned a tensor on {new.device}; it was given one on {value.device} "
+                        "and must return one there")
     return new
 
 

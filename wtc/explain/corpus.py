@@ -418,6 +418,8 @@ class Corpus:
                 manifest = json.loads(Path(manifest).read_text())
             except (OSError, ValueError) as err:
                 raise CorpusError(f"cannot read corpus manifest {manifest}: {err}") from None
+        if not isinstance(manifest, dict):
+            raise CorpusError(f"a corpus manifest is a JSON object, got {type(manifest).__name__}")
         try:
             if manifest.get("format") != FORMAT:
                 raise CorpusError(f"not a {FORMAT} manifest (format={manifest.get('format')!r})")
@@ -554,8 +556,8 @@ def slice_starts(n_tokens: int, ctx: int, n_windows: int, k_slices: int, seed: i
     ctx = _check_count(ctx, "ctx")
     n_windows = _check_count(n_windows, "n_windows")
     k_slices = _check_count(k_slices, "k_slices")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise CorpusError(f"seed must be an integer, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise CorpusError(f"seed must be a non-negative integer, got {seed!r}")
     m = n_tokens // ctx
     need = n_windows * k_slices
     if need > m:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from wtc.explain.predicates import OPS, Atom, Predicate, atoms, check_tokens, features
+from wtc.errors import ArgumentError
 
 BLOCK = 8192          # positions per float32 product block in `search` (bounds its memory)
 
@@ -83,19 +84,19 @@ def search(tokens, kl, mass: float = 0.9, beam: int = 10, max_atoms: int = 3, ma
     tok = check_tokens(tokens)
     kl = np.asarray(kl, dtype=np.float64)
     if kl.shape != tok.shape:
-        raise ValueError(f"kl must have the shape of tokens {tok.shape}, got {kl.shape}")
+        raise ArgumentError(f"kl must have the shape of tokens {tok.shape}, got {kl.shape}")
     if not np.isfinite(kl).all():
-        raise ValueError(f"kl holds a non-finite value at index {tuple(np.argwhere(~np.isfinite(kl))[0])}")
+        raise ArgumentError(f"kl holds a non-finite value at index {tuple(np.argwhere(~np.isfinite(kl))[0])}")
     kl = np.clip(kl, 0, None)
     if kl.sum() <= 0:
-        raise ValueError("kl sums to 0: the weight has no effect to explain")
+        raise ArgumentError("kl sums to 0: the weight has no effect to explain")
     if not 0 < max_coverage <= 1 or not 0 < mass <= 1:
-        raise ValueError(f"need 0 < max_coverage <= 1 and 0 < mass <= 1, got {max_coverage}, {mass}")
+        raise ArgumentError(f"need 0 < max_coverage <= 1 and 0 < mass <= 1, got {max_coverage}, {mass}")
     if lam < 0 or atom_cost < 0 or not 0 < similar <= 1:
-        raise ValueError(f"need lam >= 0, atom_cost >= 0 and 0 < similar <= 1, "
+        raise ArgumentError(f"need lam >= 0, atom_cost >= 0 and 0 < similar <= 1, "
                          f"got {lam}, {atom_cost}, {similar}")
     if beam < 1 or top < 1 or max_atoms < 1:
-        raise ValueError(f"beam, top and max_atoms must be >= 1, got {beam}, {top}, {max_atoms}")
+        raise ArgumentError(f"beam, top and max_atoms must be >= 1, got {beam}, {top}, {max_atoms}")
     lib = list(library) if library is not None else atoms(tok, max_offset=max_offset, ngram_top=ngram_top)
     feats = features(tok) if any(a.structural for a in lib) else None
     N = tok.size

@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wtc.errors import ArgumentError
+
 __all__ = ["Atom", "Predicate", "atoms", "features", "Features"]
 
 # --------------------------------------------------------------------------------------------
@@ -135,14 +137,14 @@ _PREAMBLE = '''\
 def check_tokens(tokens) -> np.ndarray:
     t = np.asarray(tokens)
     if t.ndim != 2:
-        raise ValueError(f"tokens must be a 2-D (n, T) array of byte values, got shape {t.shape}")
+        raise ArgumentError(f"tokens must be a 2-D (n, T) array of byte values, got shape {t.shape}")
     if t.size == 0:
-        raise ValueError(f"tokens is empty (shape {t.shape})")
+        raise ArgumentError(f"tokens is empty (shape {t.shape})")
     if not (np.issubdtype(t.dtype, np.integer) or t.dtype == bool):
-        raise ValueError(f"tokens must hold integer byte values, got dtype {t.dtype}")
+        raise ArgumentError(f"tokens must hold integer byte values, got dtype {t.dtype}")
     lo, hi = int(t.min()), int(t.max())
     if lo < 0 or hi > 255:
-        raise ValueError(f"tokens must be byte values 0..255, got values in [{lo}, {hi}]")
+        raise ArgumentError(f"tokens must be byte values 0..255, got values in [{lo}, {hi}]")
     return t.astype(np.uint8, copy=False)
 
 
@@ -286,7 +288,7 @@ class Atom:
             return f.first.copy()
         if k == "col":
             return f.col < a
-        raise ValueError(f"unknown atom kind {k!r}")
+        raise ArgumentError(f"unknown atom kind {k!r}")
 
 
 OPS = ("AND", "OR", "AND NOT")
@@ -302,10 +304,10 @@ class Predicate:
 
     def __post_init__(self):
         if not self.atoms or len(self.atoms) != len(self.ops):
-            raise ValueError(f"a predicate needs one op per atom, got {len(self.atoms)} atoms, "
+            raise ArgumentError(f"a predicate needs one op per atom, got {len(self.atoms)} atoms, "
                              f"{len(self.ops)} ops")
         if self.ops[0] not in ("", "NOT") or any(op not in OPS for op in self.ops[1:]):
-            raise ValueError(f"bad ops {self.ops}: the first must be '' or 'NOT', "
+            raise ArgumentError(f"bad ops {self.ops}: the first must be '' or 'NOT', "
                              "the rest AND, OR or AND NOT")
         def paren(e: str) -> str:          # atom expressions are simple or wrapped whole
             return f"({e})" if " " in e and not e.startswith("(") else e
@@ -369,7 +371,7 @@ def atoms(tokens, max_offset: int = 4, ngram_top: int = 200, byte_top: int = 48,
     structural, classes, bytes, n-grams (search keeps the first of atoms with equal truth arrays)."""
     tok = check_tokens(tokens)
     if max_offset < 0:
-        raise ValueError(f"max_offset must be >= 0, got {max_offset}")
+        raise ArgumentError(f"max_offset must be >= 0, got {max_offset}")
     lib = [Atom("string"), Atom("comment"), *(Atom("depth", k) for k in (1, 2, 3)),
            Atom("first"), *(Atom("indent", k) for k in (0, 4, 8, 12)), *(Atom("col", k) for k in (4, 8)),
            *(Atom("pos", k) for k in (1, 4, 16))]

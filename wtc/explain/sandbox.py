@@ -33,6 +33,7 @@ import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from wtc.errors import ArgumentError, ArgumentTypeError
 
 Predicate = Callable[[list[str], int], bool]
 
@@ -110,7 +111,7 @@ def _check_structure(tree: ast.Module) -> ast.FunctionDef:
 
 def _check_and_compile(source: str) -> tuple[ast.Module, object]:
     if not isinstance(source, str):
-        raise TypeError(f"predicate source must be a str, got {type(source).__name__}")
+        raise ArgumentTypeError(f"predicate source must be a str, got {type(source).__name__}")
     if len(source) > MAX_SOURCE_CHARS:
         raise PredicateRejected(f"source is {len(source)} characters, over the limit of "
                                 f"{MAX_SOURCE_CHARS}")
@@ -250,12 +251,12 @@ def evaluate(source: str, contexts: Sequence[Sequence[str]],
     for ci, c in enumerate(ctx):
         bad = next((t for t in c if not isinstance(t, str)), None)
         if bad is not None:
-            raise TypeError(f"context {ci} holds a {type(bad).__name__} token; tokens must be str")
+            raise ArgumentTypeError(f"context {ci} holds a {type(bad).__name__} token; tokens must be str")
     pos_arr = None
     if positions is not None:
         pos_arr = np.asarray(positions, dtype=np.int64) if len(positions) else np.zeros((0, 2))
         if pos_arr.ndim != 2 or pos_arr.shape[1] != 2:
-            raise ValueError(f"positions must be (context, pos) pairs, got shape {pos_arr.shape}")
+            raise ArgumentError(f"positions must be (context, pos) pairs, got shape {pos_arr.shape}")
         pos_arr = pos_arr.astype(np.int64)
         lengths = np.array([len(c) for c in ctx] + [0], dtype=np.int64)
         ci = pos_arr[:, 0]
@@ -263,7 +264,7 @@ def evaluate(source: str, contexts: Sequence[Sequence[str]],
         ok &= (pos_arr[:, 1] >= 0) & (pos_arr[:, 1] < lengths[np.where(ok, ci, len(ctx))])
         if not ok.all():
             k = int(np.argmin(ok))
-            raise ValueError(f"positions[{k}] = {tuple(pos_arr[k].tolist())} is not a (context, "
+            raise ArgumentError(f"positions[{k}] = {tuple(pos_arr[k].tolist())} is not a (context, "
                              f"pos) pair inside the {len(ctx)} contexts")
         if len(pos_arr) == 0:
             return np.zeros(0, dtype=bool)

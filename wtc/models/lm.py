@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from wtc.models.training import TrainConfig, train
+from wtc.errors import ArgumentError
 
 
 class MarkovSource:
@@ -15,7 +16,7 @@ class MarkovSource:
 
     def __init__(self, vocab: int, seq_len: int, branching: int = 3, seed: int = 0):
         if vocab < 2 or seq_len < 2 or not 1 <= branching <= vocab:
-            raise ValueError(f"MarkovSource needs vocab >= 2, seq_len >= 2, 1 <= branching <= vocab; "
+            raise ArgumentError(f"MarkovSource needs vocab >= 2, seq_len >= 2, 1 <= branching <= vocab; "
                              f"got {vocab}, {seq_len}, {branching}")
         rng = np.random.default_rng(seed)
         self.vocab, self.seq_len = vocab, seq_len
@@ -45,7 +46,7 @@ def train_lm(model, source: MarkovSource, steps: int, batch: int = 64, lr: float
     """AdamW (weight decay 0.01) on next-token cross-entropy; returns the loss curve. Batches come
     from one numpy Generator seeded by `seed`, drawn in order (wtc.models.training)."""
     if steps < 0 or batch < 1:
-        raise ValueError(f"steps must be >= 0 and batch >= 1, got {steps}, {batch}")
+        raise ArgumentError(f"steps must be >= 0 and batch >= 1, got {steps}, {batch}")
     rng = np.random.default_rng(seed)
     result = train(model, TrainConfig(steps=steps, lr=lr, weight_decay=0.01), lambda step: source.sample(rng, batch),
                    lambda tokens: next_token_loss(model, tokens), rngs={"batch": rng}, progress=progress,

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from wtc.errors import ArgumentError, ArgumentTypeError, ModelInputError, TrainConfigError
+from wtc.errors import ArgumentError, ArgumentTypeError, ModelInputError, TrainConfigError, TrainConfigTypeError
 from wtc.models.training import Eval, TrainConfig, Trainer, lr_at
 from wtc.models.transformer import Transformer, TransformerConfig
 
@@ -348,7 +348,7 @@ def train_lm(model: Transformer, train_tokens, cfg: SparseTrainConfig, out: Path
     matrix), density_target, steps_done, finished, seconds (all calls), seconds_per_step,
     checkpoint (the training state's path or None)}."""
     if not isinstance(cfg, SparseTrainConfig):
-        raise TypeError(f"cfg must be a SparseTrainConfig, got {type(cfg).__name__}")
+        raise TrainConfigTypeError(f"cfg must be a SparseTrainConfig, got {type(cfg).__name__}")
     ctx = cfg.ctx or model.cfg.n_ctx
     if ctx > model.cfg.n_ctx:
         raise TrainConfigError(f"SparseTrainConfig.ctx ({ctx}) exceeds the model's n_ctx ({model.cfg.n_ctx})")

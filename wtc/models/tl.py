@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from wtc.models.transformer import Transformer, TransformerConfig
+from wtc.errors import ModelConfigError
 
 _BIASES = ("attn.b_Q", "attn.b_K", "attn.b_V", "attn.b_O", "mlp.b_in", "mlp.b_out")
 
@@ -56,17 +57,17 @@ def from_tl_state_dict(state: dict[str, torch.Tensor], cfg: TransformerConfig) -
     for k in dropped:
         parts = k.split(".")
         if len(parts) != 4 or parts[0] != "blocks" or parts[2] != "mlp":
-            raise ValueError(f"state dict key {k!r} has no place in a wtc Transformer with this config")
+            raise ModelConfigError(f"state dict key {k!r} has no place in a wtc Transformer with this config")
     nonzero = [k for k in dropped if bool(state[k].abs().max() > 0)]
     if not cfg.bias:
         nonzero += [k for k in state if k in ours and k.endswith(_BIASES + ("unembed.b_U",))
                     and bool(state[k].abs().max() > 0)]
     if nonzero:
-        raise ValueError(f"these weights are nonzero but the config has no place for them "
+        raise ModelConfigError(f"these weights are nonzero but the config has no place for them "
                          f"(mlp_layers={cfg.mlp_layers}, bias={cfg.bias}): {nonzero}")
     missing = [k for k in ours if k not in state]
     if missing:
-        raise ValueError(f"state dict lacks {missing}")
+        raise ModelConfigError(f"state dict lacks {missing}")
     dtype = next(v.dtype for v in state.values() if v.is_floating_point())
     model = model.to(dtype)
     model.load_state_dict({k: state[k] for k in ours})
@@ -77,7 +78,7 @@ def to_hooked_transformer(model: Transformer):
     """A HookedTransformer computing the same logits as `model`."""
     c = model.cfg
     if c.mlp_abstopk is not None:
-        raise ValueError(f"TransformerLens has no AbsTopK MLP: a model with mlp_abstopk={c.mlp_abstopk} cannot be exported")
+        raise ModelConfigError(f"TransformerLens has no AbsTopK MLP: a model with mlp_abstopk={c.mlp_abstopk} cannot be exported")
     HookedTransformer, HookedTransformerConfig = _tl()
     tl_cfg = HookedTransformerConfig(n_layers=c.n_layers, d_model=c.d_model, n_ctx=c.n_ctx, d_head=c.d_head,
                                      n_heads=c.n_heads, d_mlp=c.d_mlp, d_vocab=c.d_vocab, act_fn=c.act_fn,
@@ -86,7 +87,7 @@ def to_hooked_transformer(model: Transformer):
     tl = HookedTransformer(tl_cfg)
     missing, unexpected = tl.load_state_dict(to_tl_state_dict(model), strict=False)
     if unexpected or any(not (k.endswith("IGNORE") or k.endswith(".mask")) for k in missing):
-        raise ValueError(f"state dict mismatch with TransformerLens: missing {missing}, unexpected {unexpected}")
+        raise ModelConfigError(f"state dict mismatch with TransformerLens: missing {missing}, unexpected {unexpected}")
     return tl.eval()
 
 
@@ -95,7 +96,7 @@ def from_hooked_transformer(tl, mlp_layers: tuple[int, ...] | None = None, bias:
     mlp_layers / bias=False to get back a model exported without some MLPs or without biases."""
     c = tl.cfg
     if c.positional_embedding_type != "standard" or c.normalization_type not in (None, "LN", "RMS"):
-        raise ValueError(f"only standard positions and LN/RMS/no normalization are supported, got "
+        raise ModelConfigError(f"only standard positions and LN/RMS/no normalization are supported, got "
                          f"{c.positional_embedding_type!r}, {c.normalization_type!r}")
     cfg = TransformerConfig(n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, d_head=c.d_head,
                             d_mlp=None if c.attn_only else c.d_mlp, d_vocab=c.d_vocab, n_ctx=c.n_ctx,

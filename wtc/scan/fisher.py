@@ -13,6 +13,9 @@ import torch
 from torch import nn
 
 
+MAX_SAMPLES = 100_000
+
+
 def fisher_estimate(model: nn.Module, tokens, params, readout=None, samples: int = 4,
                     seed: int = 0) -> dict[str, torch.Tensor]:
     """{name: 1/2 w^2 F_ii} shaped like each parameter (an estimate, float64)."""
@@ -23,8 +26,13 @@ def fisher_estimate(model: nn.Module, tokens, params, readout=None, samples: int
     from wtc.scan.inputs import as_tokens
 
     samples = arguments.positive_int(samples, "samples", ScanError)
+    if samples > MAX_SAMPLES:         # one backward pass per sample and sequence: 10**9 never ends
+        raise ScanError(f"samples must be a positive integer <= {MAX_SAMPLES} (label draws per sequence), got {samples}")
     seed = arguments.seed(seed, error=ScanError)
-    readout = readout or (lambda out: out)
+    if not (readout is None or callable(readout)):
+        raise ScanError(f"readout must be a callable (model output -> logits) or None, got {type(readout).__name__}")
+    user = readout
+    readout = (lambda out: out) if user is None else (lambda out: arguments.float_readout(user, out, ScanError))
     tokens = as_tokens(tokens, model)
     chosen = _select_params(model, params)
     fisher = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in chosen.items()}
@@ -33,6 +41,11 @@ def fisher_estimate(model: nn.Module, tokens, params, readout=None, samples: int
         seq = tokens[b:b + 1]
         for _ in range(samples):
             logits = readout(model(seq))                                       # (1, T, V)
+            if not torch.is_tensor(logits) or not logits.is_floating_point():
+                raise ScanError(f"the model returns {type(logits).__name__}, not float logits: pass readout= "
+                                "(output -> logits (B, T, V))")
+            if not torch.isfinite(logits).all():
+                raise ScanError(f"the logits of sequence {b} hold NaN or inf; the model or readout is broken for it")
             logp = torch.log_softmax(logits.double(), -1)
             y = torch.multinomial(logp.detach().exp().reshape(-1, logp.shape[-1]), 1, generator=gen)
             picked = logp.reshape(-1, logp.shape[-1]).gather(1, y).sum()

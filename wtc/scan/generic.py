@@ -55,6 +55,7 @@ from wtc.errors import WtcError
 from torch.utils._pytree import tree_leaves
 
 from wtc.hooks import has_hooks
+from wtc.errors import ScanError
 
 FORCE: str | None = None     # "rows" | "vmap" | "naive" | None (choose)
 LAST = None                  # weakref to the most recent Generic (its .method and copies per forward), for the bench
@@ -267,7 +268,7 @@ class Generic:
         self.budget = budget
         self.force = force if force is not None else FORCE
         if self.force not in (None, "rows", "vmap", "naive"):
-            raise ValueError(f"FORCE must be 'rows', 'vmap', 'naive' or None, got {self.force!r}")
+            raise ScanError(f"FORCE must be 'rows', 'vmap', 'naive' or None, got {self.force!r}")
         self.method: dict[str, str] = {}                   # parameter -> chosen method
         self.checked: set[str] = set()                     # rows parameters verified against the naive loop
         self._owners = None                                # parameter -> [(module, kind)] or None: no rows

@@ -20,10 +20,28 @@ from wtc.errors import ScanError
 from wtc.backend import choose
 
 
+class _Native:
+    """wtc._C's scan kernels, their ValueErrors (NaN/inf in, shapes) as ScanErrors naming the same."""
+
+    def __getattr__(self, name):
+        fn = getattr(_native.cpu_module(), name)
+
+        def call(*args):
+            try:
+                return fn(*args)
+            except ValueError as exc:
+                raise ScanError(f"{name}: {exc}") from None
+        return call
+
+
+def _cpu() -> _Native:
+    return _Native()
+
+
 def _check_finite(t: torch.Tensor, name: str) -> None:
     if not torch.isfinite(t).all():
         bad = (~torch.isfinite(t)).nonzero()[0].tolist()
-        raise ValueError(f"{name} holds a non-finite value at index {tuple(bad)}")
+        raise ScanError(f"{name} holds a non-finite value at index {tuple(bad)}")
 
 
 def kl_rows_reference(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -46,7 +64,7 @@ def kl_rows(logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         from wtc.kernels.kl import kl_rows as triton_kl_rows
         return triton_kl_rows(logp, logits)
     if backend == "native":
-        out = _native.cpu_module().kl_rows(logp.detach().double().contiguous().numpy(),
+        out = _cpu().kl_rows(logp.detach().double().contiguous().numpy(),
                                            logits.detach().contiguous().numpy())
         return torch.from_numpy(out)
     _check_finite(logp, "logp")
@@ -63,7 +81,7 @@ def kl_rank1(logp: torch.Tensor, logits: torch.Tensor, delta: torch.Tensor, dire
         from wtc.kernels.kl import kl_rank1 as triton_kl_rank1
         return triton_kl_rank1(logp, logits, delta, direction)
     if backend == "native":
-        out = _native.cpu_module().kl_rank1(logp.detach().double().contiguous().numpy(),
+        out = _cpu().kl_rank1(logp.detach().double().contiguous().numpy(),
                                             *(t.detach().contiguous().numpy() for t in (logits, delta, direction)))
         return torch.from_numpy(out)
     return kl_rows(logp, logits[None] + delta[:, :, None] * direction[:, None, :])
@@ -83,14 +101,14 @@ def kl_unembed(logp: torch.Tensor, h: torch.Tensor, W: torch.Tensor, v=None, j=N
     major): KL summed over positions (float64, (M,)) and per position ((M, N), when asked)."""
     N, V = logp.shape
     if h.ndim != 2 or h.shape[0] != N or W.shape != (V, h.shape[1]):
-        raise ValueError(f"kl_unembed: logp (N, V)={tuple(logp.shape)}, h (N, D)={tuple(h.shape)}, "
+        raise ScanError(f"kl_unembed: logp (N, V)={tuple(logp.shape)}, h (N, D)={tuple(h.shape)}, "
                          f"W (V, D)={tuple(W.shape)} do not fit together")
     if v is None:
         v, j = (t.flatten() for t in torch.meshgrid(torch.arange(V), torch.arange(W.shape[1]), indexing="ij"))
     v, j = torch.as_tensor(v, dtype=torch.int64), torch.as_tensor(j, dtype=torch.int64)
     v, j = v.to(h.device), j.to(h.device)
     if choose("scan.kl_unembed", h, dtype=(h.dtype, logp.dtype, W.dtype)) == "native":
-        total, per = _native.cpu_module().kl_unembed(
+        total, per = _cpu().kl_unembed(
             logp.detach().contiguous().numpy(), h.detach().contiguous().numpy(), W.detach().contiguous().numpy(),
             v.numpy(), j.numpy(), per_position)     # native: CPU tensors only
         return torch.from_numpy(total), (torch.from_numpy(per) if per_position else None)
@@ -126,6 +144,6 @@ def importance_positions(kl: torch.Tensor, mass: float = 0.9) -> list[np.ndarray
         if not (math.isfinite(lo) and math.isfinite(hi)) or lo < -max(1e-6 * hi, 1e-6):  # rounding leaves tiny negatives
             raise ScanError(f"importance_positions: kl must be finite and >= 0 (a KL divergence), got a minimum of {lo:.3g}")
     if choose("scan.importance_positions", kl) == "native":
-        offsets, pos = _native.cpu_module().importance_positions(kl.detach().float().contiguous().numpy(), mass)
+        offsets, pos = _cpu().importance_positions(kl.detach().float().contiguous().numpy(), mass)
         return np.split(pos, offsets[1:-1])
     return importance_positions_reference(kl.float(), mass)

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wtc.errors import TaskError
+
 P = 59
 PLUS, EQUALS, PAD = 59, 60, 61
 VAR0, N_VARS = 62, 12
@@ -57,7 +59,7 @@ TWO_VAR_POOLS = ("2var_valid", "2var_restricted1", "2var_restricted2", "2var_hel
 
 def var_token(letter: str) -> int:
     if len(letter) != 1 or not "a" <= letter <= "l":
-        raise ValueError(f"variables are the letters a-l, got {letter!r}")
+        raise TaskError(f"variables are the letters a-l, got {letter!r}")
     return VAR0 + ord(letter) - ord("a")
 
 
@@ -90,21 +92,21 @@ class AssignAdd:
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
-            raise ValueError(f"AssignAdd.variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
+            raise TaskError(f"AssignAdd.variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
         d_right, d_left, d_r, d_seed = _DEFAULTS[self.variant]
         self.no_right = tuple(d_right if self.no_right is None else self.no_right)
         self.no_left = tuple(d_left if self.no_left is None else self.no_left)
         self.r = d_r if self.r is None else self.r
         self.seed = d_seed if self.seed is None else self.seed
         if not 0.0 < self.f <= 1.0:
-            raise ValueError(f"AssignAdd.f (training fraction of pairs) must be in (0, 1], got {self.f}")
+            raise TaskError(f"AssignAdd.f (training fraction of pairs) must be in (0, 1], got {self.f}")
         what = "2-var row keep-probability" if self.variant == "authors" else "2-var share"
         if not 0.0 <= self.r <= 1.0:
-            raise ValueError(f"AssignAdd.r ({what}) must be in [0, 1], got {self.r}")
+            raise TaskError(f"AssignAdd.r ({what}) must be in [0, 1], got {self.r}")
         nr = [var_token(v) for v in self.no_right]
         nl = [var_token(v) for v in self.no_left]
         if set(nr) & set(nl):
-            raise ValueError(f"a variable cannot be barred from both sides: {sorted(set(self.no_right) & set(self.no_left))}")
+            raise TaskError(f"a variable cannot be barred from both sides: {sorted(set(self.no_right) & set(self.no_left))}")
         every = np.arange(VAR0, VAR0 + N_VARS)
         self.left_ok = np.array([v for v in every if v not in nl])     # allowed on the left in training
         self.right_ok = np.array([v for v in every if v not in nr])
@@ -176,15 +178,15 @@ class AssignAdd:
         lhs, rhs, k = np.asarray(lhs, np.int64), np.asarray(rhs, np.int64), np.asarray(k, np.int64)
         n = len(kind)
         if pairs.shape != (n, 2) or lhs.shape != (n,) or rhs.shape != (n,) or k.shape != (n,):
-            raise ValueError(f"pairs (n, 2), lhs, rhs and k (n,) must match {n} kinds")
+            raise TaskError(f"pairs (n, 2), lhs, rhs and k (n,) must match {n} kinds")
         left_is_var = (kind == 1) | (kind == 3)
         right_is_var = (kind == 2) | (kind == 3)
         n_ref = left_is_var.astype(np.int64) + right_is_var
         if (k < np.maximum(n_ref, 1)).any() or (k > MAX_ASSIGN).any():
-            raise ValueError(f"k (assignments) must lie in [referenced variables, {MAX_ASSIGN}]")
+            raise TaskError(f"k (assignments) must lie in [referenced variables, {MAX_ASSIGN}]")
         rows = np.arange(n)
         if (left_is_var & right_is_var & (lhs == rhs)).any():
-            raise ValueError("a 2-var sequence needs two distinct variables")
+            raise TaskError("a 2-var sequence needs two distinct variables")
         keys = rng.random((n, N_VARS))
         keys[rows[left_is_var], lhs[left_is_var] - VAR0] = -2.0          # the left variable in slot 0
         keys[rows[right_is_var], rhs[right_is_var] - VAR0] = -1.0        # then the right one
@@ -221,7 +223,7 @@ class AssignAdd:
         if two.any():                            # uniform over the distinct ordered pairs
             vp = np.array([(x, y) for x in left_vars for y in right_vars if x != y], np.int64).reshape(-1, 2)
             if not len(vp):
-                raise ValueError("no distinct variable pair fits these left / right variables")
+                raise TaskError("no distinct variable pair fits these left / right variables")
             pick = vp[rng.integers(0, len(vp), int(two.sum()))]
             lhs[two], rhs[two] = pick[:, 0], pick[:, 1]
         if training:
@@ -243,7 +245,7 @@ class AssignAdd:
             if len(vp) and len(number_pairs):
                 parts.append((np.repeat(number_pairs, len(vp), 0), np.tile(vp, (len(number_pairs), 1)), c))
         if not parts:
-            raise ValueError("this split and these restrictions leave the 2-var union empty")
+            raise TaskError("this split and these restrictions leave the 2-var union empty")
         pairs = np.concatenate([p[0] for p in parts])
         vp = np.concatenate([p[1] for p in parts])
         cat = np.concatenate([np.full(len(p[0]), p[2]) for p in parts])
@@ -280,9 +282,9 @@ class AssignAdd:
         pairs, kind = np.asarray(pairs, np.int64), np.asarray(kind, np.int64)
         n = len(kind)
         if pairs.shape != (n, 2) or pairs.min(initial=0) < 0 or pairs.max(initial=0) >= P:
-            raise ValueError(f"pairs must be (n, 2) numbers in [0, {P}) matching {n} kinds, got {pairs.shape}")
+            raise TaskError(f"pairs must be (n, 2) numbers in [0, {P}) matching {n} kinds, got {pairs.shape}")
         if kind.min(initial=0) < 0 or kind.max(initial=0) > 3:
-            raise ValueError("kind indexes KINDS (0-3)")
+            raise TaskError("kind indexes KINDS (0-3)")
         if self.variant == "authors":
             return self._authors_build(rng, pairs, kind, left_vars, right_vars)
         left_is_var = (kind == 1) | (kind == 3)
@@ -386,7 +388,7 @@ class AssignAdd:
         sizes = self.union_size()
         total = sum(sizes.values())
         if not total:
-            raise ValueError("this split and these restrictions leave the 2-var union empty")
+            raise TaskError("this split and these restrictions leave the 2-var union empty")
         cat = rng.choice(len(sizes), size=m, p=np.array(list(sizes.values())) / total)
         pairs = np.empty((m, 2), np.int64)
         vps = np.empty((m, 2), np.int64)
