@@ -429,3 +429,20 @@ def test_corpus_manifest_that_is_not_an_object_and_negative_slice_seeds_are_name
     with pytest.raises(CorpusError, match="seed must be a non-negative integer, got -1"):
         slice_starts(1000, 10, 2, 2, seed=-1)
     assert slice_starts(1000, 10, 2, 2, seed=np.int64(3)).shape == (2, 2)
+
+
+def test_from_tl_state_dict_names_what_does_not_fit():
+    from wtc.models.tl import from_tl_state_dict, to_tl_state_dict
+    m = Transformer(_cfg(), seed=0)
+    sd = to_tl_state_dict(m)
+    torch.testing.assert_close(from_tl_state_dict(sd, _cfg())(TOKENS), m(TOKENS), rtol=0, atol=0)
+    cases = [({**sd, "embed.W_E": torch.zeros(6, 8)}, "does not fit this TransformerConfig"),
+             ({**sd, "embed.W_E": torch.full((5, 8), float("nan"))}, r"non-finite values .*embed.W_E"),
+             ({k: v.long() for k, v in sd.items()}, "real floating-point tensors"),
+             ({**sd, "embed.W_E": sd["embed.W_E"].to(torch.cfloat)}, "real floating-point tensors"),
+             ({**sd, "embed.W_E": sd["embed.W_E"].double()}, "mix dtypes"),
+             ({k: v.numpy() for k, v in sd.items()}, "values must be tensors"),
+             ([1, 2], "state must be a state dict")]
+    for state, match in cases:
+        with pytest.raises(ModelConfigError, match=match):
+            from_tl_state_dict(state, _cfg())

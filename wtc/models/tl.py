@@ -51,6 +51,22 @@ def from_tl_state_dict(state: dict[str, torch.Tensor], cfg: TransformerConfig) -
     """A wtc Transformer with `cfg` from a HookedTransformer-layout state dict. The MLP of a block
     outside cfg.mlp_layers, and every bias when cfg.bias is False, must be exactly zero there:
     dropping them must not change the function."""
+    if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+        raise ModelConfigError(f"state must be a state dict (parameter name -> tensor), got {type(state).__name__}")
+    bad = [k for k, v in state.items() if not torch.is_tensor(v)]
+    if bad:
+        raise ModelConfigError(f"state dict values must be tensors; {bad[:3]} are {type(state[bad[0]]).__name__}")
+    weights = {k: v for k, v in state.items() if not (k.endswith("IGNORE") or k.endswith(".mask"))}
+    bad = [k for k, v in weights.items() if not v.is_floating_point()]
+    if bad:
+        raise ModelConfigError(f"state dict weights must be real floating-point tensors; {bad[:3]} are "
+                               f"{weights[bad[0]].dtype}")
+    dtypes = sorted({str(v.dtype) for v in weights.values()})
+    if len(dtypes) > 1:           # loading casts every tensor to one dtype: a float16 one would round the rest
+        raise ModelConfigError(f"state dict weights mix dtypes {dtypes}; convert them to one first")
+    bad = [k for k, v in weights.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise ModelConfigError(f"state dict holds non-finite values (NaN or inf) in {bad[:5]}")
     model = Transformer(cfg)
     ours = model.state_dict()
     dropped = [k for k in state if k not in ours and not (k.endswith("IGNORE") or k.endswith(".mask"))]
@@ -70,7 +86,10 @@ def from_tl_state_dict(state: dict[str, torch.Tensor], cfg: TransformerConfig) -
         raise ModelConfigError(f"state dict lacks {missing}")
     dtype = next(v.dtype for v in state.values() if v.is_floating_point())
     model = model.to(dtype)
-    model.load_state_dict({k: state[k] for k in ours})
+    try:
+        model.load_state_dict({k: state[k] for k in ours})
+    except RuntimeError as exc:                 # shapes that do not fit the config
+        raise ModelConfigError(f"the state dict does not fit this TransformerConfig: {exc}") from None
     return model.eval()
 
 
