@@ -446,3 +446,25 @@ def test_from_tl_state_dict_names_what_does_not_fit():
     for state, match in cases:
         with pytest.raises(ModelConfigError, match=match):
             from_tl_state_dict(state, _cfg())
+
+
+def test_scan_store_names_bad_paths_and_identities(tmp_path):
+    from wtc.scan.store import ScanStore
+    with pytest.raises(ScanError, match="non-empty str or Path, got 5"):
+        ScanStore(5)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ScanError, match="cannot create its directory"):
+        ScanStore(tmp_path / "file" / "scan.sqlite")
+    with pytest.raises(ScanError, match="identity must be JSON data"):
+        ScanStore(tmp_path / "ok.sqlite").bind({"a": object()})
+
+
+def test_markov_source_names_bad_arguments_before_allocating():
+    from wtc.models.lm import MarkovSource
+    for args, kw, match in [((4.5, 8), {}, "vocab must be an int"), ((4, True), {}, "seq_len must be an int"),
+                            ((4, 8), {"seed": -1}, "seed must be a seed"),
+                            ((10**9, 8), {}, "vocab must be at most 16384")]:
+        with pytest.raises(ArgumentError, match=match):
+            MarkovSource(*args, **kw)
+    src = MarkovSource(np.int64(4), 8, seed=np.int64(1))
+    assert src.sample(np.random.default_rng(0), 3).shape == (3, 8)

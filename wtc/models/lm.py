@@ -7,7 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from wtc.models.training import TrainConfig, train
+from wtc import arguments
 from wtc.errors import ArgumentError
+
+MAX_VOCAB = 16384
 
 
 class MarkovSource:
@@ -15,10 +18,16 @@ class MarkovSource:
     Dirichlet weights, so a trained model has real structure to find."""
 
     def __init__(self, vocab: int, seq_len: int, branching: int = 3, seed: int = 0):
+        for name, v in (("vocab", vocab), ("seq_len", seq_len), ("branching", branching)):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise ArgumentError(f"MarkovSource {name} must be an int, got {v!r}")
         if vocab < 2 or seq_len < 2 or not 1 <= branching <= vocab:
             raise ArgumentError(f"MarkovSource needs vocab >= 2, seq_len >= 2, 1 <= branching <= vocab; "
                              f"got {vocab}, {seq_len}, {branching}")
-        rng = np.random.default_rng(seed)
+        if vocab > MAX_VOCAB:            # the transition matrix is vocab x vocab float64
+            raise ArgumentError(f"MarkovSource vocab must be at most {MAX_VOCAB} (its {vocab} x {vocab} transition "
+                                f"matrix would need {8 * vocab ** 2 / 2**30:.3g} GiB), got {vocab}")
+        rng = np.random.default_rng(arguments.seed(seed, error=ArgumentError))
         self.vocab, self.seq_len = vocab, seq_len
         self.P = np.zeros((vocab, vocab))
         for v in range(vocab):

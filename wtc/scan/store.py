@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import struct
 from pathlib import Path
@@ -33,8 +34,13 @@ class ScanStore:
     """weights(param, idx, total KL, importance positions int32, full per-position KL float32 or NULL)."""
 
     def __init__(self, path: str | Path):
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise ScanError(f"a scan store path must be a non-empty str or Path, got {path!r}")
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ScanError(f"{self.path}: cannot create its directory ({exc.strerror or exc})") from None
         try:
             self.db = sqlite3.connect(str(self.path), timeout=60)
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -53,7 +59,10 @@ class ScanStore:
     def bind(self, meta: dict) -> None:
         """Record what this store is for, or check that it matches a previous run."""
         old = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
-        new = {k: json.dumps(v, sort_keys=True) for k, v in meta.items()}
+        try:
+            new = {k: json.dumps(v, sort_keys=True) for k, v in meta.items()}
+        except (TypeError, ValueError) as exc:
+            raise ScanError(f"{self.path}: the scan's identity must be JSON data: {exc}") from None
         if old:
             for key, value in new.items():
                 if key in old and old[key] != value:
