@@ -79,7 +79,7 @@ def sentence(c, rng: np.random.Generator, *, split: str, modifier: str | None, n
     AMBIGUOUS nouns, uniformly. Evaluation sentences' modifier nouns are definite nouns (an attractor
     has the other number), and a subject relative clause after an ambiguous evaluation subject has a
     past-tense verb (so that nothing but the prior tells the subject's number)."""
-    from wtc.tasks import agreement as A
+    from wtc.tasks import agreement_words as A
 
     n, n_def = len(c.nouns), c.n_definite
     w = c.noun_weights
