@@ -45,10 +45,34 @@ def test_verify_refuses_a_program_of_another_task_and_bad_models(prev2_model):
 
 def test_program_refuses_other_shapes_and_text(prev2_model):
     program = extract(prev2_model, "prev2")
-    for bad, match in ((np.zeros((2, 3, 2)), r"takes \(n, T, 1\)"), ("abc", "takes numbers")):
+    for bad, match in ((np.zeros((2, 3, 2)), r"takes \(n, T, 1\)"), ("abc", "not a numeric array")):
         with pytest.raises(ProgramInputError, match=match) as err:
             program(bad)
         assert isinstance(err.value, (WtcError, ValueError))
+
+
+def test_program_and_predict_refuse_complex_ragged_and_non_finite_inputs(prev2_model):
+    """Probe 4: a complex input ran on its real part (silently wrong), NaN gave NaN outputs, an
+    empty batch came back (0,) and ragged lists were numpy's raw ValueError; bfloat16 is exact in
+    float32 and is taken."""
+    from wtc.errors import ModelInputError
+
+    program = extract(prev2_model, "prev2")
+    x = wtc.tasks.get("prev2").draw(0, 4)[..., 0]
+    for call, error in ((program, ProgramInputError), (prev2_model.predict, ModelInputError)):
+        with pytest.raises(error, match="is complex"):
+            call(x + 1j)
+        with pytest.raises(error, match="not a numeric array"):
+            call([[1, 2], [3]])
+        with pytest.raises(error, match="nan|NaN"):
+            call(np.full_like(x, np.nan, dtype=float))
+        got = call(torch.tensor(x).bfloat16())
+        assert np.array_equal(got, call(x))
+    with pytest.raises(ProgramInputError, match=r"holds inf at index \(0, 3, 0\)"):
+        bad = x.astype(float)
+        bad[0, 3] = np.inf
+        program(bad)
+    assert program(x[:0]).shape == (0, x.shape[1])
 
 
 def test_discovery_save_needs_a_directory(tmp_path):

@@ -90,3 +90,28 @@ def no_unknown_keywords(what: str, given, known, error, listing: str = "it takes
         raise error(f"{what} {', '.join(map(repr, unknown))}{f' (did you mean {near}?)' if near else ''}; "
                     f"{listing}: {', '.join(known)}")
 
+
+
+def real_array(x, name: str, error=ArgumentError):
+    """x (a numpy array, torch tensor of any float dtype, bfloat16 included, nested lists) as a
+    float64 numpy array; complex, ragged and non-numeric input is refused by `error` naming `name`
+    (numpy would drop an imaginary part with a warning, or fail with its own message)."""
+    import sys
+
+    import numpy as np
+
+    torch = sys.modules.get("torch")       # no torch import here: a tensor means torch is loaded
+    if torch is not None and isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        x = x.float() if x.dtype == torch.bfloat16 else x
+        x = x.resolve_conj().numpy() if x.is_complex() else x.numpy()
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError) as exc:
+        raise error(f"{name} is not a numeric array: {exc}") from None
+    if np.iscomplexobj(a):
+        raise error(f"{name} is complex; real numbers are expected")
+    try:
+        return a.astype(np.float64)
+    except (TypeError, ValueError) as exc:
+        raise error(f"{name} is not a numeric array ({a.dtype}): {exc}") from None

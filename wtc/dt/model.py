@@ -282,14 +282,10 @@ class DiscreteTransformer(Hooked):
     def check_inputs(self, x) -> np.ndarray:
         """x as float64 (n, T, n_inputs); refuses other shapes, empty batches, complex, NaN/inf and
         magnitudes float32 cannot hold (the model computes in float32: they would come back NaN)."""
+        from wtc.arguments import real_array
         from wtc.tasks.task import MAX_MAGNITUDE
 
-        if np.iscomplexobj(x):
-            raise ModelInputError("x is complex; the model takes real inputs")
-        try:
-            x = np.asarray(x, dtype=np.float64)
-        except (TypeError, ValueError) as exc:
-            raise ModelInputError(f"x is not a numeric array: {exc}") from None
+        x = real_array(x, "x", ModelInputError)
         if x.ndim == 2 and self.n_inputs == 1:
             x = x[:, :, None]
         if x.ndim != 3 or x.shape[1:] != (self.seq_len, self.n_inputs):

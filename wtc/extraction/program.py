@@ -209,15 +209,20 @@ class Program:
         return self._fn(xs)
 
     def __call__(self, x) -> np.ndarray:
-        try:
-            x = np.asarray(x, dtype=np.float64)
-        except (TypeError, ValueError) as exc:
-            raise ProgramInputError(f"program for {self.task!r} takes numbers, got {type(x).__name__}: {exc}") from None
+        from wtc.arguments import real_array
+
+        x = real_array(x, f"the input of the program for {self.task!r}", ProgramInputError)
         if x.ndim == 2 and self.n_inputs == 1:
             x = x[:, :, None]
         if x.ndim != 3 or x.shape[2] != self.n_inputs or x.shape[1] < 1:   # any length: the source loops over T
             raise ProgramInputError(f"program for {self.task!r} takes (n, T, {self.n_inputs}) inputs (read at "
                                     f"T = {self.seq_len}), got {x.shape}")
+        if not np.all(np.isfinite(x)):      # as model.predict: a program of NaNs would read as an answer
+            bad = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
+            raise ProgramInputError(f"the input of the program for {self.task!r} holds {x[bad]} at index {bad}; "
+                                    "programs take finite numbers")
+        if x.shape[0] == 0:                 # the shape a non-empty batch has, with no rows
+            return np.zeros((0, x.shape[1]) + ((self.n_outputs,) if self.n_outputs > 1 else ()))
         rows = []
         for seq in x:
             xs = seq[:, 0].tolist() if self.n_inputs == 1 else [tuple(r) for r in seq.tolist()]
