@@ -468,3 +468,15 @@ def test_markov_source_names_bad_arguments_before_allocating():
             MarkovSource(*args, **kw)
     src = MarkovSource(np.int64(4), 8, seed=np.int64(1))
     assert src.sample(np.random.default_rng(0), 3).shape == (3, 8)
+
+
+def test_study_configs_take_numpy_scalars_as_python_numbers():
+    import json
+    from dataclasses import asdict
+    from wtc.studies.assign_add import AssignAddStudy
+    from wtc.studies.sparse_dense import SparseDenseStudy
+    a = AssignAddStudy(lr=np.float32(0.001), scan_sequences=np.int64(64), seed=np.int64(3))
+    s = SparseDenseStudy(lr=np.float32(0.003), density=np.float64(0.02), abstopk=np.float32(0.25), seed=np.int64(1))
+    assert type(a.lr) is float and type(a.scan_sequences) is int and type(a.seed) is int
+    assert type(s.lr) is float and type(s.abstopk) is float and type(s.seed) is int
+    json.dumps(asdict(a)), json.dumps(asdict(s))          # config.json can be written

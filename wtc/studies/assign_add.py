@@ -98,14 +98,16 @@ class AssignAddStudy:
                 raise StudyError(f"AssignAddStudy.{name} must be a positive int, got {v!r}")
         for name in ("sweep_steps", "scan_sequences", "scan_attention_sample"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
                 raise StudyError(f"AssignAddStudy.{name} must be an int >= 0, got {v!r}")
+            setattr(self, name, int(v))          # a numpy integer as an int (config.json)
         for name in ("seed", "union_seed") + (("split_seed",) if self.split_seed is not None else ()):
-            seed_arg(getattr(self, name), f"AssignAddStudy.{name}", StudyError)
+            setattr(self, name, seed_arg(getattr(self, name), f"AssignAddStudy.{name}", StudyError))
         for name in ("lr", "weight_decay", "phase_jump"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
                 raise StudyError(f"AssignAddStudy.{name} must be a finite number, got {v!r}")
+            setattr(self, name, v.item() if isinstance(v, (np.integer, np.floating)) else v)
         if self.checkpoint_every % self.eval_every:
             raise StudyError(f"checkpoint_every ({self.checkpoint_every}) must be a multiple of eval_every "
                              f"({self.eval_every})")

@@ -21,6 +21,8 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 from wtc.arguments import seed as seed_arg
 from wtc.errors import StudyError
 from wtc.explain import report as explain_report
@@ -67,15 +69,16 @@ class SparseDenseStudy:
                 raise StudyError(f"SparseDenseStudy.{name} must be a positive int, got {v!r}")
         for name in ("lr", "density") + (("abstopk",) if self.abstopk is not None else ()):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
                 raise StudyError(f"SparseDenseStudy.{name} must be a finite number, got {v!r}")
+            setattr(self, name, v.item() if isinstance(v, (np.integer, np.floating)) else v)   # config.json
         if not self.lr > 0:
             raise StudyError(f"SparseDenseStudy.lr must be > 0, got {self.lr}")
         if not 0 < self.density < 1:
             raise StudyError(f"SparseDenseStudy.density must be in (0, 1), got {self.density}")
         if self.abstopk is not None and not 0 < self.abstopk <= 1:
             raise StudyError(f"SparseDenseStudy.abstopk must be None or a fraction in (0, 1], got {self.abstopk}")
-        seed_arg(self.seed, "SparseDenseStudy.seed", StudyError)
+        self.seed = seed_arg(self.seed, "SparseDenseStudy.seed", StudyError)
         if self.max_bytes is not None and (not isinstance(self.max_bytes, int) or isinstance(self.max_bytes, bool)
                                            or self.max_bytes < 1):
             raise StudyError(f"SparseDenseStudy.max_bytes must be None or a positive int, got {self.max_bytes!r}")
