@@ -480,3 +480,41 @@ def test_study_configs_take_numpy_scalars_as_python_numbers():
     assert type(a.lr) is float and type(a.scan_sequences) is int and type(a.seed) is int
     assert type(s.lr) is float and type(s.abstopk) is float and type(s.seed) is int
     json.dumps(asdict(a)), json.dumps(asdict(s))          # config.json can be written
+
+
+_WRITER = """
+import sys, torch
+from wtc.checkpoint_io import write_atomic, read
+stem, me = sys.argv[1], int(sys.argv[2])
+bad = 0
+for i in range(60):
+    write_atomic(stem, {"a": torch.full((2000,), float(me * 1000 + i))}, {"who": me, "i": i})
+    t, meta = read(stem)
+    bad += float(t["a"][0]) != meta["who"] * 1000 + meta["i"]
+print("mismatches", bad)
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the pair lock uses fcntl")
+def test_two_processes_saving_into_one_checkpoint_stem_do_not_collide(tmp_path):
+    """Two runs into one directory interleaved the renames of their temporary files: raw
+    FileNotFoundErrors in write_atomic and read, readers meeting a half-written .json.tmp."""
+    import subprocess
+    import sys
+    stem = str(tmp_path / "state")
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, stem, str(k)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for k in (1, 2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+        assert "mismatches 0" in out
+    from wtc.checkpoint_io import read
+    t, meta = read(stem)
+    assert float(t["a"][0]) == meta["who"] * 1000 + meta["i"]
+
+
+def test_reading_a_missing_checkpoint_leaves_no_lock_file(tmp_path):
+    from wtc.checkpoint_io import read
+    with pytest.raises(CheckpointError, match="missing"):
+        read(tmp_path / "nothing")
+    assert list(tmp_path.iterdir()) == []

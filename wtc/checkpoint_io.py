@@ -14,6 +14,7 @@ an edit is refused. A pair without digests (stripped, or written by another prog
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -111,6 +112,25 @@ def _checked(tensors, meta) -> tuple[dict[str, torch.Tensor], dict]:
     return out, meta
 
 
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on <path>.lock for one write or read of the pair: two processes saving into
+    one stem (two runs into one directory) would otherwise interleave the renames of their
+    temporary files (raw FileNotFoundErrors, a reader meeting a half-written .json.tmp). Where no
+    lock file can be made (a read-only directory, no fcntl) the operation runs unlocked."""
+    try:
+        import fcntl
+        fd = os.open(str(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                 # closing releases the lock
+
+
 def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     """Write <path>.safetensors and <path>.json so that a crash never leaves a half-written pair."""
     path = stem(path)
@@ -120,6 +140,11 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> No
     except OSError as exc:                   # a file or a broken symbolic link where a directory must be
         raise CheckpointError(f"cannot write the checkpoint {path}: {path.parent} cannot be made a directory "
                               f"({exc.strerror or exc})") from None
+    with _locked(path):
+        _write(path, tensors, meta)
+
+
+def _write(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     pair = uuid.uuid4().hex
     tmp_t, tmp_j = path.with_suffix(".safetensors.tmp"), path.with_suffix(".json.tmp")
     try:
@@ -151,6 +176,13 @@ def _json(f: Path) -> dict:
 
 def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     path = stem(path)
+    if not path.with_suffix(".safetensors").is_file():
+        return _read(path)                   # names what is missing (and leaves no lock file behind)
+    with _locked(path):
+        return _read(path)
+
+
+def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     tfile, jfile = path.with_suffix(".safetensors"), path.with_suffix(".json")
     for f in (tfile, jfile):
         if not f.is_file() and not (f == jfile and path.with_suffix(".json.tmp").is_file()):
