@@ -518,3 +518,61 @@ def test_reading_a_missing_checkpoint_leaves_no_lock_file(tmp_path):
     with pytest.raises(CheckpointError, match="missing"):
         read(tmp_path / "nothing")
     assert list(tmp_path.iterdir()) == []
+
+
+def _interrupted_scan(model, out, after=2):
+    """A scan into `out` stopped (KeyboardInterrupt) after `after` chunks."""
+    import wtc.scan.engine as engine
+    from wtc.scan import scan
+    orig, calls = engine._chunk, {"n": 0}
+
+    def chunk(*a, **k):
+        calls["n"] += 1
+        if calls["n"] > after:
+            raise KeyboardInterrupt
+        return orig(*a, **k)
+    engine._chunk = chunk
+    try:
+        scan(model, TOKENS_8, W_OUT, out=out, chunk=64, progress=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine._chunk = orig
+
+
+TOKENS_8 = torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(0))
+
+
+def _model_8():
+    return Transformer(_cfg(d_model=16, d_head=8, d_mlp=32, d_vocab=11, n_ctx=8), seed=0)
+
+
+def test_a_scan_resumed_with_other_hooks_is_refused(tmp_path):
+    """A hook changes the function scanned: resuming without it mixed two functions' KLs (up to 40%
+    off on the chunks done before the interruption)."""
+    from wtc.scan import scan
+    m = _model_8()
+    m.add_hook("blocks.0.hook_attn_out", lambda v, hook: v * 0)
+    _interrupted_scan(m, tmp_path / "s")
+    m.reset_hooks()
+    with pytest.raises(ScanError, match="different hooks"):
+        scan(m, TOKENS_8, W_OUT, out=tmp_path / "s", chunk=64, progress=False)
+    # with the same hook it resumes, and gives what an uninterrupted hooked scan gives
+    m.add_hook("blocks.0.hook_attn_out", lambda v, hook: v * 0)
+    resumed = scan(m, TOKENS_8, W_OUT, out=tmp_path / "s", chunk=64, progress=False).total_kl[W_OUT]
+    fresh = scan(m, TOKENS_8, W_OUT, chunk=64, progress=False).total_kl[W_OUT]
+    torch.testing.assert_close(resumed, fresh, rtol=0, atol=1e-12)
+
+
+def test_a_store_written_before_hooks_were_recorded_still_resumes(tmp_path):
+    from wtc.scan import scan
+    from wtc.scan.store import ScanStore
+    m = _model_8()
+    _interrupted_scan(m, tmp_path / "s")
+    store = ScanStore(tmp_path / "s" / "scan.sqlite")
+    with store.db:
+        store.db.execute("DELETE FROM meta WHERE key = 'hooks'")    # as an older wtc wrote it
+    store.close()
+    resumed = scan(m, TOKENS_8, W_OUT, out=tmp_path / "s", chunk=64, progress=False).total_kl[W_OUT]
+    torch.testing.assert_close(resumed, scan(m, TOKENS_8, W_OUT, chunk=64, progress=False).total_kl[W_OUT],
+                               rtol=0, atol=1e-12)

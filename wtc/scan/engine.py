@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from wtc.hooks import has_hooks, hook_modules
 from wtc.errors import ScanError, UnknownName
 from wtc.arguments import float_readout
-from wtc.scan.inputs import architecture, as_tokens, positive_int, readout_identity, tensor_bytes
+from wtc.scan.inputs import architecture, as_tokens, hooks_identity, positive_int, readout_identity, tensor_bytes
 from wtc.scan.generic import Generic
 from wtc.scan.kl import importance_positions, kl_rows, kl_unembed
 from wtc.scan.result import ScanResult
@@ -344,7 +344,7 @@ def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, pr
     nonzero = {n: int(m.sum()) for n, m in masks.items()}
     if keep_positions is None:
         keep_positions = sum(nonzero.values()) * N * 4 <= KEEP_POSITIONS_BYTES
-    meta = {**_fingerprint(model, tokens), "architecture": architecture(model),
+    meta = {**_fingerprint(model, tokens), "architecture": architecture(model), "hooks": hooks_identity(model),
             "readout": readout_identity(ev.readout_given), "params": sorted(chosen), "mass": mass, "keep_positions": keep_positions,
             "positions_sha256": None if ev.counted is None else hashlib.sha256(ev.counted.cpu().numpy().tobytes()).hexdigest(),
             "chunk": chunk, "weights_sha256": hashlib.sha256(b"".join(

@@ -130,6 +130,18 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
+def hooks_identity(model: nn.Module) -> str | None:
+    """None when no forward (pre-)hook is registered on the model or its submodules; else a digest
+    of where each one is and what it is (its code, constants and closure, as for a readout): a hook
+    changes the function scanned, so a store resumed with other hooks (or none) would mix two."""
+    parts = []
+    for name, module in model.named_modules():
+        for kind, hooks in (("pre", module._forward_pre_hooks), ("post", module._forward_hooks)):
+            for fn in hooks.values():
+                parts.append(f"{name}:{kind}:{readout_identity(fn)}")
+    return _sha("\n".join(parts)) if parts else None
+
+
 def _cell_bytes(value) -> bytes:
     if isinstance(value, torch.Tensor):
         return tensor_bytes(value)

@@ -68,7 +68,8 @@ class ScanStore:
                 if key in old and old[key] != value:
                     raise ScanError(f"{self.path}: this store was written for a different {key} "
                                      f"({old[key][:80]} != {value[:80]}); use a new output directory")
-            missing = set(new) - set(old)
+            # a key this wtc records as null may be absent from a store written before it recorded it
+            missing = {k for k in set(new) - set(old) if new[k] != "null"}
             if missing:
                 raise ScanError(f"{self.path}: store lacks {sorted(missing)}; use a new output directory")
             return
