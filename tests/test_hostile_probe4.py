@@ -576,3 +576,16 @@ def test_a_store_written_before_hooks_were_recorded_still_resumes(tmp_path):
     resumed = scan(m, TOKENS_8, W_OUT, out=tmp_path / "s", chunk=64, progress=False).total_kl[W_OUT]
     torch.testing.assert_close(resumed, scan(m, TOKENS_8, W_OUT, chunk=64, progress=False).total_kl[W_OUT],
                                rtol=0, atol=1e-12)
+
+
+def test_study_helpers_raise_study_errors_that_stay_value_errors():
+    from wtc.errors import StudyError
+    from wtc.studies.sparse_dense_controls import shuffle_within_blocks
+    from wtc.studies.sparse_dense_defs import wilson
+    for call, match in [(lambda: shuffle_within_blocks(np.zeros((2, 2), dtype=np.int64), 4, 0), "must be 1-D"),
+                        (lambda: shuffle_within_blocks(np.zeros(8, dtype=np.int64), 1, 0), "block must be an int >= 2"),
+                        (lambda: wilson(5, 3), "need 0 <= k <= n")]:
+        with pytest.raises(StudyError, match=match):
+            call()
+        with pytest.raises(ValueError):
+            call()

@@ -56,6 +56,10 @@ class ScanError(WtcError, ValueError):
     """A scan was given tokens, parameters or options it cannot use, or a store it cannot resume."""
 
 
+class ScanUnavailable(ScanError, RuntimeError):
+    """What a scan result was asked for cannot be had from what it kept (also a RuntimeError)."""
+
+
 class UnknownName(WtcError, KeyError):
     """A name (parameter, hook, scanned weight) that does not exist; the message lists what does."""
 

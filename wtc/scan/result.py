@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from wtc.errors import IndexOutOfRange, ScanError, UnknownName
+from wtc.errors import IndexOutOfRange, ScanError, ScanUnavailable, UnknownName
 from wtc.scan.kl import importance_positions as _importance
 
 
@@ -50,7 +50,7 @@ class ScanResult:
         elif row[2] is not None:
             return torch.from_numpy(row[2].astype(np.float64))
         if self._recompute is None:
-            raise RuntimeError(f"{name}{list(np.unravel_index(flat, self.shapes[name]))}: per-position KL was "
+            raise ScanUnavailable(f"{name}{list(np.unravel_index(flat, self.shapes[name]))}: per-position KL was "
                                "not kept in the store and this result has no model to recompute it from")
         return self._recompute(name, flat)
 

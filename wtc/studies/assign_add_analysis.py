@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from wtc.tasks.assign_add import ANSWER_POS, P, PREFIX, VAR0
+from wtc.errors import StudyError
 
 L1_PATTERN = "blocks.0.attn.hook_pattern"
 L2_PATTERN = "blocks.1.attn.hook_pattern"
@@ -133,7 +134,7 @@ def frequency_analysis(pre: torch.Tensor, share: float = 0.5, key_min: float = 0
     k = 1..29; key frequencies: those holding at least `key_min` of the single-frequency neurons."""
     pre = torch.as_tensor(pre).double()
     if pre.ndim != 2 or pre.shape[0] != P * P:
-        raise ValueError(f"pre-activations must be ({P * P}, neurons), got {tuple(pre.shape)}")
+        raise StudyError(f"pre-activations must be ({P * P}, neurons), got {tuple(pre.shape)}")
     M = pre.shape[1]
     G = pre.T.reshape(M, P, P)
     G = G - G.mean((1, 2), keepdim=True)
@@ -175,7 +176,7 @@ def additive_fourier_fit(pre, r2_min: float = 0.9) -> dict:
     form); each neuron's best k and its R^2. A neuron fits when R^2 >= r2_min."""
     pre = torch.as_tensor(pre).double()
     if pre.ndim != 2 or pre.shape[0] != P * P:
-        raise ValueError(f"pre-activations must be ({P * P}, neurons), got {tuple(pre.shape)}")
+        raise StudyError(f"pre-activations must be ({P * P}, neurons), got {tuple(pre.shape)}")
     n, m = torch.meshgrid(torch.arange(P, dtype=torch.float64), torch.arange(P, dtype=torch.float64), indexing="ij")
     n, m = n.flatten(), m.flatten()
     y = pre - pre.mean(0, keepdim=True)

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from wtc.errors import StudyError
+
 
 def ols(X: np.ndarray, y: np.ndarray, level: float = 0.95) -> dict:
     """Coefficients of y ~ X (X includes the intercept column), their standard errors and
@@ -50,7 +52,7 @@ def fit_all(omega, p, tau) -> dict:
     """The fits of the module doc over runs (omega_i, p_i, tau_i), tau > 0."""
     w, m, t = (np.asarray(v, float) for v in (omega, p, tau))
     if len(t) and (t <= 0).any():
-        raise ValueError("tau must be > 0 (a log-log fit)")
+        raise StudyError("tau must be > 0 (a log-log fit)")
     n = len(t)
     out: dict = {"n": n}
     if n == 0:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from wtc.errors import StudyError
+
 CONTROLS = ("random", "shuffled")
 
 
@@ -32,9 +34,9 @@ def shuffle_within_blocks(tokens: np.ndarray, block: int, seed: int = 0) -> np.n
     multiset of tokens in each block is unchanged."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 1:
-        raise ValueError(f"shuffle_within_blocks: tokens must be 1-D, got shape {tokens.shape}")
+        raise StudyError(f"shuffle_within_blocks: tokens must be 1-D, got shape {tokens.shape}")
     if not isinstance(block, int) or isinstance(block, bool) or block < 2:
-        raise ValueError(f"shuffle_within_blocks: block must be an int >= 2, got {block!r}")
+        raise StudyError(f"shuffle_within_blocks: block must be an int >= 2, got {block!r}")
     rng = np.random.default_rng([seed, 97])
     n_full = len(tokens) // block
     head = tokens[:n_full * block].reshape(n_full, block)

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from wtc.explain import predicate_search
 from wtc.explain.explainer import Scorer, _context_text, _scores, reliability, sample_weights
 from wtc.scan.engine import scan
+from wtc.errors import StudyError
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:
     if n <= 0:
         return None
     if not 0 <= k <= n:
-        raise ValueError(f"wilson: need 0 <= k <= n, got k={k}, n={n}")
+        raise StudyError(f"wilson: need 0 <= k <= n, got k={k}, n={n}")
     p, z2 = k / n, z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
