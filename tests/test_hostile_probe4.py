@@ -617,3 +617,12 @@ def test_ace_runs_a_model_left_in_train_mode_in_eval_mode_and_restores_it():
     torch.testing.assert_close(core.s, ref.s)
     assert validate(core, m, X, labels)["baseline_acc"] == 1.0
     assert m.training and m.d.training and not m.o.training
+
+
+def test_fisher_estimate_runs_in_eval_mode_and_restores_the_mode():
+    from wtc.scan import fisher_estimate
+    m = Transformer(_cfg(), seed=0)
+    ref = fisher_estimate(m.eval(), TOKENS, W_OUT, samples=2)[W_OUT]
+    m.train()
+    torch.testing.assert_close(fisher_estimate(m, TOKENS, W_OUT, samples=2)[W_OUT], ref, rtol=0, atol=0)
+    assert m.training

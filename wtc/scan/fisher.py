@@ -37,6 +37,19 @@ def fisher_estimate(model: nn.Module, tokens, params, readout=None, samples: int
     chosen = _select_params(model, params)
     fisher = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in chosen.items()}
     gen = torch.Generator().manual_seed(seed)
+    modes = [(m, m.training) for m in model.modules()]      # as scan: dropout would be noise here
+    model.eval()
+    try:
+        _accumulate(model, tokens, chosen, fisher, readout, samples, gen)
+    finally:
+        for m, training in modes:
+            m.training = training
+    return {n: 0.5 * chosen[n].detach().double() ** 2 * f for n, f in fisher.items()}
+
+
+def _accumulate(model, tokens, chosen, fisher, readout, samples, gen) -> None:
+    from wtc.errors import ScanError
+
     for b in range(tokens.shape[0]):
         seq = tokens[b:b + 1]
         for _ in range(samples):
@@ -53,4 +66,3 @@ def fisher_estimate(model: nn.Module, tokens, params, readout=None, samples: int
             for (name, _), g in zip(chosen.items(), grads):
                 if g is not None:
                     fisher[name] += g.double() ** 2 / samples
-    return {n: 0.5 * chosen[n].detach().double() ** 2 * f for n, f in fisher.items()}
