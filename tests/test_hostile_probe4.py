@@ -626,3 +626,11 @@ def test_fisher_estimate_runs_in_eval_mode_and_restores_the_mode():
     m.train()
     torch.testing.assert_close(fisher_estimate(m, TOKENS, W_OUT, samples=2)[W_OUT], ref, rtol=0, atol=0)
     assert m.training
+
+
+def test_explain_leaves_the_model_in_the_mode_it_was_given():
+    from wtc.explain import explain
+    m = _byte_model().train()
+    tok = torch.randint(0, 256, (3, 8), generator=torch.Generator().manual_seed(0))
+    explain(m, tok, [tok], sample=1, progress=False)
+    assert m.training

@@ -158,6 +158,23 @@ def _given_weights(model, weights) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
+def _restoring_mode(fn):
+    """fn(model, ...) with every submodule's train/eval mode as it was afterwards (explain runs the
+    model in eval mode; it used to leave a model in training in eval mode)."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(model, *args, **kwargs):
+        modes = [(m, m.training) for m in model.modules()] if isinstance(model, torch.nn.Module) else []
+        try:
+            return fn(model, *args, **kwargs)
+        finally:
+            for m, training in modes:
+                m.training = training
+    return run
+
+
+@_restoring_mode
 def explain(model, search_tokens, slices: list, sample: int = 100, params=None, seed: int = 0, proposer=None,
             threshold: float = 0.75, max_coverage: float = 0.5, candidates: int = 5, beam: int = 10,
             max_atoms: int = 3, progress: bool = True, proposer_timeout_s: float = 60.0, weights=None,
