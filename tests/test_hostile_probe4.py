@@ -634,3 +634,31 @@ def test_explain_leaves_the_model_in_the_mode_it_was_given():
     tok = torch.randint(0, 256, (3, 8), generator=torch.Generator().manual_seed(0))
     explain(m, tok, [tok], sample=1, progress=False)
     assert m.training
+
+
+_IDENTITY = """
+import functools
+from wtc.scan.inputs import readout_identity
+comprehension = lambda out: out[..., [i for i in range(3)]]
+partial = functools.partial(lambda out, k: out * k, k=2)
+class Readout:
+    def __call__(self, out):
+        return out
+print(readout_identity(comprehension), readout_identity(partial), readout_identity(Readout()))
+"""
+
+
+def test_readout_identities_are_the_same_in_every_process():
+    """A readout with a comprehension (a nested code object, whose repr holds its address), a
+    functools.partial or a plain callable object got another identity after every restart, so its
+    scans could never be resumed ('a different readout')."""
+    import subprocess
+    import sys
+    runs = [subprocess.run([sys.executable, "-c", _IDENTITY], capture_output=True, text=True, timeout=120)
+            for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    assert runs[0].stdout == runs[1].stdout
+    from wtc.scan.inputs import readout_identity
+    import functools
+    f = lambda out, k: out * k                                    # noqa: E731
+    assert readout_identity(functools.partial(f, k=2)) != readout_identity(functools.partial(f, k=3))

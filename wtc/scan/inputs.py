@@ -8,8 +8,11 @@ would be silently wrong.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import inspect
+import re
+import types
 
 import numpy as np
 import torch
@@ -112,9 +115,14 @@ def readout_identity(readout) -> str:
         return "default"
     fn = getattr(readout, "__func__", readout)
     code = getattr(fn, "__code__", None)
+    if isinstance(readout, functools.partial):      # its function's identity and its bound arguments
+        inner = readout_identity(readout.func)
+        bound = b"".join(_cell_bytes(v) for v in readout.args) + b"".join(
+            k.encode() + _cell_bytes(v) for k, v in sorted(readout.keywords.items()))
+        return f"functools.partial:{inner}:{hashlib.sha256(bound).hexdigest()[:16]}"
     if code is None:        # a callable object (e.g. an nn.Module): its type and repr
-        return f"{type(readout).__module__}.{type(readout).__qualname__}:{_sha(repr(readout))}"
-    parts = [code.co_code, repr(code.co_consts).encode(), repr(code.co_names).encode()]
+        return f"{type(readout).__module__}.{type(readout).__qualname__}:{_sha(_stable(repr(readout)))}"
+    parts = [code.co_code, _consts_bytes(code), repr(code.co_names).encode()]
     for cell in fn.__closure__ or ():
         try:
             parts.append(_cell_bytes(cell.cell_contents))
@@ -122,6 +130,27 @@ def readout_identity(readout) -> str:
             parts.append(b"<empty>")
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
     return f"{name}:{hashlib.sha256(b''.join(parts)).hexdigest()[:16]}"
+
+
+def _consts_bytes(code) -> bytes:
+    """A code object's constants as bytes that are the same in every process: a nested code object
+    (a comprehension, an inner lambda) is its own code, constants and names, not its repr, which
+    holds its memory address (so a readout with a comprehension had another identity after every
+    restart, and its scans could never be resumed). Without nested code: repr, as before."""
+    if not any(isinstance(c, types.CodeType) for c in code.co_consts):
+        return repr(code.co_consts).encode()
+    out = []
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out.append(b"<code " + c.co_code + _consts_bytes(c) + repr(c.co_names).encode() + b">")
+        else:
+            out.append(repr(c).encode())
+    return b"(" + b", ".join(out) + b")"
+
+
+def _stable(text: str) -> str:
+    """A repr without memory addresses ('<function f at 0x7f..>'), which differ from run to run."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
@@ -147,9 +176,9 @@ def _cell_bytes(value) -> bytes:
         return tensor_bytes(value)
     if isinstance(value, np.ndarray):
         return value.tobytes()
-    if inspect.isfunction(value):
+    if inspect.isfunction(value) or isinstance(value, functools.partial):
         return readout_identity(value).encode()
-    return repr(value).encode()
+    return _stable(repr(value)).encode()
 
 
 def _sha(text: str) -> str:
