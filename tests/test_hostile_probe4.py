@@ -662,3 +662,10 @@ def test_readout_identities_are_the_same_in_every_process():
     import functools
     f = lambda out, k: out * k                                    # noqa: E731
     assert readout_identity(functools.partial(f, k=2)) != readout_identity(functools.partial(f, k=3))
+
+
+@pytest.mark.parametrize("name", ["a\nb", "tab\there", "nul\x00"])
+def test_task_names_with_control_characters_are_refused(name):
+    with pytest.raises(TaskError, match="task name must be printable"):
+        _task(name=name)
+    assert _task(name="τάσκ ✓ / 1").name == "τάσκ ✓ / 1"

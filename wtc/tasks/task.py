@@ -56,6 +56,9 @@ class Task:
         label = f"task {self.name!r}"
         if not isinstance(self.name, str) or not self.name.strip():
             raise TaskError(f"task name must be a non-empty string, got {self.name!r}")
+        if any(not c.isprintable() for c in self.name):
+            raise TaskError(f"task name must be printable (no newlines, tabs or control characters: it heads "
+                            f"reports and one-line errors), got {self.name!r}")
         for attr in ("seq_len", "n_inputs", "n_outputs"):
             value = getattr(self, attr)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
