@@ -669,3 +669,20 @@ def test_task_names_with_control_characters_are_refused(name):
     with pytest.raises(TaskError, match="task name must be printable"):
         _task(name=name)
     assert _task(name="τάσκ ✓ / 1").name == "τάσκ ✓ / 1"
+
+
+def test_transformer_refuses_tokens_on_another_device_and_runs_on_meta():
+    """Meta-device tokens were a raw RuntimeError (from the id range check); a model built on the
+    meta device still runs for shapes."""
+    import torch
+
+    from wtc.errors import ModelInputError
+    from wtc.models.transformer import Transformer, TransformerConfig
+
+    cfg = TransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=16, n_ctx=8)
+    model = Transformer(cfg, seed=0)
+    with pytest.raises(ModelInputError, match="tokens are on meta, the model on cpu"):
+        model(torch.zeros(2, 4, dtype=torch.long, device="meta"))
+    with torch.device("meta"):
+        shapes = Transformer(cfg, seed=0)
+    assert shapes(torch.zeros(2, 4, dtype=torch.long, device="meta")).shape == (2, 4, 16)

@@ -281,6 +281,12 @@ class Transformer(Hooked):
             tokens = tokens.to(torch.int64)
         if tokens.shape[1] > self.cfg.n_ctx:
             raise ModelInputError(f"tokens have {tokens.shape[1]} positions, more than n_ctx={self.cfg.n_ctx}")
+        device = next(self.parameters()).device
+        if tokens.device != device:       # torch's own error would come from inside the embedding
+            raise ModelInputError(f"tokens are on {tokens.device}, the model on {device}: move them first "
+                                  f"(tokens.to({str(device)!r}))")
+        if device.type == "meta":         # shapes only: no ids to check
+            return tokens.long()
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.cfg.d_vocab):
             raise ModelInputError(f"token ids must lie in [0, {self.cfg.d_vocab}), got [{int(tokens.min())}, {int(tokens.max())}]")
         return tokens.long()
