@@ -209,3 +209,25 @@ def test_a_model_whose_output_is_random_is_refused():
         scan(_Noisy(), torch.randint(0, 5, (2, 4)), progress=False)
     dropout = torch.nn.Sequential(torch.nn.Embedding(5, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 5)).train()
     scan(dropout, torch.randint(0, 5, (2, 4)), progress=False)     # scans run the model in eval mode
+
+
+def test_resume_with_another_chunk_size_scans_only_what_is_missing(tmp_path):
+    """A resume refused any change of chunk; chunks are bookkeeping, so it now continues with the new
+    size over the ranges no finished chunk covers, and the result equals an uninterrupted scan."""
+    import sqlite3
+
+    model = tiny()
+    name = "blocks.0.mlp.W_in"
+    whole = scan(model, TOKENS, params=name, progress=False, chunk=7)
+    scan(model, TOKENS, params=name, out=tmp_path, progress=False, chunk=7)
+    db = sqlite3.connect(str(tmp_path / "scan.sqlite"))
+    with db:                                  # as if killed: only the chunks at 0, 14 and 35 finished
+        kept = (0, 14, 35)
+        db.execute(f"DELETE FROM weights WHERE idx NOT IN ({','.join(str(i) for s in kept for i in range(s, s + 7))})")
+        db.execute(f"DELETE FROM chunks WHERE start NOT IN {kept}")
+    db.close()
+    n = whole.total_kl[name].numel()
+    resumed = scan(model, TOKENS, params=name, out=tmp_path, progress=False, chunk=5)
+    assert resumed.weights_scanned == n - 21
+    torch.testing.assert_close(resumed.total_kl[name], whole.total_kl[name], rtol=0, atol=0)
+    assert scan(model, TOKENS, params=name, out=tmp_path, progress=False, chunk=3).weights_scanned == 0

@@ -347,8 +347,10 @@ def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, pr
     meta = {**_fingerprint(model, tokens), "architecture": architecture(model), "hooks": hooks_identity(model),
             "readout": readout_identity(ev.readout_given), "params": sorted(chosen), "mass": mass, "keep_positions": keep_positions,
             "positions_sha256": None if ev.counted is None else hashlib.sha256(ev.counted.cpu().numpy().tobytes()).hexdigest(),
-            "chunk": chunk, "weights_sha256": hashlib.sha256(b"".join(
+            "weights_sha256": hashlib.sha256(b"".join(
                 m.numpy().tobytes() for _, m in sorted(masks.items()))).hexdigest()}
+    if world > 1:        # ranks share chunks round-robin: the chunk size is part of a distributed scan's identity
+        meta["chunk"] = chunk
     directory = Path(out) if out is not None else None
     path = ":memory:" if directory is None else directory / (f"scan.rank{rank}.sqlite" if world > 1 else "scan.sqlite")
     store = ScanStore(path)
@@ -358,6 +360,9 @@ def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, pr
     t0 = time.perf_counter()
     todo = []       # (param, chunk start, chunk stop)
     for name, p in chosen.items():
+        if world == 1:      # what no finished chunk covers, whatever chunk size wrote them
+            todo += [(name, start, stop) for start, stop in store.todo_ranges(name, p.numel(), chunk)]
+            continue
         done = store.done_chunks(name)
         for c, start in enumerate(range(0, p.numel(), chunk)):
             if c % world == rank and start not in done:

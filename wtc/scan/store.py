@@ -83,6 +83,16 @@ class ScanStore:
     def done_chunks(self, param: str) -> set[int]:
         return {r[0] for r in self.db.execute("SELECT start FROM chunks WHERE param = ?", (param,))}
 
+    def todo_ranges(self, param: str, size: int, chunk: int) -> list[tuple[int, int]]:
+        """The flat-index ranges of [0, size) no finished chunk covers, cut into pieces of at most
+        `chunk`: a resume may use another chunk size than the run it continues."""
+        done = sorted(self.db.execute("SELECT start, stop FROM chunks WHERE param = ?", (param,)).fetchall())
+        out, at = [], 0
+        for start, stop in done + [(size, size)]:
+            out += [(a, min(a + chunk, start)) for a in range(at, start, chunk)]
+            at = max(at, stop)
+        return out
+
     def write_chunk(self, param: str, start: int, stop: int, idx: np.ndarray, totals: np.ndarray,
                     positions: list[np.ndarray], position_kl: np.ndarray | None) -> None:
         """Rows for the nonzero weights of flat indices [start, stop), committed with the marker."""
