@@ -100,10 +100,12 @@ def real_array(x, name: str, error=ArgumentError):
 
     import numpy as np
 
+    from wtc.tasks.limits import without_bfloat16
+
+    x = without_bfloat16(x)
     torch = sys.modules.get("torch")       # no torch import here: a tensor means torch is loaded
     if torch is not None and isinstance(x, torch.Tensor):
         x = x.detach().cpu()
-        x = x.float() if x.dtype == torch.bfloat16 else x
         x = x.resolve_conj().numpy() if x.is_complex() else x.numpy()
     try:
         a = np.asarray(x)

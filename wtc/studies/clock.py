@@ -62,6 +62,18 @@ def check_config(out: Path, config: dict, free=(), label: str = "study", error: 
     f.write_text(json.dumps(mine, indent=2))
 
 
+def run_dirs(out_dir, config, label: str) -> tuple[Path, Clock, Path]:
+    """A study of resumable runs, one JSON file each: (out, its clock, out/runs), the config checked
+    against the one already there (check_config)."""
+    import dataclasses
+
+    out = study_dir(out_dir, StudyError)
+    check_config(out, dataclasses.asdict(config), label=label)
+    runs = out / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    return out, Clock(out), runs
+
+
 def kept(path: Path, compute, clock: Clock) -> dict:
     """A study's unit of resumable work: the JSON row kept at `path`, else compute()'s row, written
     there (and the clock saved) before it is returned."""

@@ -19,12 +19,11 @@ rerun.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 
 from wtc.errors import StudyError
-from wtc.studies.clock import Clock, check_config, kept, study_dir
+from wtc.studies.clock import kept, run_dirs
 
 TASKS = ("sum_last2", "min_last2", "prev2")
 CONSTRAINTS = ("default", "no-mlp", "mlp-current", "one-head")
@@ -140,11 +139,7 @@ def _one_run(task: str, constraint: str, cfg: DTControl, progress: bool) -> dict
 def run(cfg: DTControl | None, out_dir, progress: bool = True) -> dict:
     """Discover every task under every constraint (resumably, one file per run), summarise."""
     cfg = cfg or DTControl()
-    out = study_dir(out_dir, StudyError)
-    check_config(out, dataclasses.asdict(cfg), label="dt-control")
-    clock = Clock(out)
-    runs_dir = out / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    out, clock, runs_dir = run_dirs(out_dir, cfg, "dt-control")
     def one(task, constraint):
         if progress:
             print(f"dt-control: {task} under {constraint}", flush=True)

@@ -15,7 +15,6 @@ either moment is reported beside it. Each run is kept in out/runs/ and skipped o
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from wtc.errors import StudyError
-from wtc.studies.clock import Clock, check_config, kept, study_dir
+from wtc.studies.clock import kept, run_dirs
 
 FUNCTIONAL = 0.01
 STRUCTURAL = 0.1
@@ -117,11 +116,7 @@ def _one_run(task: str, seed: int, cfg: DTDynamics, progress: bool) -> dict:
 def run(cfg: DTDynamics | None, out_dir, progress: bool = True) -> dict:
     """Train every task x seed (resumably, one file per run), read the two moments, summarise."""
     cfg = cfg or DTDynamics()
-    out = study_dir(out_dir, StudyError)
-    check_config(out, dataclasses.asdict(cfg), label="dt-dynamics")
-    clock = Clock(out)
-    runs_dir = out / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    out, clock, runs_dir = run_dirs(out_dir, cfg, "dt-dynamics")
     def one(task, seed):
         if progress:
             print(f"dt-dynamics: {task} seed {seed}", flush=True)
