@@ -189,3 +189,36 @@ def test_lines_compile_for_every_rule():
     np.testing.assert_array_equal(out[:, 3], [3, 3, 4, 4, 5])
     np.testing.assert_array_equal(out[:, 4], [0, -1, -1, 1, 1])
     np.testing.assert_allclose(out[:, 5], np.cumsum([3, -1, 4, 1, 5]) / np.arange(1, 6))
+
+
+def test_polish_skips_a_population_that_already_fits_exactly():
+    """sum_last2 is linear in the routed values: the head refit alone fits it to float32 noise, and
+    the polish must then leave every parameter as it is (it used to spend its 200 iterations there)."""
+    from wtc.dt.finish import EXACT_FIT, masked_mse
+    from wtc.dt.selection import EVAL
+
+    task, model = planted("sum_last2", [1], [("x", "L0.h0")])
+    run = Attempt(task, model.config, seed=0, attempt=0)
+    x, y, valid, _ = run.fit_data
+    with torch.no_grad():
+        assert float(masked_mse(model(x[:512], EVAL)[0], y[:512], valid[:512]).max()) < EXACT_FIT
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ratio = polish(model, x[:512], y[:512], valid[:512], iters=50)
+    assert torch.equal(ratio, torch.ones_like(ratio))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_polish_still_lowers_the_loss_of_an_inexact_fit():
+    from wtc.dt.finish import masked_mse
+    from wtc.dt.selection import EVAL
+
+    task, model = planted("product_last2", [1], [("x", "L0.h0")])
+    run = Attempt(task, model.config, seed=0, attempt=0)
+    x, y, valid, _ = run.fit_data
+    with torch.no_grad():   # spoil the fit, then polish it back
+        model.blocks[0].mlp.W2.mul_(0.5)
+        start = masked_mse(model(x[:512], EVAL)[0], y[:512], valid[:512])
+    ratio = polish(model, x[:512], y[:512], valid[:512], iters=30)
+    with torch.no_grad():
+        end = masked_mse(model(x[:512], EVAL)[0], y[:512], valid[:512])
+    assert float(ratio[0]) < 0.5 and float(end[0]) < 0.5 * float(start[0])
