@@ -92,3 +92,32 @@ def test_a_rarely_visible_dependence_does_not_grow_the_model():
 def test_probe_arguments_are_checked(task, seed, match):
     with pytest.raises(wtc.tasks.TaskError, match=match):
         dependence(task, seed=seed)
+
+
+@pytest.mark.parametrize("target, hi, oscillates", [
+    (lambda x: 1 - x % 2, 100, True), (lambda x: x % 3, 30, True), (lambda x: x // 3, 30, True),
+    (lambda x: np.isin(x, (2, 3, 5, 7)).astype(float), 10, True),
+    (lambda x: x + lag(x, 1), 10, False), (lambda x: np.maximum(x, lag(x, 1)), 100, False),
+    (lambda x: x * lag(x, 1), 10, False), (lambda x: x ** 2, 100, False),
+    (lambda x: (x >= 50).astype(float), 100, False), (lambda x: np.abs(x - lag(x, 1)), 100, False),
+])
+def test_the_sweep_tells_oscillation_from_kinks_steps_and_curvature(target, hi, oscillates):
+    d = dependence(Task("t", ints(10, hi), target, seq_len=10))
+    assert bool(d.oscillating) == oscillates, d.describe()
+    grown, why = sized_for(DTConfig(), d)
+    assert (grown.mlp_periods != ()) == oscillates and ("periodic" in why) == oscillates
+    if oscillates:
+        assert "oscillating in x_t" in d.describe()
+
+
+def test_real_inputs_sampled_unevenly_are_not_curvature():
+    """Divided differences: a linear map of uniform draws (uneven spacing) has no turns."""
+    task = Task("lin", lambda rng, n: rng.uniform(-3, 3, (n, 10)), lambda x: 2 * x - lag(x, 1), seq_len=10,
+                output="real")
+    assert dependence(task).oscillating == []
+
+
+def test_no_builtin_task_is_sized_differently_by_the_oscillation_probe():
+    for name in [n for n in wtc.tasks.names() if wtc.tasks.tier(n) != "wider"]:
+        d = dependence(wtc.tasks.get(name))
+        assert d is None or not d.oscillating, (name, d.describe())

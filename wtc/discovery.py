@@ -39,6 +39,7 @@ from wtc.extraction.routing_rules import Rule
 
 DEFAULT_BUDGET_S = 600.0
 REPLICAS_TO_READ = 3
+PERIODS = (2, 3, 4, 5, 6)   # periodic units when the probe sees oscillation: every residue mod 2..6
 JOB = "wtc.discovery:DiscoverJob"
 
 
@@ -235,7 +236,9 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
 def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:
     """The default architecture grown to what the probe found: a pointer head per offset to route
     (when there are more than it has), aggregate heads from the start when outputs read the whole
-    prefix (instead of two rungs later). Returns (config, what changed and why, or "")."""
+    prefix (instead of two rungs later), periodic sub-MLP units when the output oscillates in an
+    input it reads (parity, residues, digit tables: no bounded stack of ReLUs has the kinks).
+    Returns (config, what changed and why, or "")."""
     changes, why = {}, []
     routes = dep.pointer_routes
     if routes > max(config.n_heads):
@@ -244,6 +247,9 @@ def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:
     if any(dep.prefix) and max(config.n_agg_heads) == 0:
         changes["n_agg_heads"] = 2
         why.append("aggregate heads from the first attempt")
+    if dep.oscillating and not config.mlp_periods:
+        changes["mlp_periods"] = PERIODS
+        why.append(f"periodic sub-MLP units (periods {', '.join(map(str, PERIODS))})")
     if not changes:
         return config, ""
     return config.replace(**changes), "starting with " + " and ".join(why)

@@ -49,6 +49,9 @@ class DTConfig(KnownFields):
       n_agg_heads  aggregate heads per layer: uniform mean over the causal prefix (beyond the paper)
       n_mlps       sub-MLPs per layer; each reads `mlp_inputs` variables, `mlp_hidden` units
       mlp_depth    hidden layers per sub-MLP (1 or 2); 2 represents a max of three exactly
+      mlp_periods  periods P of the sub-MLPs' periodic units (beyond the paper; () = none): features
+                   cos/sin(2 pi a n / P) of each input n in program units, so n % P, parity and
+                   tables over small integers are exact (wtc.dt.submlp)
       ple_bins     PLE components per variable for attention scores
       pad          virtual positions before the start (all variables 0 there); None = seq_len - 1,
                    so every relative offset 0..seq_len-1 has a key at every query
@@ -100,6 +103,7 @@ class DTConfig(KnownFields):
     mlp_hidden: int = 24
     mlp_depth: int = 1
     mlp_activation: str = "relu+silu"
+    mlp_periods: tuple[int, ...] = ()
     ple_bins: int = 16
     pad: int | None = None
     read: dict[str, list[str]] = field(default_factory=dict)
@@ -169,6 +173,11 @@ class DTConfig(KnownFields):
             raise ConfigError(f"mlp_activation must be one of {ACTIVATIONS}, got {self.mlp_activation!r}")
         if self.mlp_depth not in (1, 2) or isinstance(self.mlp_depth, bool):
             raise ConfigError(f"mlp_depth must be 1 or 2 hidden layers, got {self.mlp_depth!r}")
+        periods = self.mlp_periods
+        if not isinstance(periods, (tuple, list)) or not all(
+                isinstance(p, numbers.Integral) and not isinstance(p, bool) and 2 <= p <= 64 for p in periods):
+            raise ConfigError(f"mlp_periods must be a tuple of whole periods in 2..64, got {periods!r}")
+        self.mlp_periods = tuple(sorted({int(p) for p in periods}))
         if self.mlp_activation == "relu+silu" and self.mlp_hidden < 2:
             raise ConfigError("mlp_activation='relu+silu' needs mlp_hidden >= 2")
         for name in ("pad", "workers", "threads"):
@@ -230,7 +239,7 @@ class DTConfig(KnownFields):
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        for key in ("n_heads", "n_agg_heads", "n_mlps"):
+        for key in ("n_heads", "n_agg_heads", "n_mlps", "mlp_periods"):
             d[key] = list(d[key])
         return d
 

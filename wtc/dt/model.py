@@ -94,7 +94,7 @@ class DiscreteTransformer(Hooked):
                 names = names + attn.output_names
             if M:
                 mlp = SubMLPs(layer, R, M, config.mlp_inputs, config.mlp_hidden, config.mlp_activation,
-                              names, mask_fn, depth=config.mlp_depth)
+                              names, mask_fn, depth=config.mlp_depth, periods=config.mlp_periods)
                 names = names + mlp.names
             blocks.append(Block(attn, mlp))
         self.blocks = nn.ModuleList(blocks)
@@ -142,6 +142,11 @@ class DiscreteTransformer(Hooked):
         return y * self.y_scale + self.y_mean
 
     # ------------------------------------------------------------------ forward
+    def input_units(self) -> torch.Tensor:
+        """(R, n_in + 1): program units of the inputs (raw = model value * x_scale) and of pos (t)."""
+        pos = self.x_scale.new_full((1,), float(max(self.seq_len - 1, 1)))
+        return torch.cat([self.x_scale, pos]).expand(self.R, -1)
+
     def initial_stream(self, x: torch.Tensor) -> torch.Tensor:
         """Normalised inputs (B, T, n_in) -> stream (R, B, L, n_in + 1) with the pads in front."""
         B, T, _ = x.shape
@@ -172,6 +177,7 @@ class DiscreteTransformer(Hooked):
         """
         track = track_ranges if not bool(self.frozen) else False
         stream = self.initial_stream(x)
+        units = self.input_units() if self.config.mlp_periods else None   # (R, V) program units
         stats: dict[str, list] = {"attn_entropy": [], "redundancy": []}
         for block in self.blocks:
             if block.attn is not None:
@@ -183,9 +189,14 @@ class DiscreteTransformer(Hooked):
                     if key in s:
                         stats[key].append(s[key])
                 stream = self._append(stream, z.transpose(2, 3), track)
+                if units is not None:   # a routed or averaged value is in its source's units
+                    H = block.attn.H
+                    units = torch.cat([units, units.gather(1, block.attn.select.index()[:, 2 * H:])], 1)
             if block.mlp is not None:
-                m = block.mlp(stream[:, :, self.P:], sampling)                   # (R, B, T, M)
+                m = block.mlp(stream[:, :, self.P:], sampling, units)            # (R, B, T, M)
                 stream = self._append(stream, m, track)
+                if units is not None:   # sub-MLP outputs have no integer units: no periodic reading
+                    units = torch.cat([units, units.new_zeros(self.R, m.shape[-1])], 1)
             stream = block.hook_resid_post(stream)
         stream = self.hook_stream(stream)
         y = torch.einsum("rbtv,rvo->rbto", stream[:, :, self.P:], self.W_out) + self.b_out[:, None, None]

@@ -6,6 +6,13 @@ One hidden layer represents max(a, b) = a + relu(b - a) exactly but not max(a, b
 a ReLU of a ReLU; depth 2 does (a depth-1 fit of max of three integers in [0, 100) stays 5-7 off,
 depth 2 within 0.25-0.41: measured by a direct L-BFGS fit, see bench/RESULTS.md). With mlp_activation='relu+silu' half of
 the hidden units are ReLU (exact kinks: max, min, relu) and half SiLU (smooth: products, squares).
+
+Periodic units (DTConfig.mlp_periods, beyond the paper): a bounded stack of ReLUs has a bounded
+number of kinks, so `x % 2` on 0..99 (about 100 kinks) is out of reach of 24 units. Every function of
+n mod P is a linear combination of cos(2 pi a n / P) and sin(2 pi a n / P), a = 1..P//2, so each
+sub-MLP also reads those features of its inputs in program units (the integers a user gave, the
+position t) and adds a learned linear combination of them: parity, counters mod k, x // 3 =
+(x - x % 3) / 3 and any table over 0..9 become exact (linear in the features).
 """
 from __future__ import annotations
 
@@ -18,6 +25,21 @@ from wtc.kernels import cpu as cpu_kernels
 from wtc.backend import choose
 from wtc.dt.selection import Sampling, Selector
 from wtc.hooks import HookPoint
+
+def frequencies(periods: tuple[int, ...]) -> tuple[torch.Tensor, int]:
+    """The distinct reduced fractions a / P (0 < a / P <= 1/2) of the periods, ascending, and how
+    many of them get a sine (all but 1/2: sin(pi n) = 0 on integers). (F,), n_sine."""
+    fracs = sorted({round(a / P, 12) for P in periods for a in range(1, P // 2 + 1)})
+    return torch.tensor(fracs, dtype=torch.float64), sum(f != 0.5 for f in fracs)
+
+
+def periodic_features(raw: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """raw (..., V) program-unit values -> (..., F, V): cos(2 pi f raw) for every frequency, then
+    sin(2 pi f raw) for those below 1/2 (F = 2 * len(freqs) - [1/2 in freqs])."""
+    angle = (2 * torch.pi) * raw.unsqueeze(-2) * freqs.to(raw.dtype)[:, None]   # (..., n_freq, V)
+    sine = angle[..., (freqs != 0.5).nonzero().ravel(), :]
+    return torch.cat([torch.cos(angle), torch.sin(sine)], dim=-2)
+
 
 _ACT = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu, "tanh": torch.tanh}
 
@@ -34,7 +56,7 @@ class SubMLPs(nn.Module):
     """M sub-MLPs with k inputs and `hidden` units each, for R replicas."""
 
     def __init__(self, layer: int, replicas: int, n_mlps: int, k: int, hidden: int, activation: str,
-                 variable_names: list[str], mask_fn, depth: int = 1):
+                 variable_names: list[str], mask_fn, depth: int = 1, periods: tuple[int, ...] = ()):
         super().__init__()
         R, M = replicas, n_mlps
         self.layer, self.M, self.k, self.activation, self.depth = layer, n_mlps, k, activation, depth
@@ -54,13 +76,21 @@ class SubMLPs(nn.Module):
         self.W2 = nn.Parameter(torch.randn(R, M, hidden) * (0.5 / hidden ** 0.5))
         self.b2 = nn.Parameter(torch.zeros(R, M))
         self.skip = nn.Parameter(torch.zeros(R, M, k))   # affine part: linear functions stay exact
+        self.periods = tuple(periods)
+        if self.periods:   # W_per starts at 0: the unit is off until the loss asks for it
+            freqs, n_sine = frequencies(self.periods)
+            self.register_buffer("freqs", freqs.float())
+            self.W_per = nn.Parameter(torch.zeros(R, M, k, len(freqs) + n_sine))
+        else:
+            self.W_per = None
         self.hook_pre = HookPoint()    # (R, B, T, M, k): each sub-MLP's inputs
         self.hook_post = HookPoint()   # (R, B, T, M): each sub-MLP's output
 
     def parameters_of_map(self) -> list[nn.Parameter]:
         """The continuous parameters of the sub-MLP functions (not the selections)."""
         mid = [self.W_mid, self.b_mid] if self.depth == 2 else []
-        return [self.W1, self.b1, *mid, self.W2, self.b2, self.skip]
+        per = [self.W_per] if self.W_per is not None else []
+        return [self.W1, self.b1, *mid, self.W2, self.b2, self.skip, *per]
 
     def act(self, h: torch.Tensor) -> torch.Tensor:
         return activate(h, self.activation)
@@ -75,9 +105,26 @@ class SubMLPs(nn.Module):
         y = torch.einsum("rnmh,rmh->rnm", h, self.W2) + self.b2[:, None] + (x * self.skip[:, None]).sum(-1)
         return y.reshape(shape[:-1])
 
-    def forward(self, stream: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-        """stream (R, B, T, V) at real positions -> outputs (R, B, T, M)."""
+    def periodic(self, stream: torch.Tensor, units: torch.Tensor, choice) -> torch.Tensor:
+        """The periodic units' part of the outputs (R, B, T, M): features of every variable in
+        program units (stream * units), read through the slots' choice (a soft choice mixes the
+        features, so the selection's gradient stays smooth), weighted by W_per."""
+        feats = periodic_features(stream * units[:, None, None, :], self.freqs)      # (R, B, T, F, V)
+        feats = choice.read(feats).unflatten(-1, (self.M, self.k))                  # (R, B, T, F, M, k)
+        return torch.einsum("rbtfmk,rmkf->rbtm", feats, self.W_per)
+
+    def forward(self, stream: torch.Tensor, sampling: Sampling, units: torch.Tensor | None = None) -> torch.Tensor:
+        """stream (R, B, T, V) at real positions -> outputs (R, B, T, M). units (R, V): each
+        variable's program unit (raw value = stream * units), needed with periodic units."""
         choice = self.select(sampling)
+        if self.W_per is not None:
+            if units is None:
+                raise ValueError("sub-MLPs with periodic units need the variables' units (R, V)")
+            return self.hook_post(self._bank(stream, choice) + self.periodic(stream, units, choice))
+        return self.hook_post(self._bank(stream, choice))
+
+    def _bank(self, stream: torch.Tensor, choice) -> torch.Tensor:
+        """The MLP part of the outputs (R, B, T, M) on the fastest backend for stream."""
         backend = choose("dt.mlp_bank", stream)
         if backend == "triton" and not self.hook_pre.has_hooks:   # fused: inputs never stored
             R, B, T, V = stream.shape
@@ -85,11 +132,11 @@ class SubMLPs(nn.Module):
             mid = dict(W_mid=self.W_mid, b_mid=self.b_mid) if self.depth == 2 else {}
             y = kernels.mlp_bank(stream.reshape(R, B * T, V), select, self.W1, self.b1, self.W2, self.b2,
                                  self.skip, self.activation, **mid)
-            return self.hook_post(y.view(R, B, T, self.M))
+            return y.view(R, B, T, self.M)
         inputs = choice.read(stream)                                           # (R, B, T, M*k)
         inputs = self.hook_pre(inputs.unflatten(-1, (self.M, self.k)))
         if backend == "native":   # the same function, fused on the CPU (hidden layers never stored)
             mid = dict(W_mid=self.W_mid, b_mid=self.b_mid) if self.depth == 2 else {}
-            return self.hook_post(cpu_kernels.mlp_bank(inputs, self.W1, self.b1, self.W2, self.b2, self.skip,
-                                                       self.activation, **mid))
-        return self.hook_post(self.evaluate(inputs))
+            return cpu_kernels.mlp_bank(inputs, self.W1, self.b1, self.W2, self.b2, self.skip,
+                                        self.activation, **mid)
+        return self.evaluate(inputs)

@@ -2,7 +2,10 @@
 input at one position by the value another sampled sequence has there and see which outputs
 change. From the (source position, output position) dependence table come the fixed offsets a
 pointer head must route (y_t reads x_{t-d} at every t), the absolute positions read at every t
-(e.g. x_0), and whether y_t reads the whole prefix (a running sum, a counter, a maximum).
+(e.g. x_0), and whether y_t reads the whole prefix (a running sum, a counter, a maximum). A second
+probe sweeps each input it reads through its values and counts how often the output's curvature
+changes sign: a sum, a maximum, a square or a threshold change it at most twice, a parity, a
+residue, a floor division or a table over digits again and again (the evidence for periodic units).
 
 discover sizes its first architecture from this (wtc.discovery), and a failure report quotes it.
 Data tasks (Task.from_arrays) answer only for recorded inputs, so they cannot be probed.
@@ -18,6 +21,9 @@ from wtc.tasks.task import Task
 
 PROBE_SEQUENCES = 512
 SHARE = 0.9              # an offset counts when it matters at this share of the output positions
+SWEEP_SEQUENCES = 32     # base sequences of the oscillation sweep
+SWEEP_VALUES = 128       # at most this many values per sweep (of the sampled ones)
+OSCILLATING = 4          # curvature sign changes (median over base sequences) that count as oscillating
 
 
 @dataclass
@@ -28,6 +34,12 @@ class Dependence:
     absolute: list[list[int]]
     prefix: list[bool]
     table: np.ndarray = field(repr=False)          # (n_inputs, T source, T output) bool
+    turns: list[dict[int, int]] = field(default_factory=list)   # per channel: offset -> curvature sign changes
+
+    @property
+    def oscillating(self) -> list[tuple[int, int, int]]:
+        """(channel, offset, sign changes) where the output oscillates in that input."""
+        return [(c, d, n) for c, per in enumerate(self.turns) for d, n in per.items() if n >= OSCILLATING]
 
     @property
     def pointer_routes(self) -> int:
@@ -42,7 +54,9 @@ class Dependence:
             if pre:
                 what.append(f"the whole prefix of {name}")
             parts.append(", ".join(what) if what else f"no position of {name}")
-        return "; ".join(parts)
+        waves = [f"{'x' if len(self.offsets) == 1 else f'x{c}'}_{f'(t-{d})' if d else 't'} ({n} turns)"
+                 for c, d, n in self.oscillating]
+        return "; ".join(parts) + (f"; oscillating in {', '.join(waves)}" if waves else "")
 
 
 def _changed(y0: np.ndarray, y1: np.ndarray, output: str) -> np.ndarray:
@@ -70,7 +84,40 @@ def dependence(task: Task, seed: int = 0) -> Dependence | None:
     absolute = [[v for v in u if v in w] for u, w in zip(a[1], b[1])]
     prefix = [p and q for p, q in zip(a[2], b[2])]
     offsets = [[d for d in offs if not pre or d == 0] for offs, pre in zip(both, prefix)]
-    return Dependence(offsets, absolute, prefix, a[3] & b[3])
+    turns = _turns(task, offsets, np.random.default_rng([seed, 8123, 2]))
+    return Dependence(offsets, absolute, prefix, a[3] & b[3], turns)
+
+
+def _turns(task: Task, offsets: list[list[int]], rng: np.random.Generator) -> list[dict[int, int]]:
+    """Per channel and offset d it reads: the median over base sequences of the number of sign
+    changes of the slope's change (divided differences, so unequal spacing is no curvature) of
+    y_(T-1) as x_(T-1-d) sweeps sampled values in order (every one, or SWEEP_VALUES spread evenly)."""
+    x = task.draw(rng, max(SWEEP_SEQUENCES, 256))
+    T, n = task.seq_len, SWEEP_SEQUENCES
+    out = []
+    for c, offs in enumerate(offsets):
+        values = np.unique(x[:, :, c])
+        if len(values) > SWEEP_VALUES:            # values the sampler gave, never in-between ones
+            values = values[np.unique(np.linspace(0, len(values) - 1, SWEEP_VALUES).round().astype(int))]
+        per = {}
+        for d in offs:
+            if len(values) < 5 or T - 1 - d < 0:
+                per[d] = 0
+                continue
+            sweep = np.repeat(x[:n], len(values), axis=0)                       # (n * V, T, k)
+            sweep[:, T - 1 - d, c] = np.tile(values, n)
+            y = task.targets(sweep)[:, T - 1, :].reshape(n, len(values), -1)     # (n, V, O)
+            slope = np.diff(y, axis=1) / np.diff(values)[None, :, None]          # (n, V - 1, O)
+            bend = np.diff(slope, axis=1)
+            tol = 1e-6 * (np.nanmax(np.abs(slope), axis=1, keepdims=True) + 1e-12)
+            sign = np.where(np.abs(bend) > tol, np.sign(bend), 0)
+            changes = []
+            for row in sign.transpose(0, 2, 1).reshape(-1, sign.shape[1]):      # (n * O, V - 2)
+                nz = row[row != 0]
+                changes.append(int((nz[1:] != nz[:-1]).sum()))
+            per[d] = int(np.median(np.reshape(changes, (n, -1)).max(axis=1)))
+        out.append(per)
+    return out
 
 
 def _table(task: Task, rng: np.random.Generator) -> np.ndarray:

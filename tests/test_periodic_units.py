@@ -1,0 +1,155 @@
+"""Periodic units of the sub-MLPs (DTConfig.mlp_periods): the features, their exactness on integer
+tables, every backend against the reference, and a planted model read back as `%`."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import wtc
+from wtc.dt import DTConfig, DiscreteTransformer
+from wtc.dt.attempt import Attempt
+from wtc.dt.config import ConfigError
+from wtc.dt.finish import polish, refit_head
+from wtc.dt.selection import EVAL, Sampling
+from wtc.dt.submlp import frequencies, periodic_features
+from wtc.extraction import extract, verify
+
+PERIODS = (2, 3, 4, 5, 6)
+
+
+def test_frequencies_are_the_reduced_fractions_up_to_one_half():
+    freqs, n_sine = frequencies(PERIODS)
+    assert np.allclose(freqs.numpy(), [1 / 6, 1 / 5, 1 / 4, 1 / 3, 2 / 5, 1 / 2])
+    assert n_sine == 5                                   # sin(pi n) = 0 on integers: no sine for 1/2
+    assert periodic_features(torch.zeros(3, 4), freqs).shape == (3, 11, 4)
+
+
+@pytest.mark.parametrize("table,domain", [
+    (lambda n: n % 3, 30), (lambda n: 1 - n % 2, 100), (lambda n: n // 3, 30), (lambda n: n % 5, 50),
+    (lambda n: np.isin(n, (2, 3, 5, 7)).astype(float), 10), (lambda n: (n % 4 == 1).astype(float), 40),
+])
+def test_functions_of_small_residues_are_linear_in_the_features(table, domain):
+    """n % P, parity, n // 3 = (n - n % 3) / 3 and any table over 0..9: exact least squares on
+    [1, n, features(n)] (what a sub-MLP's bias, skip and W_per can represent)."""
+    n = np.arange(domain, dtype=np.float64)
+    freqs, _ = frequencies(PERIODS)
+    feats = periodic_features(torch.from_numpy(n)[None], freqs.double())[0].numpy().T    # (domain, F)
+    A = np.column_stack([np.ones_like(n), n, feats])
+    coef, *_ = np.linalg.lstsq(A, table(n), rcond=None)
+    assert np.abs(A @ coef - table(n)).max() < 1e-9
+
+
+def _model(seed=0, replicas=3, **config):
+    torch.manual_seed(seed)
+    cfg = DTConfig(mlp_periods=PERIODS, replicas=replicas, **config)
+    model = DiscreteTransformer(cfg, seq_len=6, n_inputs=2)
+    x = torch.randint(0, 30, (5, 6, 2)).double()
+    model.fit_normalization(x.numpy(), x.numpy()[..., :1])
+    with torch.no_grad():
+        for block in model.blocks:
+            if block.mlp is not None:
+                block.mlp.W_per.normal_()
+    return model, model.normalize_inputs(x.float())
+
+
+@pytest.mark.parametrize("sampling", [Sampling.anneal(2.0, gumbel=False, straight_through=False),
+                                      Sampling.hard_phase(0.5), EVAL])
+def test_every_cpu_backend_matches_the_float64_reference(sampling, monkeypatch):
+    import copy
+
+    model, x = _model(n_layers=2)
+    ref = copy.deepcopy(model).double()
+    outs = {}
+    for backend in ("reference", "native"):
+        if backend == "reference":
+            monkeypatch.setenv("WTC_KERNELS", "reference")
+        else:
+            monkeypatch.delenv("WTC_KERNELS", raising=False)
+        for m, xx, tag in ((model, x, backend), (ref, x.double(), backend + "64")):
+            m.zero_grad()
+            y, _ = m(xx, sampling)
+            if y.requires_grad:
+                y.square().sum().backward()
+            grad = m.blocks[0].mlp.W_per.grad
+            outs[tag] = (y.detach().double(), None if grad is None else grad.double().clone())
+    y64, g64 = outs["reference64"]
+    for tag in ("reference", "native", "native64"):
+        y, g = outs[tag]
+        assert torch.allclose(y, y64, atol=1e-4, rtol=1e-4), tag
+        if g64 is not None:
+            assert torch.allclose(g, g64, atol=1e-3 * float(g64.abs().max()), rtol=1e-3), tag
+
+
+def test_routed_values_carry_their_source_units():
+    """A frozen model whose sub-MLP reads pointer head L0.h0 (x one step back): the periodic
+    part equals W_per . features(previous raw x), computed independently here."""
+    model, x = _model(replicas=1, n_layers=1, n_heads=1, n_mlps=1, content_fraction=0.0)
+    block = model.blocks[0]
+    names = model.variable_names
+    with torch.no_grad():
+        block.attn.rel.zero_()
+        block.attn.abs.zero_()
+        block.attn.rel[0, 0, 1] = 30.0
+        v = block.attn.select.slot_names.index("L0.h0.v")
+        block.attn.select.logits[0, v] = -10.0
+        block.attn.select.logits[0, v, names.index("x1")] = 10.0
+        for i in range(block.mlp.k):
+            block.mlp.select.logits[0, i] = -10.0
+            block.mlp.select.logits[0, i, names.index("L0.h0")] = 10.0
+    model.freeze()
+    model.eval()
+    captured = []
+    with model.hooks([("blocks.0.mlp.hook_post", lambda out, hook: captured.append(out))]):
+        model(x, EVAL)
+    raw = model.x_scale[1] * x[..., 1]                                               # (B, T) raw x1
+    prev = torch.cat([torch.zeros_like(raw[:, :1]), raw[:, :-1]], 1)
+    mlp = block.mlp
+    feats = periodic_features(prev, mlp.freqs)                                       # (B, F, T)
+    expected = torch.einsum("bft,f->bt", feats, mlp.W_per[0, 0].sum(0))
+    inputs = (prev / model.x_scale[1])[None, ..., None, None].expand(1, -1, -1, 1, mlp.k)
+    expected = expected + mlp.evaluate(inputs)[0, ..., 0]
+    assert torch.allclose(captured[0][0, ..., 0], expected, atol=1e-4)
+
+
+def test_config_checks_and_round_trip():
+    cfg = DTConfig(mlp_periods=[5, 2, 3, 2])
+    assert cfg.mlp_periods == (2, 3, 5)
+    assert DTConfig.from_dict(cfg.to_dict()) == cfg
+    for bad in ((1,), (2.5,), "23", 3, (True,), (65,)):
+        with pytest.raises(ConfigError, match="mlp_periods"):
+            DTConfig(mlp_periods=bad)
+
+
+def test_planted_parity_reads_as_a_modulus_and_survives_a_checkpoint(tmp_path):
+    """A frozen model whose one sub-MLP reads x, fitted to is_even: the periodic units fit the
+    table exactly, extraction reads `1 - x % 2` (a modulus, not a cosine), the program verifies on
+    fresh data, and a reloaded checkpoint in a new process predicts the same."""
+    task = wtc.tasks.get("is_even")
+    cfg = DTConfig(n_layers=1, n_heads=0, n_mlps=1, replicas=1, mlp_hidden=8, mlp_periods=PERIODS)
+    run = Attempt(task, cfg, seed=0, attempt=0)
+    model = run.model
+    mlp = model.blocks[0].mlp
+    with torch.no_grad():
+        for i in range(mlp.k):
+            mlp.select.logits[0, i] = -10.0
+            mlp.select.logits[0, i, model.variable_names.index("x")] = 10.0
+    model.freeze()
+    model.eval()
+    x, y, valid, _ = run.fit_data
+    refit_head(model, x, y, valid)
+    polish(model, x[:512], y[:512], valid[:512], iters=200)
+    program = extract(model, task)
+    assert program.ok, program.failures
+    assert "%" in program.source and "cos" not in program.source
+    assert verify(program, task, n=5000, seed=3).solved
+    wtc.dt.checkpoint.save(model, tmp_path / "m")
+    xs = np.random.default_rng(7).integers(0, 100, (20, 10)).astype(float)
+    np.save(tmp_path / "x.npy", xs)
+    np.save(tmp_path / "p.npy", model.predict(xs))
+    code = ("import numpy as np, wtc.dt.checkpoint as c; m = c.load(r'%s'); "
+            "assert np.array_equal(m.predict(np.load(r'%s')), np.load(r'%s'))") % (
+        tmp_path / "m", tmp_path / "x.npy", tmp_path / "p.npy")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
