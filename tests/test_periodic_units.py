@@ -153,3 +153,31 @@ def test_planted_parity_reads_as_a_modulus_and_survives_a_checkpoint(tmp_path):
             "assert np.array_equal(m.predict(np.load(r'%s')), np.load(r'%s'))") % (
         tmp_path / "m", tmp_path / "x.npy", tmp_path / "p.npy")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def test_planted_counter_mod_k_reads_through_the_prefix_sum():
+    """cumsum_mod5 = (x_0 + .. + x_t) % 5: an aggregate head averages x, the sub-MLP's periodic
+    units read the average as the sum it stands for; extraction finds no formula of the mean, reads
+    the aggregate as a prefix sum, and the program (`sum_x % 5`) verifies on fresh data."""
+    task = wtc.tasks.get("cumsum_mod5")
+    cfg = DTConfig(n_layers=1, n_heads=0, n_agg_heads=1, n_mlps=1, replicas=1, mlp_hidden=8, mlp_periods=PERIODS)
+    run = Attempt(task, cfg, seed=0, attempt=0)
+    model = run.model
+    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
+    names = model.variable_names
+    with torch.no_grad():
+        v = attn.select.slot_names.index("L0.a0.v")
+        attn.select.logits[0, v] = -10.0
+        attn.select.logits[0, v, names.index("x")] = 10.0
+        for i in range(mlp.k):
+            mlp.select.logits[0, i] = -10.0
+            mlp.select.logits[0, i, names.index("L0.a0")] = 10.0
+    model.freeze()
+    model.eval()
+    x, y, valid, _ = run.fit_data
+    refit_head(model, x, y, valid)
+    polish(model, x[:512], y[:512], valid[:512], iters=300)
+    program = extract(model, task)
+    assert program.ok, program.failures
+    assert "sum(x[:t + 1])" in program.source and "% 5" in program.source, program.source
+    assert verify(program, task, n=5000, seed=3).solved

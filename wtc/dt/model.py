@@ -143,9 +143,10 @@ class DiscreteTransformer(Hooked):
 
     # ------------------------------------------------------------------ forward
     def input_units(self) -> torch.Tensor:
-        """(R, n_in + 1): program units of the inputs (raw = model value * x_scale) and of pos (t)."""
+        """(R, T, n_in + 1): program units of the inputs (raw = model value * x_scale) and of pos (t)
+        at every real position (an aggregate's unit grows with t: its periodic units read the sum)."""
         pos = self.x_scale.new_full((1,), float(max(self.seq_len - 1, 1)))
-        return torch.cat([self.x_scale, pos]).expand(self.R, -1)
+        return torch.cat([self.x_scale, pos]).expand(self.R, self.seq_len, -1)
 
     def initial_stream(self, x: torch.Tensor) -> torch.Tensor:
         """Normalised inputs (B, T, n_in) -> stream (R, B, L, n_in + 1) with the pads in front."""
@@ -189,14 +190,18 @@ class DiscreteTransformer(Hooked):
                     if key in s:
                         stats[key].append(s[key])
                 stream = self._append(stream, z.transpose(2, 3), track)
-                if units is not None:   # a routed or averaged value is in its source's units
-                    H = block.attn.H
-                    units = torch.cat([units, units.gather(1, block.attn.select.index()[:, 2 * H:])], 1)
+                if units is not None:   # a routed value is in its source's units; an average is read as its sum
+                    H, A = block.attn.H, block.attn.A
+                    index = block.attn.select.index()[:, 2 * H:]                     # (R, H + A)
+                    new = units.gather(2, index[:, None, :].expand(-1, units.shape[1], -1))   # (R, T, H + A)
+                    count = torch.arange(1, units.shape[1] + 1, dtype=units.dtype, device=units.device)
+                    new = torch.cat([new[..., :H], new[..., H:] * count[None, :, None]], -1)
+                    units = torch.cat([units, new], -1)
             if block.mlp is not None:
                 m = block.mlp(stream[:, :, self.P:], sampling, units)            # (R, B, T, M)
                 stream = self._append(stream, m, track)
                 if units is not None:   # sub-MLP outputs have no integer units: no periodic reading
-                    units = torch.cat([units, units.new_zeros(self.R, m.shape[-1])], 1)
+                    units = torch.cat([units, units.new_zeros(*units.shape[:2], m.shape[-1])], -1)
             stream = block.hook_resid_post(stream)
         stream = self.hook_stream(stream)
         y = torch.einsum("rbtv,rvo->rbto", stream[:, :, self.P:], self.W_out) + self.b_out[:, None, None]

@@ -107,19 +107,19 @@ class SubMLPs(nn.Module):
 
     def periodic(self, stream: torch.Tensor, units: torch.Tensor, choice) -> torch.Tensor:
         """The periodic units' part of the outputs (R, B, T, M): features of every variable in
-        program units (stream * units), read through the slots' choice (a soft choice mixes the
-        features, so the selection's gradient stays smooth), weighted by W_per."""
-        feats = periodic_features(stream * units[:, None, None, :], self.freqs)      # (R, B, T, F, V)
+        program units (stream * units, units (R, T, V)), read through the slots' choice (a soft choice
+        mixes the features, so the selection's gradient stays smooth), weighted by W_per."""
+        feats = periodic_features(stream * units[:, None], self.freqs)              # (R, B, T, F, V)
         feats = choice.read(feats).unflatten(-1, (self.M, self.k))                  # (R, B, T, F, M, k)
         return torch.einsum("rbtfmk,rmkf->rbtm", feats, self.W_per)
 
     def forward(self, stream: torch.Tensor, sampling: Sampling, units: torch.Tensor | None = None) -> torch.Tensor:
-        """stream (R, B, T, V) at real positions -> outputs (R, B, T, M). units (R, V): each
+        """stream (R, B, T, V) at real positions -> outputs (R, B, T, M). units (R, T, V): each
         variable's program unit (raw value = stream * units), needed with periodic units."""
         choice = self.select(sampling)
         if self.W_per is not None:
             if units is None:
-                raise ValueError("sub-MLPs with periodic units need the variables' units (R, V)")
+                raise ValueError("sub-MLPs with periodic units need the variables' units (R, T, V)")
             return self.hook_post(self._bank(stream, choice) + self.periodic(stream, units, choice))
         return self.hook_post(self._bank(stream, choice))
 

@@ -38,8 +38,8 @@ class Line:
     """One live variable of the program."""
 
     name: str
-    kind: str                        # "route" | "mean" | "expr"
-    source: str | None = None        # route / mean: the variable read
+    kind: str                        # "route" | "mean" | "sum" | "expr"
+    source: str | None = None        # route / mean / sum: the variable read
     rule: Rule | None = None         # route: how the key is chosen
     expr: sp.Expr | None = None      # expr: in terms of other variables at the same position
     comment: str = ""
@@ -153,6 +153,8 @@ def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: lis
             loop += _route_stmts(ln)
         elif ln.kind == "mean":
             loop += _stmt(f"{ln.name}[t] = sum({_series(ln.source)}[:t + 1]) / (t + 1)")
+        elif ln.kind == "sum":
+            loop += _stmt(f"{ln.name}[t] = sum({_series(ln.source)}[:t + 1])")
         elif ln.kind == "expr":
             target = ast.Subscript(value=ast.Name(ln.name, ast.Load()), slice=ast.Name(POSITION, ast.Load()),
                                    ctx=ast.Store())

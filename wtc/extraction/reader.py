@@ -136,6 +136,7 @@ class _Extraction:
         self.exprs: dict[str, sp.Expr] = {}                                        # sub-MLP -> formula
         self.routes: dict[tuple, str] = {}                                         # (rule, source) -> name
         self.head_only = []                                                        # sub-MLPs read via outputs
+        self.sums: dict[str, tuple[str, np.ndarray]] = {}                          # aggregate -> (source, sums)
         self.live = self._live()
 
     def _set(self, name: str, program_name: str, values: np.ndarray, factor: float | None) -> None:
@@ -171,6 +172,13 @@ class _Extraction:
                 self._aggregate(mod)
             elif any(mod.name in m.reads.values() for m in self.ro.modules if m.name in self.live):
                 reading, expr = _read_mlp(mod, self.ro, self.prog, self.pname, rel_tol=1e-3)
+                alt = None if reading.ok else self._as_sums(list(mod.reads.values()))
+                if alt is not None:                     # read through the prefix sum instead
+                    reading2, expr2 = _read_mlp(mod, self.ro, *alt, rel_tol=1e-3)
+                    if reading2.ok:
+                        self._keep_sums(list(mod.reads.values()), alt[1])
+                        self._add_mlp(mod, expr2, reading2, *alt)
+                        continue
                 self._add_mlp(mod, expr, reading)        # an intermediate variable: its own line
             else:
                 self.head_only.append(mod)               # read through the output formula
@@ -225,17 +233,43 @@ class _Extraction:
             self.lines.append(Line(name, "mean", self.pname[src], comment="mean over the prefix"))
         self._set(mod.name, name, pad(np.cumsum(values, axis=1) / np.arange(1, self.T + 1), self.P),
                   self.factor.get(src))
+        self.sums[mod.name] = (src, pad(np.cumsum(values, axis=1), self.P))   # its other reading
         self.readings.append(Reading(mod.name, "aggregate", name, f"v={src}", "mean over the prefix",
                                      "by construction", True))
 
-    def _add_mlp(self, mod, expr: sp.Expr, reading: Reading) -> None:
+    def _as_sums(self, leaves) -> tuple[dict[str, np.ndarray], dict[str, str]] | None:
+        """prog and pname with every aggregate among leaves read as the sum over the prefix instead
+        of the mean (a counter mod k is a function of the sum, not of the mean); None if none is."""
+        aggregates = [v for v in leaves if v in self.sums]
+        if not aggregates:
+            return None
+        prog, pname = dict(self.prog), dict(self.pname)
+        for v in aggregates:
+            src, sums = self.sums[v]
+            prog[v] = sums
+            pname[v] = self.routes.get(("sum", "", src)) or _unique_name(f"sum_{self.pname[src]}", self.taken | {
+                n for n in pname.values()})
+        return prog, pname
+
+    def _keep_sums(self, leaves, pname) -> None:
+        """Adopt the sum reading of the aggregates among leaves: their program lines."""
+        for v in leaves:
+            if v in self.sums:
+                src = self.sums[v][0]
+                if ("sum", "", src) not in self.routes:
+                    self.routes[("sum", "", src)] = pname[v]
+                    self.taken.add(pname[v])
+                    self.lines.append(Line(pname[v], "sum", self.pname[src], comment="sum over the prefix"))
+
+    def _add_mlp(self, mod, expr: sp.Expr, reading: Reading, prog=None, pname=None) -> None:
         """A sub-MLP becomes a program line; downstream modules see its formula's values."""
+        prog, pname = prog or self.prog, pname or self.pname
         self.exprs[mod.name] = expr
         name = _unique_name(f"m{len(self.exprs) - 1}", self.taken)
-        inputs = _distinct_inputs(mod, self.pname)
-        f = sp.lambdify([sp.Symbol(self.pname[v]) for v in inputs], expr, modules=["numpy"])
+        inputs = _distinct_inputs(mod, pname)
+        f = sp.lambdify([sp.Symbol(pname[v]) for v in inputs], expr, modules=["numpy"])
         with np.errstate(all="ignore"):
-            out = f(*[self.prog[v][:, self.P:] for v in inputs])
+            out = f(*[prog[v][:, self.P:] for v in inputs])
         self._set(mod.name, name, pad(np.broadcast_to(np.asarray(out, dtype=float), (self.n, self.T)), self.P), 1.0)
         reading.name = name
         self.readings.append(reading)
@@ -283,6 +317,14 @@ class _Extraction:
                 ok2 = ok2 and np.sqrt(np.mean((pred - raw) ** 2)) <= RAW_READ_DEVIATION * np.sqrt(np.mean(raw**2))
                 if ok2:
                     expr, evidence, ok = expr2, f"raw output: {evidence2} (decisions: {evidence})", True
+            alt = None if ok else self._as_sums(leaves)
+            if alt is not None:   # a counter mod k: a function of the prefix sum, not of the mean
+                X3 = np.stack([alt[0][v][:, P:][keep] for v in leaves], axis=1)
+                expr3, evidence3, ok3 = _formula(X3, target, tuple(alt[1][v] for v in leaves), self.tol_out,
+                                                 widen=widen, decisions=task.output == "integer")
+                if ok3:
+                    self._keep_sums(leaves, alt[1])
+                    expr, evidence, ok = expr3, f"{evidence3} (aggregates read as prefix sums)", True
             reads = ", ".join(self.pname[v] for v in leaves)
         else:
             expr, evidence, ok = self._decomposed_output(o, direct, via, keep, target, widen)

@@ -35,11 +35,14 @@ class Dependence:
     prefix: list[bool]
     table: np.ndarray = field(repr=False)          # (n_inputs, T source, T output) bool
     turns: list[dict[int, int]] = field(default_factory=list)   # per channel: offset -> curvature sign changes
+    sum_turns: list[int] = field(default_factory=list)          # per channel: the same in the prefix sum (prefix reads)
 
     @property
-    def oscillating(self) -> list[tuple[int, int, int]]:
-        """(channel, offset, sign changes) where the output oscillates in that input."""
-        return [(c, d, n) for c, per in enumerate(self.turns) for d, n in per.items() if n >= OSCILLATING]
+    def oscillating(self) -> list[tuple[int, int | str, int]]:
+        """(channel, offset or "sum", sign changes) where the output oscillates in that input (or in
+        the prefix sum of a channel it reads whole: a counter mod k)."""
+        waves = [(c, d, n) for c, per in enumerate(self.turns) for d, n in per.items() if n >= OSCILLATING]
+        return waves + [(c, "sum", n) for c, n in enumerate(self.sum_turns) if n >= OSCILLATING]
 
     @property
     def pointer_routes(self) -> int:
@@ -54,8 +57,10 @@ class Dependence:
             if pre:
                 what.append(f"the whole prefix of {name}")
             parts.append(", ".join(what) if what else f"no position of {name}")
-        waves = [f"{'x' if len(self.offsets) == 1 else f'x{c}'}_{f'(t-{d})' if d else 't'} ({n} turns)"
-                 for c, d, n in self.oscillating]
+        def where(c, d):
+            name = "x" if len(self.offsets) == 1 else f"x{c}"
+            return f"the prefix sum of {name}" if d == "sum" else f"{name}_{f'(t-{d})' if d else 't'}"
+        waves = [f"{where(c, d)} ({n} turns)" for c, d, n in self.oscillating]
         return "; ".join(parts) + (f"; oscillating in {', '.join(waves)}" if waves else "")
 
 
@@ -85,7 +90,36 @@ def dependence(task: Task, seed: int = 0) -> Dependence | None:
     prefix = [p and q for p, q in zip(a[2], b[2])]
     offsets = [[d for d in offs if not pre or d == 0] for offs, pre in zip(both, prefix)]
     turns = _turns(task, offsets, np.random.default_rng([seed, 8123, 2]))
-    return Dependence(offsets, absolute, prefix, a[3] & b[3], turns)
+    sums = [_sum_turns(task, c, np.random.default_rng([seed, 8123, 3])) if pre else 0 for c, pre in enumerate(prefix)]
+    return Dependence(offsets, absolute, prefix, a[3] & b[3], turns, sums)
+
+
+def _sign_changes(values: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """y (..., V, O) over sorted values (V,) -> (..., O) sign changes of the slope's change."""
+    slope = np.diff(y, axis=-2) / np.diff(values)[:, None]
+    bend = np.diff(slope, axis=-2)
+    tol = 1e-6 * (np.nanmax(np.abs(slope), axis=-2, keepdims=True) + 1e-12)
+    sign = np.where(np.abs(bend) > tol, np.sign(bend), 0)
+    flat = np.moveaxis(sign, -2, -1).reshape(-1, sign.shape[-2])
+    changes = [int((row[row != 0][1:] != row[row != 0][:-1]).sum()) for row in flat]
+    return np.reshape(changes, sign.shape[:-2] + sign.shape[-1:])
+
+
+def _sum_turns(task: Task, c: int, rng: np.random.Generator) -> int:
+    """Sign changes of y_(T-1) as a function of S = the sum of channel c over the sequence, when y
+    is one (equal S, equal y on every sampled pair); 0 otherwise (a running maximum is no function
+    of the sum)."""
+    x, y = task.batch(rng, PROBE_SEQUENCES)
+    S, out = x[:, :, c].sum(axis=1), y[:, -1, :]                                  # (n,), (n, O)
+    values, inverse = np.unique(S, return_inverse=True)
+    if len(values) < 5 or not np.all(np.isfinite(out)):
+        return 0
+    table = np.zeros((len(values), out.shape[1]))
+    np.add.at(table, inverse.ravel(), out)
+    table /= np.bincount(inverse.ravel())[:, None]
+    if not np.allclose(table[inverse.ravel()], out, rtol=1e-9, atol=1e-9):
+        return 0
+    return int(_sign_changes(values, table).max())
 
 
 def _turns(task: Task, offsets: list[list[int]], rng: np.random.Generator) -> list[dict[int, int]]:
@@ -107,15 +141,8 @@ def _turns(task: Task, offsets: list[list[int]], rng: np.random.Generator) -> li
             sweep = np.repeat(x[:n], len(values), axis=0)                       # (n * V, T, k)
             sweep[:, T - 1 - d, c] = np.tile(values, n)
             y = task.targets(sweep)[:, T - 1, :].reshape(n, len(values), -1)     # (n, V, O)
-            slope = np.diff(y, axis=1) / np.diff(values)[None, :, None]          # (n, V - 1, O)
-            bend = np.diff(slope, axis=1)
-            tol = 1e-6 * (np.nanmax(np.abs(slope), axis=1, keepdims=True) + 1e-12)
-            sign = np.where(np.abs(bend) > tol, np.sign(bend), 0)
-            changes = []
-            for row in sign.transpose(0, 2, 1).reshape(-1, sign.shape[1]):      # (n * O, V - 2)
-                nz = row[row != 0]
-                changes.append(int((nz[1:] != nz[:-1]).sum()))
-            per[d] = int(np.median(np.reshape(changes, (n, -1)).max(axis=1)))
+            changes = _sign_changes(values, y)                                  # (n, O)
+            per[d] = int(np.median(changes.max(axis=1)))
         out.append(per)
     return out
 
