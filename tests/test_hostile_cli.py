@@ -124,3 +124,25 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def test_every_help_page_prints():
+    """argparse %-formats help strings: a '95%' in a study's description made `wtc --help` a
+    TypeError traceback. Every command's help must print, exit 0."""
+    import argparse
+
+    from wtc.cli import build_parser
+
+    commands = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)][0].choices
+    for args in [["--help"]] + [[name, "--help"] for name in commands]:
+        r = wtc(*args)
+        assert r.returncode == 0 and "Traceback" not in r.stderr and "usage" in r.stdout, (args, r.stderr[-300:])
+
+
+def test_the_command_exits_with_its_status_after_skipping_teardown():
+    """python -m wtc ends with os._exit after flushing: the status and the whole output survive."""
+    r = wtc("discover", "no_such_task")
+    assert r.returncode == 2 and r.stderr.startswith("wtc: error: unknown task 'no_such_task'")
+    r = wtc("tasks")
+    import wtc as package
+    assert r.returncode == 0 and all(name in r.stdout for name in package.tasks.names())

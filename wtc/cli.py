@@ -320,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     from wtc.studies import STUDIES
 
     listing = "; ".join(f"{n}: {d}" for n, (_, d) in STUDIES.items())
-    st = sub.add_parser("study", help=f"run a study ({listing}; all resumable)",
+    # help= strings are %-formatted by argparse (a "95%" in a description broke `wtc --help`)
+    st = sub.add_parser("study", help=f"run a study ({listing.replace('%', '%%')}; all resumable)",
                         description=f"Studies: {listing}. All resumable.")
     st.add_argument("name", metavar="NAME", help=" | ".join(STUDIES))
     st.add_argument("--quick", action="store_true", help="fewer training steps (durations above)")
