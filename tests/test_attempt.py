@@ -280,3 +280,24 @@ def test_a_fresh_run_refuses_to_overwrite_another_runs_checkpoints(tmp_path):
         train("prev2", cfg, seed=1, progress=False, checkpoint_dir=tmp_path)
     assert (tmp_path / "attempt0_result.json").read_bytes() == before       # nothing was overwritten
     train("prev2", cfg, seed=0, progress=False, checkpoint_dir=tmp_path)     # the same run starts over there
+
+
+def test_prestarted_workers_give_the_same_discovery_and_are_stopped():
+    """wtc.worker_pool: interpreters started before the wave take its rungs (their pids run them)
+    with the same result as fresh workers; a pool closed with workers still waiting stops them."""
+    from wtc.worker_pool import Prestarted
+
+    cfg = DTConfig(n_heads=2, n_mlps=1, mlp_hidden=8, steps=150, hard_steps=20, polish_iters=20, replicas=4,
+                   batch_size=32, eval_sequences=256, precision_iters=0, workers=2)
+    fresh = wtc.discover("sum_last2", seed=0, budget_s=60, progress=False, config=cfg)
+    with Prestarted(3) as pool:
+        waiting = [proc for proc, _ in pool._idle]
+        warm = wtc.discover("sum_last2", seed=0, budget_s=60, progress=False, config=cfg, prestarted=pool)
+        assert len(pool._idle) == 1                                # two rungs took two of the three
+        assert all(proc.poll() is not None for proc in waiting[:2])
+        left = waiting[2]
+    assert left.poll() is not None                                 # closed: the unused one is gone
+    assert warm.solved and warm.program.source == fresh.program.source
+    assert warm.verification == fresh.verification and warm.history.final == fresh.history.final
+    x, _ = wtc.tasks.get("sum_last2").batch(np.random.default_rng(3), 16)
+    np.testing.assert_array_equal(warm.model.predict(x), fresh.model.predict(x))

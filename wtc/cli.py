@@ -71,7 +71,8 @@ def _cmd_train(args) -> int:
 
 def _cmd_discover(args) -> int:
     from wtc import tasks
-    from wtc.discovery import discover
+    from wtc.threads import cores
+    from wtc.worker_pool import Prestarted
 
     if args.all and args.task:
         raise CLIError(f"give a TASK or --all, not both (got {args.task!r} and --all)")
@@ -81,7 +82,11 @@ def _cmd_discover(args) -> int:
         print("wtc: error: give a TASK or --all", file=sys.stderr)
         return 2
     task = tasks.get(args.task)
-    d = discover(task, seed=args.seed, budget_s=args.budget, progress=not args.quiet)
+    # the first wave's workers import torch while this process does (wtc.worker_pool)
+    with Prestarted(cores() if cores() > 1 else 0) as ready:
+        from wtc.discovery import discover
+
+        d = discover(task, seed=args.seed, budget_s=args.budget, progress=not args.quiet, prestarted=ready)
     print(d.program.source if d.program is not None else "(no program)")
     print(d.verification)
     for failure in (d.program.failures if d.program is not None else []):

@@ -173,14 +173,15 @@ class Discovery:
 
 
 def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool = True,
-             config: DTConfig | None = None) -> Discovery:
+             config: DTConfig | None = None, *, prestarted=None) -> Discovery:
     """Train, extract and verify until a program verifies or the budget (default 600 s) is spent.
 
     budget_s must be a finite positive number of seconds. A new wave of attempts starts only if
     the time left covers the longest wave so far, and training stops when the budget is spent
     (that attempt is finished and read as it stands; its record says stopped_at_step). A
     given `config` also caps the attempts at its max_attempts; without one, attempts go on until
-    the budget is spent.
+    the budget is spent. prestarted: worker interpreters already started (wtc.worker_pool; the
+    CLI opens them before its own imports), used by the first wave.
     """
     task = task_registry.get(task)
     budget = DEFAULT_BUDGET_S if budget_s is None else check_budget(budget_s)
@@ -205,8 +206,9 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
         return result[0]["verified"]
 
     def wave(rungs):
+        first = rungs[0].attempt == 0
         results = run_wave(JOB, task, task_ref, rungs, seed, {"progress": progress, "deadline": deadline},
-                           solved=solved)
+                           solved=solved, prestarted=prestarted if first else None)
         if progress:
             used = True   # False after a verified attempt: later ones that ran alongside are dropped
             for rung in rungs:

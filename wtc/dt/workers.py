@@ -86,13 +86,14 @@ def _job(name: str):
 
 
 def run_wave(job_name: str, task, task_ref: str | None, rungs: list[Rung], seed: int, opts: dict,
-             solved: Callable[[object], bool] | None = None) -> dict[int, object]:
+             solved: Callable[[object], bool] | None = None, prestarted=None) -> dict[int, object]:
     """{attempt: result} for the rungs: each in its own worker when task_ref is a built-in task's
     name and there are several, else one after another in this process.
 
     With `solved`, the wave ends once its outcome is known: a rung solved (or failed) and every
     rung before it done. Rungs after that one are stopped and left out of the answer; the
     sequential loop would never have started them, and the ladder drops them anyway.
+    prestarted: a wtc.worker_pool.Prestarted whose waiting interpreters take rungs first.
     """
     job = _job(job_name)
     if task_ref is None or len(rungs) == 1:
@@ -123,9 +124,20 @@ def run_wave(job_name: str, task, task_ref: str | None, rungs: list[Rung], seed:
                         "config": rung.config.to_dict(), "seed": seed,
                         "opts": {**opts, "progress": False, "milestones": bool(opts.get("progress"))},
                         "path": str(path), "error": str(Path(scratch) / f"attempt{rung.attempt}_error.json")}
-                log = open(Path(scratch) / f"attempt{rung.attempt}.log", "w+")
-                pending[rung.attempt] = (rung, path, log, subprocess.Popen(
-                    [sys.executable, "-m", "wtc.dt.workers", json.dumps(spec)], stdout=log, stderr=subprocess.STDOUT))
+                ready = prestarted.take() if prestarted is not None else None
+                if ready is not None:          # an interpreter that already imported torch and wtc
+                    proc, log = ready
+                    try:
+                        proc.stdin.write(json.dumps(spec))
+                        proc.stdin.close()
+                    except OSError:            # it died while waiting: start one as usual
+                        proc.kill()
+                        ready = None
+                if ready is None:
+                    log = open(Path(scratch) / f"attempt{rung.attempt}.log", "w+")
+                    proc = subprocess.Popen([sys.executable, "-m", "wtc.dt.workers", json.dumps(spec)], stdout=log,
+                                            stderr=subprocess.STDOUT)
+                pending[rung.attempt] = (rung, path, log, proc)
             relayed = {a: 0 for a in pending}
             while pending and not wave_decided(results, failures, pending, solved):
                 time.sleep(POLL_S)
@@ -226,7 +238,15 @@ def main(spec: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    if sys.argv[1:] == ["-"]:   # prestarted (wtc.worker_pool): import the jobs' modules, then wait for the spec
+        _exit_with_parent(os.getppid())
+        import wtc.discovery  # noqa: F401  (DiscoverJob; imports wtc.dt.attempt for TrainJob)
+        text = sys.stdin.read()
+        if not text:             # the parent closed the pool without a rung for this one
+            os._exit(0)
+        main(json.loads(text))
+    else:
+        main(json.loads(sys.argv[1]))
     # the result is on disk and closed: skip the interpreter's teardown (torch, OpenMP; ~1.5 s measured
     # per worker, which the parent would wait for before it reads the result)
     sys.stdout.flush()
