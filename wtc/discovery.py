@@ -339,11 +339,19 @@ def program_to_dict(program: Program) -> dict:
             "lines": lines, "readings": [dataclasses.asdict(r) for r in program.readings]}
 
 
+def _expression(text: str) -> sp.Expr:
+    """An srepr back to the expression, wtc.sr's own functions included: sympy's sympify reads
+    "Ge" as its relational GreaterThan (refused inside a Mul: `2*(x >= 5)` failed to load) and
+    "FloorDiv" as an undefined function."""
+    from wtc.sr.expr import Eq, FloorDiv, Ge
+    return sp.sympify(text, locals={"Ge": Ge, "Eq": Eq, "FloorDiv": FloorDiv})
+
+
 def program_from_dict(d: dict, model=None) -> Program:
     lines = [Line(ln["name"], ln["kind"], ln["source"], Rule(**ln["rule"]) if ln["rule"] else None,
-                  sp.sympify(ln["expr"]) if ln["expr"] is not None else None, ln["comment"]) for ln in d["lines"]]
+                  _expression(ln["expr"]) if ln["expr"] is not None else None, ln["comment"]) for ln in d["lines"]]
     return Program(d["task"], d["source"], d["seq_len"], d["n_inputs"], d["n_outputs"], lines,
-                   [sp.sympify(e) for e in d["outputs"]], ok=d["ok"], failures=list(d["failures"]),
+                   [_expression(e) for e in d["outputs"]], ok=d["ok"], failures=list(d["failures"]),
                    readings=[Reading(**r) for r in d["readings"]], model=model)
 
 
