@@ -240,7 +240,7 @@ def main(spec: dict) -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["-"]:   # prestarted (wtc.worker_pool): import the jobs' modules, then wait for the spec
         _exit_with_parent(os.getppid())
-        import wtc.discovery  # noqa: F401  (DiscoverJob; imports wtc.dt.attempt for TrainJob)
+        importlib.import_module("wtc.discovery")   # DiscoverJob (and wtc.dt.attempt for TrainJob), by name
         text = sys.stdin.read()
         if not text:             # the parent closed the pool without a rung for this one
             os._exit(0)

@@ -1,0 +1,78 @@
+"""Formulas for extraction: the simplest formula of a module's inputs within a tolerance
+(wtc.sr, widened step by step), and for integer outputs the simplest that keeps the model's
+decisions (used by wtc.extraction.reader)."""
+from __future__ import annotations
+
+import numpy as np
+import sympy as sp
+
+from wtc import sr
+from wtc.errors import WtcError
+
+MIN_DECISION_AGREEMENT = 0.8  # integer outputs: a formula must share this share of the model's decisions
+DECISION_SLACK = 0.05         # ... and may trail the best candidate's agreement by this much
+MAX_SR_POINTS = 3000
+
+
+class ExtractionError(WtcError, RuntimeError):
+    """A step of the extraction could not run (not: could not find a rule or formula)."""
+
+
+def formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: float, widen=(1.0, 3.0, 10.0),
+             time_limit: float | None = None, decisions: bool = False):
+    """Simplest formula y = f(X) within tol_abs (rms), widening the tolerance if nothing passes.
+
+    decisions=True (integer outputs, y = the model's rounded outputs): among the regression's
+    Pareto candidates, the simplest whose rounded values agree with y (weighted by how often each
+    input occurs) within DECISION_SLACK of the best agreement any candidate reaches: a network that
+    rounds wrong on a few inputs must not buy a formula that copies its wobble (seen: x*y plus
+    sin/cos terms at +0.5% agreement on product_last2).
+    Returns (sympy expression, evidence text, passed)."""
+    if X.shape[1] == 0:
+        value = float(np.mean(y))
+        ok = float(np.sqrt(np.mean((y - value) ** 2))) <= tol_abs
+        return sp.nsimplify(value, rational=True, tolerance=tol_abs), "constant", ok
+    X, inverse, counts = np.unique(np.round(X, 12), axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.ravel()
+    y = np.bincount(inverse, weights=y) / counts                                  # mean per distinct input
+    if decisions:
+        y = np.round(y)
+    if len(y) > MAX_SR_POINTS:
+        pick = np.random.default_rng(0).choice(len(y), MAX_SR_POINTS, replace=False)
+        X, y, counts = X[pick], y[pick], counts[pick]
+    if len(y) < 8:   # e.g. two bits: 4 distinct inputs; repeat them so the regression has its minimum
+        reps = -(-8 // len(y))
+        X, y, counts = np.tile(X, (reps, 1)), np.tile(y, reps), np.tile(counts, reps) / reps
+    fit = sr_fit(X, y, names, tol_abs, widen, time_limit)
+    evidence = f"rmse {fit.rmse:.3g} (tolerance {fit.tolerance:.3g}), R^2 {fit.r2:.6f}, complexity {fit.complexity}"
+    if not decisions:
+        return fit.expr, evidence, bool(fit.exact)
+    symbols = [sp.Symbol(n) for n in names]
+    scored = []
+    for row in sorted(fit.candidates, key=lambda r: r.complexity):
+        f = sp.lambdify(symbols, row.expr, modules=["numpy"])
+        with np.errstate(all="ignore"):
+            pred = np.broadcast_to(np.asarray(f(*X.T), dtype=float), y.shape)
+        agree = float(np.sum(counts * (np.round(pred) == y)) / np.sum(counts))
+        scored.append((row, agree))
+    if not scored:
+        return fit.expr, evidence, bool(fit.exact)
+    best = max(a for _, a in scored)
+    row, agree = next((r, a) for r, a in scored if a >= best - DECISION_SLACK)
+    evidence = (f"agrees with the model's decisions on {agree:.4f} of inputs (best candidate {best:.4f}); "
+                f"complexity {row.complexity}")
+    return row.expr, evidence, agree >= MIN_DECISION_AGREEMENT
+def sr_fit(X, y, names, tol_abs, widen, time_limit=None):
+    """wtc.sr.fit at tol_abs (absolute rms), widened step by step until a formula passes."""
+    rms = float(np.sqrt(np.mean(y**2))) + 1e-12
+    fit = None
+    for w in widen:
+        try:
+            fit = sr.fit(X, y, names=names, tol=min(1.0, w * tol_abs / rms), time_limit=time_limit)
+        except (ValueError, OverflowError, ZeroDivisionError) as exc:
+            if fit is not None:      # keep the last good answer; nothing wider will be simpler
+                break
+            raise ExtractionError(f"symbolic regression over {names} failed: {exc}") from exc
+        if fit.exact:
+            break
+    return fit
