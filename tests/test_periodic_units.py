@@ -1,5 +1,6 @@
 """Periodic units of the sub-MLPs (DTConfig.mlp_periods): the features, their exactness on integer
 tables, every backend against the reference, and a planted model read back as `%`."""
+import fnmatch
 import os
 import subprocess
 import sys
@@ -123,24 +124,34 @@ def test_config_checks_and_round_trip():
             DTConfig(mlp_periods=bad)
 
 
-def test_planted_parity_reads_as_a_modulus_and_survives_a_checkpoint(tmp_path):
-    """A frozen model whose one sub-MLP reads x, fitted to is_even: the periodic units fit the
-    table exactly, extraction reads `1 - x % 2` (a modulus, not a cosine), the program verifies on
-    fresh data, and a reloaded checkpoint in a new process predicts the same."""
-    task = wtc.tasks.get("is_even")
-    cfg = DTConfig(n_layers=1, n_heads=0, n_mlps=1, replicas=1, mlp_hidden=8, mlp_periods=PERIODS)
+def _planted(task_name: str, cfg: DTConfig, pins: dict[str, str], iters: int):
+    """A frozen model of task_name whose read slots read the given variables ({slot: variable};
+    a slot "L0.m0.in*" pins every input of the sub-MLP), head refit and polished: (task, model)."""
+    task = wtc.tasks.get(task_name)
     run = Attempt(task, cfg, seed=0, attempt=0)
     model = run.model
-    mlp = model.blocks[0].mlp
+    names = model.variable_names
     with torch.no_grad():
-        for i in range(mlp.k):
-            mlp.select.logits[0, i] = -10.0
-            mlp.select.logits[0, i, model.variable_names.index("x")] = 10.0
+        for sel in model.selectors():
+            for s, slot in enumerate(sel.slot_names):
+                var = next((v for pattern, v in pins.items() if fnmatch.fnmatch(slot, pattern)), None)
+                if var is not None:
+                    sel.logits[0, s] = -10.0
+                    sel.logits[0, s, names.index(var)] = 10.0
     model.freeze()
     model.eval()
     x, y, valid, _ = run.fit_data
     refit_head(model, x, y, valid)
-    polish(model, x[:512], y[:512], valid[:512], iters=200)
+    polish(model, x[:512], y[:512], valid[:512], iters=iters)
+    return task, model
+
+
+def test_planted_parity_reads_as_a_modulus_and_survives_a_checkpoint(tmp_path):
+    """A frozen model whose one sub-MLP reads x, fitted to is_even: the periodic units fit the
+    table exactly, extraction reads `1 - x % 2` (a modulus, not a cosine), the program verifies on
+    fresh data, and a reloaded checkpoint in a new process predicts the same."""
+    cfg = DTConfig(n_layers=1, n_heads=0, n_mlps=1, replicas=1, mlp_hidden=8, mlp_periods=PERIODS)
+    task, model = _planted("is_even", cfg, {"L0.m0.in*": "x"}, iters=200)
     program = extract(model, task)
     assert program.ok, program.failures
     assert "%" in program.source and "cos" not in program.source
@@ -159,24 +170,8 @@ def test_planted_counter_mod_k_reads_through_the_prefix_sum():
     """cumsum_mod5 = (x_0 + .. + x_t) % 5: an aggregate head averages x, the sub-MLP's periodic
     units read the average as the sum it stands for; extraction finds no formula of the mean, reads
     the aggregate as a prefix sum, and the program (`sum_x % 5`) verifies on fresh data."""
-    task = wtc.tasks.get("cumsum_mod5")
     cfg = DTConfig(n_layers=1, n_heads=0, n_agg_heads=1, n_mlps=1, replicas=1, mlp_hidden=8, mlp_periods=PERIODS)
-    run = Attempt(task, cfg, seed=0, attempt=0)
-    model = run.model
-    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
-    names = model.variable_names
-    with torch.no_grad():
-        v = attn.select.slot_names.index("L0.a0.v")
-        attn.select.logits[0, v] = -10.0
-        attn.select.logits[0, v, names.index("x")] = 10.0
-        for i in range(mlp.k):
-            mlp.select.logits[0, i] = -10.0
-            mlp.select.logits[0, i, names.index("L0.a0")] = 10.0
-    model.freeze()
-    model.eval()
-    x, y, valid, _ = run.fit_data
-    refit_head(model, x, y, valid)
-    polish(model, x[:512], y[:512], valid[:512], iters=300)
+    task, model = _planted("cumsum_mod5", cfg, {"L0.a0.v": "x", "L0.m0.in*": "L0.a0"}, iters=300)
     program = extract(model, task)
     assert program.ok, program.failures
     assert "sum(x[:t + 1])" in program.source and "% 5" in program.source, program.source

@@ -241,8 +241,8 @@ class _Extraction:
         for v in aggregates:
             src, sums = self.sums[v]
             prog[v] = sums
-            pname[v] = self.routes.get(("sum", "", src)) or _unique_name(f"sum_{self.pname[src]}", self.taken | {
-                n for n in pname.values()})
+            pname[v] = self.routes.get(("sum", "", src)) or _unique_name(f"sum_{self.pname[src]}",
+                                                                         self.taken | set(pname.values()))
         return prog, pname
 
     def _keep_sums(self, leaves, pname) -> None:
