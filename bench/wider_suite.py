@@ -6,7 +6,7 @@ Each task runs as `python -m wtc discover TASK --seed S --budget B --out DIR --q
 subprocess, timed by wall clock; recorded: seconds, solved, attempts, program lines, what the
 probe found the target reads, and the program's source. Rows go to bench/results/wider_suite.jsonl
 (one JSON object per run); a task already recorded for this seed and budget is skipped, so the
-suite can run in pieces. Prints the markdown table for the README.
+suite can run in pieces (--again reruns it; the newest row counts). Prints the markdown table for the README.
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ def main() -> None:
     p.add_argument("--tasks", default=None, help="comma-separated names (default: every 'wider' task)")
     p.add_argument("--budget", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--again", action="store_true", help="rerun tasks already recorded (the engine changed)")
     a = p.parse_args()
     names = a.tasks.split(",") if a.tasks else wtc.tasks.names(tier="wider")
     done = {}
@@ -57,7 +58,7 @@ def main() -> None:
             done[(row["task"], row["seed"], row["budget"])] = row
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     for name in names:
-        if (name, a.seed, a.budget) in done:
+        if (name, a.seed, a.budget) in done and not a.again:
             continue
         row = run(name, a.seed, a.budget)
         done[(name, a.seed, a.budget)] = row

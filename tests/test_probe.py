@@ -121,3 +121,28 @@ def test_no_builtin_task_is_sized_differently_by_the_oscillation_probe():
     for name in [n for n in wtc.tasks.names() if wtc.tasks.tier(n) != "wider"]:
         d = dependence(wtc.tasks.get(name))
         assert d is None or not d.oscillating, (name, d.describe())
+
+
+@pytest.mark.parametrize("target, hi, order", [
+    (lambda x: sum(lag(x, d) for d in range(5)), 10, 1),                       # additive
+    (lambda x: x * lag(x, 1) + lag(x, 2), 10, 2),                               # a product of two
+    (lambda x: np.max([lag(x, d) for d in range(3)], 0), 100, 3),
+    (lambda x: np.max([lag(x, d) for d in range(5)], 0), 100, 5),
+    (lambda x: (sum(lag(x, d) for d in range(5)) >= 3).astype(float), 2, 5),   # majority of five
+    (lambda x: lag(x, 1) * lag(x, 2) * lag(x, 3) * lag(x, 4), 10, 4),
+    (lambda x: np.max([lag(x, d) for d in range(7)], 0), 100, 7),
+])
+def test_the_interaction_order_is_the_most_inputs_one_computation_needs(target, hi, order):
+    d = dependence(Task("t", ints(10, hi), target, seq_len=10))
+    assert d.order == order, d.describe()
+    grown, why = sized_for(DTConfig(), d)
+    wide = order > 3                      # more than the ladder's 3-input rung reads: as many as interact
+    assert grown.mlp_inputs == (order if wide else 2) and ("input sub-MLPs" in why) == wide
+    assert grown.rung(1)[1].mlp_inputs == max(order, 3) and grown.rung(1)[1].mlp_depth == 2
+
+
+def test_no_builtin_task_gets_wider_sub_mlps():
+    """The built-ins stay as measured: none has more than three interacting inputs."""
+    for name in [n for n in wtc.tasks.names() if wtc.tasks.tier(n) != "wider"]:
+        d = dependence(wtc.tasks.get(name))
+        assert d is None or sized_for(DTConfig(), d)[0].mlp_inputs == 2, (name, d.describe())

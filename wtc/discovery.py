@@ -239,8 +239,10 @@ def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:
     """The default architecture grown to what the probe found: a pointer head per offset to route
     (when there are more than it has), aggregate heads from the start when outputs read the whole
     prefix (instead of two rungs later), periodic sub-MLP units when the output oscillates in an
-    input it reads (parity, residues, digit tables: no bounded stack of ReLUs has the kinks).
-    Returns (config, what changed and why, or "")."""
+    input it reads (parity, residues, digit tables: no bounded stack of ReLUs has the kinks), and
+    sub-MLPs that read as many inputs as interact (a one-layer model sums parts of at most
+    mlp_inputs inputs: a majority of five is no such sum). Returns (config, what changed and why,
+    or "")."""
     changes, why = {}, []
     routes = dep.pointer_routes
     if routes > max(config.n_heads):
@@ -252,6 +254,9 @@ def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:
     if dep.oscillating and not config.mlp_periods:
         changes["mlp_periods"] = PERIODS
         why.append(f"periodic sub-MLP units (periods {', '.join(map(str, PERIODS))})")
+    if dep.order > max(config.mlp_inputs, 3):      # three: the ladder's second rung has them anyway
+        changes["mlp_inputs"] = dep.order
+        why.append(f"{dep.order}-input sub-MLPs ({dep.order} inputs interact)")
     if not changes:
         return config, ""
     return config.replace(**changes), "starting with " + " and ".join(why)

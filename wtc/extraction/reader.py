@@ -32,6 +32,7 @@ from wtc.extraction.verification import agreement
 LIVE_SHARE = 0.1            # live: moves an output by more than this share of the output tolerance
 MAX_DEVIATION = 0.05        # program vs model output on the extraction data, relative rms
 RAW_READ_DEVIATION = 0.03     # ... or, failing that, read the raw output within this relative rms
+MAX_VIA = 8                 # variables the sub-MLPs feeding an output may read together
 ALONE_TIME_LIMIT = 3.0      # seconds per sub-MLP read alone for the report (its formula is in the output)
 
 
@@ -197,6 +198,8 @@ class _Extraction:
             unread = (mod.name, f"{mod.name}: pointer fits no routing rule (best: {best.describe()}, "
                                 f"agreement {best.rate:.4f})")
             keys = self.ro.pointers[mod.name]       # keep going with what the head really does
+        elif fit.rule.near_ties is not None:
+            keys = self.ro.pointers[mod.name]       # what reads this head fits what the model computes
         else:
             keys = rule_keys(fit.rule, view, P, T)
         key = (best.kind, repr(best.params), src)
@@ -330,12 +333,13 @@ class _Extraction:
 
     def _decomposed_output(self, o, direct, via, keep, target, widen):
         """More than 3 variables: the head's direct terms are linear; the sub-MLPs' joint
-        contribution is one regression over their inputs (at most 3). Each Pareto candidate of that
+        contribution is one regression over their inputs (at most MAX_VIA: wtc.sr reads a sum,
+        maximum or minimum of all of them, or a threshold of the sum, at any count). Each Pareto candidate of that
         regression, plus the linear terms, is refit and snapped against the target; the simplest
         that scores within slack of the best candidate is kept (decisions for integer outputs)."""
         P = self.P
-        if len(via) > 3:
-            return sp.Float(float(np.mean(target))), f"the sub-MLPs read {len(via)} variables (> 3)", False
+        if len(via) > MAX_VIA:
+            return sp.Float(float(np.mean(target))), f"the sub-MLPs read {len(via)} variables (> {MAX_VIA})", False
         data = {p: self.prog[nm][:, P:][keep] for p, nm in {**direct, **via}.items()}
         binary = {sp.Symbol(k) for k, v in data.items() if set(np.unique(v)) <= {0.0, 1.0}}
         symbols = sorted((sp.Symbol(k) for k in data), key=lambda s: s.name)
@@ -352,6 +356,11 @@ class _Extraction:
         def score(pred):   # integer outputs: the model's decisions; real: closeness to its output
             return float(np.mean(np.round(pred) == target)) if integer else -float(np.sqrt(np.mean((pred - target) ** 2)))
 
+        raw = self.ro.y_model[:, :, o][keep]
+
+        def deviation(pred):   # relative rms distance from the model's raw output
+            return float(np.sqrt(np.mean((pred - raw) ** 2)) / (np.sqrt(np.mean(raw**2)) + 1e-12))
+
         scored = []
         for shape in shapes[:12]:
             expr = snap_output(shape + linear, symbols, data, target, self.tol_out, binary, score=score,
@@ -359,10 +368,25 @@ class _Extraction:
             f = sp.lambdify(symbols, expr, modules=["numpy"])
             with np.errstate(all="ignore"):
                 pred = np.broadcast_to(np.asarray(f(*[data[s.name] for s in symbols]), dtype=float), target.shape)
-            scored.append((expr, score(pred)))
-        best = max(sc for _, sc in scored)
+            scored.append((expr, score(pred), deviation(pred)))
+        best = max(sc for _, sc, _ in scored)
         slack = DECISION_SLACK if integer else max(widen) * self.tol_out
-        expr, score = next((e, sc) for e, sc in scored if sc >= best - slack)
+        near = [(e, sc, dev) for e, sc, dev in scored if sc >= best - slack]
+        if integer and len(symbols) <= MAX_VIA and not any(dev <= MAX_DEVIATION for _, _, dev in near):
+            # nothing both rounds like the model and stays near its raw output (sub-MLPs that share
+            # a vote among them): one formula of every input for the decisions themselves
+            X = np.stack([data[s.name] for s in symbols], axis=1)
+            expr, _, ok = _formula(X, target, tuple(s.name for s in symbols), self.tol_out, widen=widen,
+                                   decisions=True)
+            if ok:
+                f = sp.lambdify(symbols, expr, modules=["numpy"])
+                with np.errstate(all="ignore"):
+                    pred = np.broadcast_to(np.asarray(f(*X.T), dtype=float), target.shape)
+                if score(pred) >= best - slack:
+                    near.append((expr, score(pred), deviation(pred)))
+        # of the readings that round like the model, one that is also close to its raw output (a
+        # vote read as a threshold of the sum, not as a weighted sum that happens to round right)
+        expr, score, _ = next((c for c in near if c[2] <= MAX_DEVIATION), near[0])
         if integer:
             evidence = f"linear terms + sub-MLPs; agrees with the model's decisions on {score:.4f}"
             if score >= MIN_DECISION_AGREEMENT:
@@ -370,10 +394,9 @@ class _Extraction:
             # too imprecise to round right: accept the formula if it reads the raw output closely
             f = sp.lambdify(symbols, expr, modules=["numpy"])
             with np.errstate(all="ignore"):
-                pred = np.broadcast_to(np.asarray(f(*[data[s.name] for s in symbols]), dtype=float), target.shape)
-            raw = self.ro.y_model[:, :, o][keep]
-            deviation = float(np.sqrt(np.mean((pred - raw) ** 2)) / (np.sqrt(np.mean(raw**2)) + 1e-12))
-            return expr, f"{evidence}; raw output within {deviation:.3g} relative rms", deviation <= RAW_READ_DEVIATION
+                dev = deviation(np.broadcast_to(np.asarray(f(*[data[s.name] for s in symbols]), dtype=float),
+                                                target.shape))
+            return expr, f"{evidence}; raw output within {dev:.3g} relative rms", dev <= RAW_READ_DEVIATION
         return expr, f"linear terms + sub-MLPs; rmse {-score:.3g}", -score <= max(widen) * self.tol_out
 
     # ------------------------------------------------------------------ program

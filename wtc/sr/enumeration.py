@@ -8,6 +8,9 @@ as a*a and a on bits. New expressions of size s combine kept ones of smaller siz
 an operator at once (numpy broadcasting), so the Python work is per kept expression, not per try.
 Within a size binary forms come first: of 1/x**2 and (1/x)**2 the first keeps the divisor visible
 to the inner-constant pass (1/(x**2 + c)).
+With four or more inputs the sum, maximum and minimum of all of them (chains of one operator, as
+big as they are) join the library whatever its budget: a window's sum or maximum, a majority vote
+(sum >= c) are one such term, far past the size the enumeration reaches with that many leaves.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ class Library:
     vals: np.ndarray | None = None  # (N, P)
     n_data: int = 0  # the first n_data probe columns are data points
     complete_size: int = 0  # every expression up to this size was enumerated
+    chains: list = field(default_factory=list)  # indices of the all-input chains (sum, max, min)
 
     def __len__(self) -> int:
         return len(self.trees)
@@ -167,13 +171,43 @@ def enumerate_library(probes: np.ndarray, n_data: int, ops: tuple[str, ...], *, 
             by_size[s] = (trees_s, vals_cat)
             total += len(trees_s)
 
+    chains = _chains(ops, k, probes, keep) if k >= CHAIN_INPUTS else {}
+    for s, (t, v) in chains.items():
+        if s in by_size:
+            by_size[s] = (t + by_size[s][0], np.concatenate([v, by_size[s][1]]))
+        else:
+            by_size[s] = (t, v)
     for s in sorted(by_size):
         t, v = by_size[s]
+        if s in chains:
+            lib.chains += range(len(lib.trees), len(lib.trees) + len(chains[s][0]))
         lib.trees += t
         lib.sizes += [s] * len(t)
     lib.vals = np.concatenate([by_size[s][1] for s in sorted(by_size)])
     lib.sizes = list(lib.sizes)
     return lib
+
+
+CHAIN_INPUTS = 4  # fewer inputs: the enumeration reaches the chains by itself
+
+
+def _chains(ops, k: int, probes: np.ndarray, keep) -> dict:
+    """{size: (trees, vals)}: op(x0, op(x1, ...)) over all k inputs for add, max and min in ops, each
+    kept only if no smaller form equals it (keep's semantic dedup)."""
+    out: dict = {}
+    size = 2 * k - 1
+    for name in ("add", "max", "min"):
+        if name not in ops:
+            continue
+        op = OPS[name]
+        tree, vals = ("x", k - 1), probes[:, k - 1]
+        for i in range(k - 2, -1, -1):
+            tree, vals = (name, ("x", i), tree), op.fn(probes[:, i], vals)
+        t, v = keep(vals[None, :], lambda _, tree=tree: tree, size)
+        if t:
+            prev = out.get(size, ([], np.empty((0, len(vals)))))
+            out[size] = (prev[0] + t, np.concatenate([prev[1], v]))
+    return out
 
 
 def _rank(d: np.ndarray, target: np.ndarray | None) -> np.ndarray:

@@ -198,9 +198,11 @@ def _threshold_pass(lib, data: Data, cands, fit, max_complexity) -> None:
     sst = float(np.dot(w, yv * yv)) - tot**2 / W
     allowed = (data.thr**2) * W * 1.5 + 1e-12 * max(sst, 0.0)
     found = 0
-    for i, t in enumerate(lib.trees[:THRESHOLD_TERMS]):
+    first = list(range(min(THRESHOLD_TERMS, len(lib))))
+    for i in first + [c for c in lib.chains if c not in first]:   # (sum of a window >= c: a vote)
+        t = lib.trees[i]
         if lib.sizes[i] + 2 > max_complexity:
-            break
+            continue
         sv = np.broadcast_to(evaluate(t, fit["cols"], memo=fit["memo"]), yv.shape)
         if not np.all(np.isfinite(sv)):
             continue

@@ -6,6 +6,10 @@ pointer head must route (y_t reads x_{t-d} at every t), the absolute positions r
 probe sweeps each input it reads through its values and counts how often the output's curvature
 changes sign: a sum, a maximum, a square or a threshold change it at most twice, a parity, a
 residue, a floor division or a table over digits again and again (the evidence for periodic units).
+A third measures how many of the routed inputs interact: a function that is a sum of parts of at
+most k inputs each has every (k+1)-th order mixed difference zero, so the largest order with a
+nonzero one says how many inputs one computation must see together (a sum: 1; a product of two:
+2; the maximum of five: 5): discover gives its sub-MLPs that many inputs.
 
 discover sizes its first architecture from this (wtc.discovery), and a failure report quotes it.
 Data tasks (Task.from_arrays) answer only for recorded inputs, so they cannot be probed.
@@ -24,6 +28,9 @@ SHARE = 0.9              # an offset counts when it matters at this share of the
 SWEEP_SEQUENCES = 32     # base sequences of the oscillation sweep
 SWEEP_VALUES = 128       # at most this many values per sweep (of the sampled ones)
 OSCILLATING = 4          # curvature sign changes (median over base sequences) that count as oscillating
+ORDER_MAX = 8            # interaction orders measured up to this (2**k target calls per mixed difference)
+ORDER_SEQUENCES = 64     # base sequences (and donors) per subset of inputs
+ORDER_SUBSETS = 16       # at most this many input subsets tried per order
 
 
 @dataclass
@@ -36,6 +43,7 @@ class Dependence:
     table: np.ndarray = field(repr=False)          # (n_inputs, T source, T output) bool
     turns: list[dict[int, int]] = field(default_factory=list)   # per channel: offset -> curvature sign changes
     sum_turns: list[int] = field(default_factory=list)          # per channel: the same in the prefix sum (prefix reads)
+    order: int = 0           # most routed inputs (offsets, absolute positions) that interact in y_t
 
     @property
     def oscillating(self) -> list[tuple[int, int | str, int]]:
@@ -61,7 +69,8 @@ class Dependence:
             name = "x" if len(self.offsets) == 1 else f"x{c}"
             return f"the prefix sum of {name}" if d == "sum" else f"{name}_{f'(t-{d})' if d else 't'}"
         waves = [f"{where(c, d)} ({n} turns)" for c, d, n in self.oscillating]
-        return "; ".join(parts) + (f"; oscillating in {', '.join(waves)}" if waves else "")
+        return ("; ".join(parts) + (f"; oscillating in {', '.join(waves)}" if waves else "")
+                + (f"; {self.order} of them interact" if self.order > 2 else ""))
 
 
 def _changed(y0: np.ndarray, y1: np.ndarray, output: str) -> np.ndarray:
@@ -91,7 +100,42 @@ def dependence(task: Task, seed: int = 0) -> Dependence | None:
     offsets = [[d for d in offs if not pre or d == 0] for offs, pre in zip(both, prefix)]
     turns = _turns(task, offsets, np.random.default_rng([seed, 8123, 2]))
     sums = [_sum_turns(task, c, np.random.default_rng([seed, 8123, 3])) if pre else 0 for c, pre in enumerate(prefix)]
-    return Dependence(offsets, absolute, prefix, a[3] & b[3], turns, sums)
+    order = _order(task, offsets, absolute, np.random.default_rng([seed, 8123, 4]))
+    return Dependence(offsets, absolute, prefix, a[3] & b[3], turns, sums, order)
+
+
+def _order(task: Task, offsets: list[list[int]], absolute: list[list[int]], rng: np.random.Generator) -> int:
+    """The largest k (up to ORDER_MAX) such that some k-th order mixed difference of y_(T-1) in the
+    routed inputs is nonzero: sum over subsets A of S of (-1)^(|S|-|A|) y(x with A's inputs taken
+    from a donor). Zero for every S of size k+1 exactly when y is a sum of parts of <= k inputs."""
+    T = task.seq_len
+    inputs = [(c, T - 1 - d) for c, offs in enumerate(offsets) for d in offs if T - 1 - d >= 0]
+    inputs += [(c, j) for c, ab in enumerate(absolute) for j in ab if j not in [p for q, p in inputs if q == c]]
+    if len(inputs) < 2:
+        return len(inputs)
+    x, donor = task.draw(rng, ORDER_SEQUENCES), task.draw(rng, ORDER_SEQUENCES)
+    found = 1
+    for k in range(2, min(len(inputs), ORDER_MAX) + 1):
+        subsets = {tuple(sorted(rng.choice(len(inputs), k, replace=False))) for _ in range(4 * ORDER_SUBSETS)}
+        if not any(_mixed_nonzero(task, x, donor, [inputs[i] for i in S]) for S in sorted(subsets)[:ORDER_SUBSETS]):
+            break
+        found = k
+    return found
+
+
+def _mixed_nonzero(task: Task, x: np.ndarray, donor: np.ndarray, inputs: list[tuple[int, int]]) -> bool:
+    """Whether the mixed difference of y_(T-1) over these (channel, position) inputs is nonzero
+    (beyond rounding) on any base sequence."""
+    k, n = len(inputs), len(x)
+    masks = np.array([[(a >> i) & 1 for i in range(k)] for a in range(2 ** k)], dtype=bool)   # (2^k, k)
+    xs = np.repeat(x[None], 2 ** k, axis=0)                                                  # (2^k, n, T, C)
+    for i, (c, j) in enumerate(inputs):
+        xs[masks[:, i], :, j, c] = donor[:, j, c]
+    y = task.targets(xs.reshape(-1, *x.shape[1:]))[:, -1, :].reshape(2 ** k, n, -1)         # (2^k, n, O)
+    sign = np.where((k - masks.sum(axis=1)) % 2 == 0, 1.0, -1.0)[:, None, None]
+    diff = (sign * y).sum(axis=0)                                                            # (n, O)
+    scale = np.abs(y).max(axis=0)
+    return bool(np.any(np.isfinite(diff) & (np.abs(diff) > 1e-9 * (1 + scale))))
 
 
 def _sign_changes(values: np.ndarray, y: np.ndarray) -> np.ndarray:
