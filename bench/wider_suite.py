@@ -37,7 +37,7 @@ def run(task: str, seed: int, budget: float) -> dict:
     return {"task": task, "seed": seed, "budget": budget, "seconds": round(seconds, 1),
             "solved": bool(summary.get("solved")), "attempts": len(summary.get("attempts", [])),
             "program_lines": summary.get("program_lines"), "depends_on": summary.get("depends_on"),
-            "exit": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:] if proc.returncode > 1 else [],
+            "failures": summary.get("failures", []), "exit": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:] if proc.returncode > 1 else [],
             "source": source, "date": stamp(), "machine": machine()}
 
 

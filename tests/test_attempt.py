@@ -306,11 +306,12 @@ def test_prestarted_workers_give_the_same_discovery_and_are_stopped():
 def test_programs_with_integer_operators_round_trip():
     """wtc.sr's indicators and floor division inside products came back as sympy's relational Ge
     (refused in a Mul: a discover on is_prime_digit crashed reading its worker's result)."""
-    from wtc.sr.expr import Eq, FloorDiv, Ge
+    from wtc.sr.expr import Eq, FloorDiv, Ge, In
 
     x, y = sp.symbols("x prev1_x")
-    out = 2 * Ge(x, 5) + FloorDiv(x, 3) * Eq(x, y) + sp.Mod(x, 2)
+    out = 2 * Ge(x, 5) + FloorDiv(x, 3) * Eq(x, y) + sp.Mod(x, 2) + 3 * In(y, 2, 3, 5, 7)
     prog = Program("t", "def program(xs):\n    return xs\n", 4, 1, 1, [Line("m0", "expr", expr=3 * Ge(x, y))], [out])
     back = program_from_dict(json.loads(json.dumps(program_to_dict(prog), default=plain_json)))
     assert back.outputs == [out] and back.lines[0].expr == prog.lines[0].expr
     assert isinstance(back.outputs[0].atoms(Ge).pop(), Ge) and back.outputs[0].atoms(FloorDiv)
+    assert back.outputs[0].atoms(In) == {In(y, 2, 3, 5, 7)}

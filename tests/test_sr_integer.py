@@ -145,3 +145,28 @@ def test_bits_keep_the_polynomial_unless_an_integer_reading_is_far_shorter():
     parity = sr.fit(B, (a + b + c) % 2, names=("a", "b", "c"))
     assert parity.exact and parity.complexity <= 7 and not parity.expr.is_polynomial(), parity.equation
     np.testing.assert_array_equal(parity.predict(B), (a + b + c) % 2)
+
+
+@pytest.mark.parametrize("values, hi, want", [
+    ((2, 3, 5, 7), 10, "(x in {2, 3, 5, 7})"),
+    ((0, 1, 4, 9, 16, 25, 36, 49), 50, "(x in {0, 1, 4, 9, 16, 25, 36, 49})"),
+])
+def test_a_detector_of_a_few_values_reads_as_set_membership(values, hi, want):
+    x = np.arange(float(hi))[:, None]
+    y = np.isin(x[:, 0], values).astype(float)
+    f = sr.fit(x, y, names=("x",))
+    assert f.exact and f.equation == want and f.complexity == 2 + len(values)
+    np.testing.assert_array_equal(f.predict(x), y)
+    from sympy.printing.pycode import pycode
+    ns = {}
+    exec(f"def g(x):\n    return {pycode(f.expr)}\n", ns)          # the program text runs as Python
+    assert [ns["g"](v) for v in range(hi)] == list(y.astype(int))
+
+
+def test_a_rule_beats_a_long_set():
+    """Even numbers on 0..99: fifty values, so the modulus is the reading."""
+    x = np.arange(100.0)[:, None]
+    f = sr.fit(x, 1 - x[:, 0] % 2, names=("x",))
+    assert f.equation == "1 - x % 2"
+    g = sr.fit(x, (x[:, 0] % 3 == 0).astype(float), names=("x",))
+    assert g.equation == "(x % 3 == 0)"                # not 1 - x**2 % 3 (opposite columns kept apart)

@@ -347,9 +347,9 @@ def program_to_dict(program: Program) -> dict:
 def _expression(text: str) -> sp.Expr:
     """An srepr back to the expression, wtc.sr's own functions included: sympy's sympify reads
     "Ge" as its relational GreaterThan (refused inside a Mul: `2*(x >= 5)` failed to load) and
-    "FloorDiv" as an undefined function."""
-    from wtc.sr.expr import Eq, FloorDiv, Ge
-    return sp.sympify(text, locals={"Ge": Ge, "Eq": Eq, "FloorDiv": FloorDiv})
+    "FloorDiv" and "In" as undefined functions."""
+    from wtc.sr.expr import Eq, FloorDiv, Ge, In
+    return sp.sympify(text, locals={"Ge": Ge, "Eq": Eq, "FloorDiv": FloorDiv, "In": In})
 
 
 def program_from_dict(d: dict, model=None) -> Program:

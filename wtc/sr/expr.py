@@ -108,6 +108,36 @@ class Eq(_Indicator):
     _py = staticmethod(lambda a, b: a == b)
 
 
+class In(sp.Function):
+    """(a in {v1, v2, ...}): 1 or 0 — a detector read off a table (x in {2, 3, 5, 7}); the values
+    are the arguments after the first."""
+
+    @classmethod
+    def eval(cls, a, *values):
+        if a.is_Number and all(v.is_Number for v in values):
+            return sp.Integer(1) if any(a == v for v in values) else sp.Integer(0)
+        return None
+
+    def _values(self, printer):
+        return ", ".join(printer._print(v) for v in self.args[1:])
+
+    def _sympystr(self, printer):
+        return f"({printer._print(self.args[0])} in {{{self._values(printer)}}})"
+
+    def _pythoncode(self, printer):
+        return f"(1 if {printer._print(self.args[0])} in ({self._values(printer)},) else 0)"
+
+    _lambdacode = _pythoncode
+
+    def _numpycode(self, printer):
+        return (f"(1.0*{printer._module_format('numpy.isin')}({printer._print(self.args[0])}, "
+                f"[{self._values(printer)}]))")
+
+
+def _in(a, values):
+    return np.isin(a, values).astype(np.float64)
+
+
 def _ge(a, b):
     return np.greater_equal(a, b).astype(np.float64)
 
@@ -147,6 +177,8 @@ OPS: dict[str, Op] = {o.name: o for o in [
     Op("eq", 2, _eq, Eq, INT, commutative=True, rhs="both"),
     Op("mod", 2, np.mod, sp.Mod, INT, rhs="const"),
     Op("floordiv", 2, np.floor_divide, FloorDiv, INT, rhs="const"),
+    # a in {values}: the right operand a ("set", values) leaf; only created by the table pass
+    Op("in", 2, _in, lambda a, values: In(a, *values), 99),
     # x ** c with a fitted exponent; only created by the inner-constant pass (never enumerated)
     Op("pow", 2, np.power, lambda a, b: a**b, 99, nonlinear=True),
 ]}
@@ -197,6 +229,8 @@ def _eval(t, cols, params, memo):
         return params[t[1]]
     if head == "k":
         return np.float64(t[1].value)
+    if head == "set":
+        return np.asarray(t[1], dtype=np.float64)
     hit = memo.get(t)
     if hit is not None:
         return hit
@@ -225,7 +259,7 @@ def size(t) -> int:
     """Node count (= complexity)."""
     if t[0] in OPS:
         return 1 + sum(size(ch) for ch in t[1:])
-    return 1
+    return len(t[1]) if t[0] == "set" else 1      # a set counts its values
 
 
 def n_params(t) -> int:
@@ -271,7 +305,7 @@ def renumber(t, start: int = 0):
 
 def uses_integer_ops(t) -> bool:
     if t[0] in OPS:
-        return OPS[t[0]].level == INT or any(uses_integer_ops(ch) for ch in t[1:])
+        return OPS[t[0]].level == INT or t[0] == "in" or any(uses_integer_ops(ch) for ch in t[1:])
     return False
 
 
@@ -286,6 +320,8 @@ def to_sympy(t, symbols: Sequence[sp.Symbol], params=None):
         return sp.Float(params[t[1]]) if params is not None else sp.Symbol(f"c{t[1]}")
     if head == "k":
         return t[1].sym
+    if head == "set":
+        return tuple(sp.Integer(int(v)) if float(v).is_integer() else sp.nsimplify(v) for v in t[1])
     return OPS[head].sym(*(to_sympy(ch, symbols, params) for ch in t[1:]))
 
 
@@ -300,9 +336,11 @@ def to_str(t, names: Sequence[str]) -> str:
         return f"c{t[1]}"
     if head == "k":
         return t[1].text
+    if head == "set":
+        return "{" + ", ".join(f"{v:g}" for v in t[1]) + "}"
     args = [to_str(ch, names) for ch in t[1:]]
     infix = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "mod": "%", "floordiv": "//",
-             "ge": ">=", "eq": "=="}
+             "ge": ">=", "eq": "==", "in": "in"}
     if head in infix:
         return f"({args[0]} {infix[head]} {args[1]})"
     if head == "sq":

@@ -35,7 +35,7 @@ class ScreenResult:
 
 def prepare_columns(vals: np.ndarray, y: np.ndarray, w: np.ndarray):
     """Weighted-centred, unit-norm columns (N, m) and centred y; drops constant and
-    linearly duplicate terms (keeping the first = smallest). Returns (U, yc, kept indices)."""
+    linearly duplicate terms (same direction; keeping the first = smallest). Returns (U, yc, kept indices)."""
     sw = np.sqrt(w)
     W = w.sum()
     with np.errstate(all="ignore"):
@@ -45,10 +45,10 @@ def prepare_columns(vals: np.ndarray, y: np.ndarray, w: np.ndarray):
         ok = np.isfinite(norms) & (norms > 1e-9 * scale)
         idx = np.flatnonzero(ok)
         U = C[idx] / norms[idx, None]
-    # linear duplicates: same unit vector up to sign (e.g. a+1 vs a, 2*a vs a, a-b vs b-a)
-    first = np.argmax(np.abs(U) > 1e-6, axis=1)
-    sign = np.sign(U[np.arange(len(U)), first])
-    key = np.round(U * sign[:, None], 7) @ np.random.default_rng(1).standard_normal(U.shape[1])
+    # linear duplicates: the same unit vector (e.g. a+1 vs a, 2*a vs a). Opposite ones are kept
+    # apart: of t and 1 - t the smaller term can make the longer formula ((x % 3 == 0) is 5 nodes,
+    # 1 - x**2 % 3 is 7), and which one the target needs shows only in the refit
+    key = np.round(U, 7) @ np.random.default_rng(1).standard_normal(U.shape[1])
     _, keep = np.unique(key, return_index=True)
     keep.sort()
     yc = (y - np.dot(w, y) / W) * sw

@@ -180,6 +180,31 @@ def _table_pass(data: Data, ops, int_consts, cands, fit, max_complexity, rng) ->
         c = fit_terms([lib.trees[i]], data, source="table", memo=fit["memo"], cols=fit["cols"])
         if c is not None:
             cands.append(c)
+    for tree in _set_terms(data):
+        c = fit_terms([tree], data, source="table", memo=fit["memo"], cols=fit["cols"])
+        if c is not None:
+            cands.append(c)
+
+
+SET_VALUES = 12  # a detector read as x in {...} lists at most this many values
+
+
+def _set_terms(data: Data) -> list:
+    """("in", x_i, set) terms for a two-valued target that is a function of one input: the values
+    where it is high, and where it is low (a + b * term either way; the smaller formula wins)."""
+    levels = np.unique(data.yf)
+    if len(levels) != 2:
+        return []
+    out = []
+    for i in range(data.k):
+        xi = data.Xf[:, i]
+        values = np.unique(xi)
+        high = [v for v in values if np.all(data.yf[xi == v] == levels[1])]
+        low = [v for v in values if np.all(data.yf[xi == v] == levels[0])]
+        if len(high) + len(low) != len(values):      # not a function of this input alone
+            continue
+        out += [("in", ("x", i), ("set", tuple(float(v) for v in s))) for s in (high, low) if 0 < len(s) <= SET_VALUES]
+    return out
 
 
 THRESHOLD_TERMS = 300  # the smallest library terms get a fitted threshold: (s >= c)
