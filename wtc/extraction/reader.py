@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from wtc.errors import WtcError
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +23,7 @@ import sympy as sp
 from wtc import arguments
 from wtc import tasks as task_registry
 from wtc.extraction.compose import snap_output
-from wtc.extraction.formulas import (DECISION_SLACK, MIN_DECISION_AGREEMENT, ExtractionError,  # noqa: F401
+from wtc.extraction.formulas import (DECISION_SLACK, MAX_SR_POINTS, MIN_DECISION_AGREEMENT, ExtractionError,  # noqa: F401
                                       formula as _formula, sr_fit as _sr_fit)
 from wtc.extraction.program import POSITION, Line, Program, build_source
 from wtc.extraction.readout import head_weights, pad, read
@@ -32,6 +33,7 @@ from wtc.extraction.verification import agreement
 LIVE_SHARE = 0.1            # live: moves an output by more than this share of the output tolerance
 MAX_DEVIATION = 0.05        # program vs model output on the extraction data, relative rms
 RAW_READ_DEVIATION = 0.03     # ... or, failing that, read the raw output within this relative rms
+IMMATERIAL_RATE = 0.8       # a head's best rule at this agreement may be read if its misses change no output
 MAX_VIA = 8                 # variables the sub-MLPs feeding an output may read together
 ALONE_TIME_LIMIT = 3.0      # seconds per sub-MLP read alone for the report (its formula is in the output)
 
@@ -128,6 +130,7 @@ class _Extraction:
         self.lines: list[Line] = []
         self.readings: list[Reading] = []
         self.failures: list[tuple[str | None, str]] = []   # (program variable or None, why)
+        self.unread: dict = {}     # program variable of a head that fits no rule -> (head, best rule, its values)
         self.exprs: dict[str, sp.Expr] = {}                                        # sub-MLP -> formula
         self.routes: dict[tuple, str] = {}                                         # (rule, source) -> name
         self.head_only = []                                                        # sub-MLPs read via outputs
@@ -216,6 +219,7 @@ class _Extraction:
         self._set(mod.name, name, pad(routed(self.prog[src], keys, P), P), self.factor.get(src))
         if fit.rule is None:
             self.failures.append((name, unread[1]))
+            self.unread[name] = (mod.name, best, pad(routed(self.prog[src], rule_keys(best, view, P, T), P), P))
         evidence = f"agreement {best.rate:.5f} (99% lower bound {best.lower_bound:.5f}, n={best.n})"
         reads = f"v={src}" + (f", q={mod.reads['q']}, k={mod.reads['k']}" if mod.content else "")
         self.readings.append(Reading(mod.name, "head", name, reads, best.describe(), evidence, fit.rule is not None))
@@ -349,7 +353,11 @@ class _Extraction:
             contribution = sum(self.W[self.names.index(m.name), o] * self.ro.model_values(m.name)[:, P:]
                                for m in self.head_only)
             X = np.stack([self.prog[v][:, P:][keep] for v in via.values()], axis=1)
-            fit = _sr_fit(X, np.asarray(contribution)[keep], tuple(via), self.tol_out, widen)
+            c = np.asarray(contribution)[keep]
+            if len(c) > MAX_SR_POINTS:      # a fixed subsample: 20480 points cost 12-17 s per fit at five inputs
+                pick = np.random.default_rng(0).choice(len(c), MAX_SR_POINTS, replace=False)
+                X, c = X[pick], c[pick]
+            fit = _sr_fit(X, c, tuple(via), self.tol_out, widen)
             shapes = [row.expr for row in sorted(fit.candidates, key=lambda r: r.complexity)] or [fit.expr]
         integer = self.task.output == "integer"
 
@@ -399,6 +407,45 @@ class _Extraction:
             return expr, f"{evidence}; raw output within {dev:.3g} relative rms", dev <= RAW_READ_DEVIATION
         return expr, f"linear terms + sub-MLPs; rmse {-score:.3g}", -score <= max(widen) * self.tol_out
 
+    def _immaterial_misses(self, kept: list[Line], outputs: list[sp.Expr]) -> list[str]:
+        """Heads that fit no rule but whose best rule's misses change no output: every output is
+        a formula of inputs and routed values only, and gives the same decisions (integer tasks;
+        real ones: within REAL_TOLERANCE) with the head's keys as with the rule's (a maximum's
+        window head that looks at x_t itself at t = 2 instead of a pad). Those heads read as
+        their rule, and a reading says why."""
+        routes = {ln.name for ln in kept if ln.kind == "route"}
+        plain = set(self.model.input_names) | routes | {POSITION}
+        if not self.unread or any(not {sym.name for sym in e.free_symbols} <= plain for e in outputs):
+            return []
+        P = self.P
+        view = {self.pname[k]: v[:, P:] for k, v in self.prog.items() if self.pname.get(k) in plain}
+        symbols = sorted({sym for e in outputs for sym in e.free_symbols}, key=lambda sym: sym.name)
+        if any(sym.name not in view for sym in symbols):
+            return []
+
+        def evaluate(values):
+            cols = []
+            for e in outputs:
+                f = sp.lambdify(symbols, e, modules=["numpy"])
+                with np.errstate(all="ignore"):
+                    cols.append(np.broadcast_to(np.asarray(f(*[values[sym.name] for sym in symbols]), dtype=float),
+                                                values[symbols[0].name].shape if symbols else (len(self.x), self.T)))
+            return np.stack(cols, axis=-1)                                  # (n, T, O)
+
+        immaterial = []
+        base = evaluate(view)
+        for name, (head, rule, values) in self.unread.items():
+            if name not in routes or rule.rate < IMMATERIAL_RATE:
+                continue
+            alt = evaluate({**view, name: values[:, P:]})
+            if agreement(self.task, alt, base) == 1.0:
+                immaterial.append(head)
+                what = "decision" if self.task.output == "integer" else "value"
+                self.readings = [dataclasses.replace(r, ok=True, evidence=f"{r.evidence}; its misses change no "
+                                                     f"output's {what}") if r.module == head and r.kind == "head" else r
+                                 for r in self.readings]
+        return immaterial
+
     # ------------------------------------------------------------------ program
     def _assemble(self, outputs: list[sp.Expr]) -> Program:
         """Keep the lines the outputs need, build the program, check it against the model."""
@@ -425,6 +472,8 @@ class _Extraction:
                 self.readings.append(Reading("unused by the program", "note", name, "", why,
                                              "excluded; see the program vs model check", True))
         self.failures = failures
+        immaterial = self._immaterial_misses(kept, outputs)
+        self.failures = [f for f in self.failures if not any(f.startswith(f"{h}: pointer fits no") for h in immaterial)]
         source = build_source(task.name, task.n_inputs, task.n_outputs, list(self.model.input_names), kept, outputs)
         program = Program(task.name, source, task.seq_len, task.n_inputs, task.n_outputs, kept, outputs,
                           failures=self.failures, readings=self.readings, model=self.model)
