@@ -222,3 +222,28 @@ def test_polish_still_lowers_the_loss_of_an_inexact_fit():
     with torch.no_grad():
         end = masked_mse(model(x[:512], EVAL)[0], y[:512], valid[:512])
     assert float(ratio[0]) < 0.5 and float(end[0]) < 0.5 * float(start[0])
+
+
+@pytest.mark.parametrize("target, immaterial", [
+    (lambda x: np.maximum(x, _shifted(x, 2)), True),      # at t = 1 the head sees x_1 itself: max unchanged
+    (lambda x: x + _shifted(x, 2), False),                 # ... but a sum counts it twice
+])
+def test_a_head_whose_misses_change_no_output_reads_as_its_rule(target, immaterial):
+    """An offset-2 head that, at t = 1 only, points at the query itself instead of a pad (agreement
+    0.9, below any rule): read as offset 2 exactly when no output's decision changes."""
+    task = wtc.Task("t", lambda rng, n: rng.integers(0, 100, (n, 10)), target, seq_len=10)
+    task, model = planted(task, [2], [("x", "L0.h0")])
+    attn, P = model.blocks[0].attn, model.P
+    with torch.no_grad():
+        attn.abs[0, 0, :P] = -20.0          # pads lose 20: at t = 1 the query itself (+15) beats them
+        attn.abs[0, 0, P + 1] = 15.0
+    x, y, valid, _ = Attempt(task, model.config, seed=0, attempt=0).fit_data
+    refit_head(model, x, y, valid)
+    polish(model, x[:512], y[:512], valid[:512], iters=300)
+    program = extract(model, task)
+    head = next(r for r in program.readings if r.module == "L0.h0")
+    assert head.finding.startswith("offset 2") and "0.9" in head.evidence
+    assert head.ok == immaterial and ("change no output" in head.evidence) == immaterial
+    assert program.ok == immaterial, program.failures
+    if immaterial:
+        assert verify(program, task, n=2000, seed=4).solved
