@@ -2,6 +2,8 @@
 
     reader         extract(): every live module of a trained DT read as a rule or a formula
     routing_rules  hypothesis tests on pointer heads (offsets, positions, windowed / prefix extrema)
+    equivalence    heads that fit no rule but whose misses change no output
+    formulas       the simplest formula of a module's inputs (wtc.sr), decisions for integer outputs
     compose        sub-MLP and head composed into one formula per output
     readout        the model's modules and their values on fresh data
     program        the Program (an AST, its source, a vectorised call)

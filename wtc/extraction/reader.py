@@ -23,6 +23,7 @@ import sympy as sp
 from wtc import arguments
 from wtc import tasks as task_registry
 from wtc.extraction.compose import snap_output
+from wtc.extraction.equivalence import immaterial_heads
 from wtc.extraction.formulas import (DECISION_SLACK, MAX_SR_POINTS, MIN_DECISION_AGREEMENT, ExtractionError,  # noqa: F401
                                       formula as _formula, sr_fit as _sr_fit)
 from wtc.extraction.program import POSITION, Line, Program, build_source
@@ -33,7 +34,6 @@ from wtc.extraction.verification import agreement
 LIVE_SHARE = 0.1            # live: moves an output by more than this share of the output tolerance
 MAX_DEVIATION = 0.05        # program vs model output on the extraction data, relative rms
 RAW_READ_DEVIATION = 0.03     # ... or, failing that, read the raw output within this relative rms
-IMMATERIAL_RATE = 0.8       # a head's best rule at this agreement may be read if its misses change no output
 MAX_VIA = 8                 # variables the sub-MLPs feeding an output may read together
 ALONE_TIME_LIMIT = 3.0      # seconds per sub-MLP read alone for the report (its formula is in the output)
 
@@ -408,43 +408,18 @@ class _Extraction:
         return expr, f"linear terms + sub-MLPs; rmse {-score:.3g}", -score <= max(widen) * self.tol_out
 
     def _immaterial_misses(self, kept: list[Line], outputs: list[sp.Expr]) -> list[str]:
-        """Heads that fit no rule but whose best rule's misses change no output: every output is
-        a formula of inputs and routed values only, and gives the same decisions (integer tasks;
-        real ones: within REAL_TOLERANCE) with the head's keys as with the rule's (a maximum's
-        window head that looks at x_t itself at t = 2 instead of a pad). Those heads read as
-        their rule, and a reading says why."""
+        """Heads that fit no rule but whose best rule's misses change no output
+        (wtc.extraction.equivalence): read as their rule, and their readings say why."""
         routes = {ln.name for ln in kept if ln.kind == "route"}
         plain = set(self.model.input_names) | routes | {POSITION}
-        if not self.unread or any(not {sym.name for sym in e.free_symbols} <= plain for e in outputs):
-            return []
-        P = self.P
-        view = {self.pname[k]: v[:, P:] for k, v in self.prog.items() if self.pname.get(k) in plain}
-        symbols = sorted({sym for e in outputs for sym in e.free_symbols}, key=lambda sym: sym.name)
-        if any(sym.name not in view for sym in symbols):
-            return []
-
-        def evaluate(values):
-            cols = []
-            for e in outputs:
-                f = sp.lambdify(symbols, e, modules=["numpy"])
-                with np.errstate(all="ignore"):
-                    cols.append(np.broadcast_to(np.asarray(f(*[values[sym.name] for sym in symbols]), dtype=float),
-                                                values[symbols[0].name].shape if symbols else (len(self.x), self.T)))
-            return np.stack(cols, axis=-1)                                  # (n, T, O)
-
-        immaterial = []
-        base = evaluate(view)
-        for name, (head, rule, values) in self.unread.items():
-            if name not in routes or rule.rate < IMMATERIAL_RATE:
-                continue
-            alt = evaluate({**view, name: values[:, P:]})
-            if agreement(self.task, alt, base) == 1.0:
-                immaterial.append(head)
-                what = "decision" if self.task.output == "integer" else "value"
-                self.readings = [dataclasses.replace(r, ok=True, evidence=f"{r.evidence}; its misses change no "
-                                                     f"output's {what}") if r.module == head and r.kind == "head" else r
-                                 for r in self.readings]
-        return immaterial
+        view = {self.pname[k]: v[:, self.P:] for k, v in self.prog.items() if self.pname.get(k) in plain}
+        unread = {name: (head, rule, values[:, self.P:]) for name, (head, rule, values) in self.unread.items()
+                  if name in routes}
+        heads = immaterial_heads(self.task, outputs, view, unread)
+        what = "decision" if self.task.output == "integer" else "value"
+        self.readings = [dataclasses.replace(r, ok=True, evidence=f"{r.evidence}; its misses change no output's {what}")
+                         if r.module in heads and r.kind == "head" else r for r in self.readings]
+        return heads
 
     # ------------------------------------------------------------------ program
     def _assemble(self, outputs: list[sp.Expr]) -> Program:
