@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,13 @@ def run(task: str, seed: int, budget: float) -> dict:
             "source": source, "date": stamp(), "machine": machine()}
 
 
+def output_line(source: str) -> str:
+    """The program's output expression(s), as the source writes them (`x[t]` read as `x`)."""
+    found = re.findall(r"out\.append\(float\((.*)\)\)$|out\.append\(\[(.*)\]\)$", source, flags=re.M)
+    parts = [a or b for a, b in found]
+    return "; ".join("`" + p.replace("[t]", "") + "`" for p in parts) or "-"
+
+
 def main() -> None:
     import wtc
 
@@ -49,6 +57,7 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--again", action="store_true", help="rerun tasks already recorded (the engine changed)")
+    p.add_argument("--table", action="store_true", help="print the table of what is recorded; run nothing")
     a = p.parse_args()
     names = a.tasks.split(",") if a.tasks else wtc.tasks.names(tier="wider")
     done = {}
@@ -58,7 +67,7 @@ def main() -> None:
             done[(row["task"], row["seed"], row["budget"])] = row
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     for name in names:
-        if (name, a.seed, a.budget) in done and not a.again:
+        if a.table or ((name, a.seed, a.budget) in done and not a.again):
             continue
         row = run(name, a.seed, a.budget)
         done[(name, a.seed, a.budget)] = row
@@ -67,10 +76,10 @@ def main() -> None:
         print(f"{name:18s} {'solved' if row['solved'] else 'NOT solved':10s} {row['seconds']:7.1f}s "
               f"{row['attempts']} attempt(s)", flush=True)
     rows = [done[(n, a.seed, a.budget)] for n in names if (n, a.seed, a.budget) in done]
-    print("\n| task | solved | seconds | attempts | program lines | target reads |\n|---|---|---|---|---|---|")
+    print("\n| task | solved | seconds | attempts | program lines | output line |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['task']} | {'yes' if r['solved'] else 'no'} | {r['seconds']:.0f} | {r['attempts']} | "
-              f"{r['program_lines'] or '-'} | {r['depends_on'] or '-'} |")
+              f"{r['program_lines'] or '-'} | {output_line(r['source']) if r['solved'] else '-'} |")
     solved = sum(r["solved"] for r in rows)
     print(f"\n{solved}/{len(rows)} solved")
 
