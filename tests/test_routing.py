@@ -73,13 +73,13 @@ def test_pads_are_interchangeable(rng):
     assert fit.rule.kind == "offset" and fit.rule.params == {"d": 2}
 
 
-def _soft_min(values, rng, gap):
-    """Keys of an argmin over the last 3 positions that, on about 1% of queries, pick a key whose
+def _soft_min(values, rng, gap, share):
+    """Keys of an argmin over the last 3 positions that, on `share` of the queries, pick a key whose
     value is within `gap` of the minimum instead (a softmax's near-tie) when one exists."""
     x = values["x"]
     keys = rule_keys(Rule("window", {"var": "x", "op": "min", "w": 3, "real": True, "ties": "first", "end": 0}),
                      values, P, T)
-    for i, t in zip(*np.nonzero(rng.random(keys.shape) < 0.01)):
+    for i, t in zip(*np.nonzero(rng.random(keys.shape) < share)):
         if t < 2:
             continue
         others = [j for j in range(P + t - 2, P + t + 1) if j != keys[i, t] and x[i, j] - x[i, keys[i, t]] <= gap]
@@ -90,16 +90,17 @@ def _soft_min(values, rng, gap):
 
 def test_an_extremum_missed_only_at_near_ties_is_read_with_them_resolved(rng):
     values = stream(rng)
-    fit = fit_head("h", _soft_min(values, rng, gap=5), "x", values, P, T, window_vars=["x"])
+    fit = fit_head("h", _soft_min(values, rng, gap=5, share=0.05), "x", values, P, T, window_vars=["x"])
     assert fit.interpretable and fit.rule.kind == "window" and fit.rule.params["op"] == "min"
-    assert 0.98 <= fit.rule.rate < 0.999 and 0 < fit.rule.near_ties <= 5 / 99
+    assert 0.98 <= fit.rule.rate and fit.rule.lower_bound < 0.999 and 0 < fit.rule.near_ties <= 5 / 99
     assert "near-ties resolved" in fit.rule.describe()
 
 
 def test_far_misses_or_non_extremum_rules_get_no_relaxation(rng):
     values = stream(rng)
-    far = fit_head("h", _soft_min(values, rng, gap=99), "x", values, P, T, window_vars=["x"])
-    assert not far.interpretable                       # misses far from the minimum: not near-ties
+    far = fit_head("h", _soft_min(values, rng, gap=99, share=0.01), "x", values, P, T, window_vars=["x"])
+    assert far.candidates[0].rate >= 0.98               # agreement enough, but
+    assert not far.interpretable                        # misses far from the minimum: not near-ties
     keys = rule_keys(Rule("offset", {"d": 1}), values, P, T)
     near = np.abs(values["x"][np.arange(len(keys))[:, None], np.maximum(keys - 1, 0)] -
                   values["x"][np.arange(len(keys))[:, None], keys]) <= 3
