@@ -226,7 +226,7 @@ class DTConfig(KnownFields):
         if "n_heads" in changes:                 # a rung never has fewer pointer heads than its base
             most, top = max(self.n_heads), max(changes["n_heads"])   # the rung's first layer gets the base's
             changes = {**changes, "n_heads": tuple(max(h, most) if h == top else h for h in changes["n_heads"])}
-        if changes.get("mlp_inputs", 0) < self.mlp_inputs and "mlp_inputs" in changes:   # nor reads fewer inputs
+        if "mlp_inputs" in changes and changes["mlp_inputs"] < self.mlp_inputs:   # nor reads fewer inputs
             changes = {**changes, "mlp_inputs": self.mlp_inputs}
             label = label.replace("3-input", f"{self.mlp_inputs}-input")
         return label, self.replace(**changes)

@@ -62,6 +62,8 @@ def formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: float
     evidence = (f"agrees with the model's decisions on {agree:.4f} of inputs (best candidate {best:.4f}); "
                 f"complexity {row.complexity}")
     return row.expr, evidence, agree >= MIN_DECISION_AGREEMENT
+
+
 def sr_fit(X, y, names, tol_abs, widen, time_limit=None):
     """wtc.sr.fit at tol_abs (absolute rms), widened step by step until a formula passes."""
     rms = float(np.sqrt(np.mean(y**2))) + 1e-12

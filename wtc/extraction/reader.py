@@ -369,14 +369,15 @@ class _Extraction:
         def deviation(pred):   # relative rms distance from the model's raw output
             return float(np.sqrt(np.mean((pred - raw) ** 2)) / (np.sqrt(np.mean(raw**2)) + 1e-12))
 
-        scored = []
-        for shape in shapes[:12]:
-            expr = snap_output(shape + linear, symbols, data, target, self.tol_out, binary, score=score,
-                               slack=DECISION_SLACK / 5 if integer else self.tol_out)
+        def scored_as(expr):   # (expr, score, deviation) on the extraction data
             f = sp.lambdify(symbols, expr, modules=["numpy"])
             with np.errstate(all="ignore"):
                 pred = np.broadcast_to(np.asarray(f(*[data[s.name] for s in symbols]), dtype=float), target.shape)
-            scored.append((expr, score(pred), deviation(pred)))
+            return expr, score(pred), deviation(pred)
+
+        scored = [scored_as(snap_output(shape + linear, symbols, data, target, self.tol_out, binary, score=score,
+                                        slack=DECISION_SLACK / 5 if integer else self.tol_out))
+                  for shape in shapes[:12]]
         best = max(sc for _, sc, _ in scored)
         slack = DECISION_SLACK if integer else max(widen) * self.tol_out
         near = [(e, sc, dev) for e, sc, dev in scored if sc >= best - slack]
@@ -386,24 +387,17 @@ class _Extraction:
             X = np.stack([data[s.name] for s in symbols], axis=1)
             expr, _, ok = _formula(X, target, tuple(s.name for s in symbols), self.tol_out, widen=widen,
                                    decisions=True)
-            if ok:
-                f = sp.lambdify(symbols, expr, modules=["numpy"])
-                with np.errstate(all="ignore"):
-                    pred = np.broadcast_to(np.asarray(f(*X.T), dtype=float), target.shape)
-                if score(pred) >= best - slack:
-                    near.append((expr, score(pred), deviation(pred)))
+            candidate = scored_as(expr) if ok else None
+            if candidate is not None and candidate[1] >= best - slack:
+                near.append(candidate)
         # of the readings that round like the model, one that is also close to its raw output (a
         # vote read as a threshold of the sum, not as a weighted sum that happens to round right)
-        expr, score, _ = next((c for c in near if c[2] <= MAX_DEVIATION), near[0])
+        expr, score, dev = next((c for c in near if c[2] <= MAX_DEVIATION), near[0])
         if integer:
             evidence = f"linear terms + sub-MLPs; agrees with the model's decisions on {score:.4f}"
             if score >= MIN_DECISION_AGREEMENT:
                 return expr, evidence, True
             # too imprecise to round right: accept the formula if it reads the raw output closely
-            f = sp.lambdify(symbols, expr, modules=["numpy"])
-            with np.errstate(all="ignore"):
-                dev = deviation(np.broadcast_to(np.asarray(f(*[data[s.name] for s in symbols]), dtype=float),
-                                                target.shape))
             return expr, f"{evidence}; raw output within {dev:.3g} relative rms", dev <= RAW_READ_DEVIATION
         return expr, f"linear terms + sub-MLPs; rmse {-score:.3g}", -score <= max(widen) * self.tol_out
 
