@@ -52,6 +52,7 @@ def phases(run: Attempt, train: bool) -> dict:
                 run.train_step()
         _, out["train"] = cpu_seconds(steps)
     _, out["finish"] = cpu_seconds(run.finish)
+    out["of_which_snap"], out["snapped"] = run.snap_seconds, [f"{s.replica}:{s.head}" for s in run.snaps]
     scores, out["evaluate"] = cpu_seconds(lambda: run.evaluate(run.config.eval_sequences))
     scores, out["precision"] = cpu_seconds(lambda: run.precision_pass(scores))
     run.history.final = {"scores": scores}

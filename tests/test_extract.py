@@ -191,6 +191,27 @@ def test_lines_compile_for_every_rule():
     np.testing.assert_allclose(out[:, 5], np.cumsum([3, -1, 4, 1, 5]) / np.arange(1, 6))
 
 
+@pytest.mark.parametrize("two_inputs", [False, True])
+def test_window_lines_route_what_the_rule_routes(two_inputs):
+    """Every window rule's program line against routing_rules.rule_keys (pads P = T - 1 in front,
+    ties, negative values so that a pad's 0 can win): max(x[...]) where the rule's variable is the
+    routed one, the _window_key helper where another variable picks the key."""
+    from wtc.extraction.routing_rules import candidate_rules, routed, rule_keys
+    T, P = 6, 5
+    rng = np.random.default_rng(3)
+    xs = rng.integers(-3, 4, size=(200, T, 2)).astype(float)
+    values = {n: np.concatenate([np.zeros((200, P)), xs[:, :, i]], 1) for i, n in enumerate(("x0", "x1"))}
+    src = "x1" if two_inputs else "x0"
+    rules = [r for r in candidate_rules(T, ["x0"]) if r.kind == "window"]
+    lines = [Line(f"r{i}", "route", src, rule) for i, rule in enumerate(rules)]
+    code = build_source("demo", 2, len(lines), ["x0", "x1"], lines, [sp.Symbol(ln.name) for ln in lines])
+    assert ("_window_key" in code) == two_inputs and ("max(x0[:t + 1])" in code) != two_inputs
+    out = wtc.Program("demo", code, T, 2, len(lines))(xs)                             # (n, T, lines)
+    for i, rule in enumerate(rules):
+        want = routed(values[src], rule_keys(rule, values, P, T), P)
+        np.testing.assert_array_equal(out[:, :, i], want, err_msg=rule.describe())
+
+
 def test_polish_skips_a_population_that_already_fits_exactly():
     """sum_last2 is linear in the routed values: the head refit alone fits it to float32 noise, and
     the polish must then leave every parameter as it is (it used to spend its 200 iterations there)."""

@@ -24,6 +24,7 @@ from wtc.dt.history import History
 from wtc.dt.model import DiscreteTransformer
 from wtc.dt.refine import refine_pointers
 from wtc.dt.selection import Sampling, entropy
+from wtc.dt.snap import SNAP_SEQUENCES, snap_heads
 from wtc.errors import CheckpointError
 
 CHECKPOINT_EVERY = 250   # steps between training-state checkpoints (when a directory is given)
@@ -122,6 +123,7 @@ class Attempt:
         self.fit_data = tuple(t.to(self.device) for t in self.fit_data)
         self.optimizer = adamw(self.model, config)
         self.step, self.phase = 0, "anneal"
+        self.snaps, self.snap_seconds = [], 0.0   # heads set to routing rules at the finish (wtc.dt.snap), CPU s
         heads = [n for b in self.model.blocks if b.attn is not None for n in b.attn.head_names]
         slots = [s for sel in self.model.selectors() for s in sel.slot_names]
         self.history = History(task.name, "accuracy" if task.output == "integer" else "max_rel_err",
@@ -190,6 +192,12 @@ class Attempt:
         x, y, valid = self.fit_data[:3]
         n = POLISH_SEQUENCES
         refit_head(self.model, x, y, valid)
+        if self.config.snap:
+            k, started = SNAP_SEQUENCES, time.process_time()
+            self.snaps = snap_heads(self.model, x[:k], y[:k], valid[:k])
+            self.snap_seconds = time.process_time() - started
+            if self.snaps:
+                refit_head(self.model, x, y, valid)
         if self.config.polish_iters:
             polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters)
         if self.config.refine_steps and refine_pointers(self.model, x[:REFINE_SEQUENCES], y[:REFINE_SEQUENCES],
@@ -304,6 +312,8 @@ def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = 
     if cfg.precision_iters and stopped is None:
         scores = run.precision_pass(scores)
     run.history.final = {"scores": scores}
+    if run.snaps:
+        run.history.final["snaps"] = [dataclasses.asdict(s) for s in run.snaps]
     if stopped is not None:
         run.history.final.update(stopped_at_step=stopped, planned_steps=total)
         if progress:
@@ -328,6 +338,9 @@ def take_replica(run: Attempt, r: int):
     model.train_info = {"task": run.task.name, "task_sha256": run.task.fingerprint(), "seed": run.seed,
                         "attempt": run.attempt, "replica": r,
                         "score": scores[r]}
+    snapped = [s for s in run.history.final.get("snaps", []) if s["replica"] == r]
+    if snapped:
+        model.train_info["snaps"] = [{k: v for k, v in s.items() if k != "replica"} for s in snapped]
     return model, history
 
 

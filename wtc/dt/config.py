@@ -78,6 +78,9 @@ class DTConfig(KnownFields):
                    solved after the float32 polish (0 disables)
       refine_steps steps fitting each frozen pointer head to its counterfactually best keys
                    (wtc.dt.refine; 0 disables)
+      snap         after annealing, set each pointer head that nearly follows a routing rule (an
+                   offset, a windowed or prefix max/min) to that rule exactly where the replica's
+                   loss falls (wtc.dt.snap): a learned argmax is right except at near-ties
       replicas     independent models trained side by side in one batched forward (a population:
                    tiny models are overhead-bound, so R replicas cost far less than R runs)
       max_attempts populations tried (new seeds) until one replica solves the task
@@ -116,6 +119,7 @@ class DTConfig(KnownFields):
     hard_steps: int = 300
     polish_iters: int = 200
     refine_steps: int = 0
+    snap: bool = True
     precision_iters: int = 1000
     batch_size: int = 128
     lr: float = 1e-2
@@ -164,7 +168,7 @@ class DTConfig(KnownFields):
         real("redundancy_penalty", 0.0)
         real("weight_decay", 0.0)
         real("offset_prior")
-        for name in ("qk_position", "gumbel", "straight_through", "grow"):
+        for name in ("qk_position", "gumbel", "straight_through", "grow", "snap"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.tau_end > self.tau_start:

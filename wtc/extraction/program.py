@@ -82,7 +82,7 @@ def _window_key(u, t, w, op, pads, ties, end=0):
     t - end); -1 = before the start (value 0), a candidate only when pads is true (or when the
     window holds no position at all). ties: 'first' or 'last' key wins."""
     hi = t - end
-    lo = 0 if w is None else hi - w + 1
+    lo = (-1 if pads else 0) if w is None else hi - w + 1
     keys = list(range(max(lo, 0), hi + 1))
     if (pads and lo < 0) or not keys:
         keys = [-1] + keys
@@ -123,12 +123,28 @@ def _route_stmts(line: Line) -> list[ast.stmt]:
         table = ", ".join(f"{float(v)!r}: {int(d)}" for v, d in p["table"])
         return _stmt(f"d = {{{table}}}.get({_at(p['var'], 't')}, 0)\n"
                      f"{name}[t] = {_at(src, 't - d')} if t >= d else 0.0")
+    if kind == "window" and p["var"] == src and src != POSITION:   # the extremum itself: max(x[lo:hi])
+        return _stmt(f"{name}[t] = {_extremum(src, p)}")
     if kind == "window":
         w = "None" if p["w"] is None else str(int(p["w"]))
         return _stmt(f"k = _window_key({_series(p['var'])}, t, {w}, {p['op']!r}, {not p['real']}, {p['ties']!r}, "
                      f"{int(p.get('end', 0))})\n"
                      f"{name}[t] = {_at(src, 'k')} if k >= 0 else 0.0")
     raise ValueError(f"no code for rule kind {kind!r}")
+
+
+def _extremum(src: str, p: dict) -> str:
+    """max/min of src over the rule's window as Python: x[t - end - w + 1 .. t - end], pads (0)
+    in it before the start when the rule counts them, 0 where the window holds nothing."""
+    end, w, op = int(p.get("end", 0)), p["w"], p["op"]
+    hi = {0: "t + 1", 1: "t"}.get(end, f"t - {end - 1}")
+    reach = None if w is None else end + int(w) - 1                 # the window starts at t - reach
+    seg = f"{src}[:{hi}]" if reach is None else f"{src}[max(t - {reach}, 0):{hi}]"
+    if p["real"]:
+        return f"{op}({seg})" + (f" if t >= {end} else 0.0" if end else "")
+    if reach is None:
+        return f"{op}([0.0] + {seg})"
+    return f"{op}([0.0] * (t < {reach}) + {seg})"
 
 
 def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: list[str], lines: list[Line],
@@ -177,7 +193,8 @@ def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: lis
                                                               kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
                            body=body, decorator_list=[], returns=None, type_params=[])
     module = [*_stmt("import math")]
-    if any(ln.kind == "route" and ln.rule.kind == "window" for ln in lines):
+    if any(ln.kind == "route" and ln.rule.kind == "window" and (ln.rule.params["var"] != ln.source or ln.source == POSITION)
+           for ln in lines):
         module += ast.parse(WINDOW_HELPER).body
     module.append(func)
     tree = ast.fix_missing_locations(ast.Module(body=module, type_ignores=[]))

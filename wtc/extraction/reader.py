@@ -221,6 +221,9 @@ class _Extraction:
             self.failures.append((name, unread[1]))
             self.unread[name] = (mod.name, best, pad(routed(self.prog[src], rule_keys(best, view, P, T), P), P))
         evidence = f"agreement {best.rate:.5f} (99% lower bound {best.lower_bound:.5f}, n={best.n})"
+        snapped = [s for s in (getattr(self.model, "train_info", None) or {}).get("snaps", []) if s["head"] == mod.name]
+        if snapped:   # set to its rule at the end of training (wtc.dt.snap), not learned to it
+            evidence += f"; set after training to {snapped[0]['rule']} (it followed that on {snapped[0]['rate']:.3f})"
         reads = f"v={src}" + (f", q={mod.reads['q']}, k={mod.reads['k']}" if mod.content else "")
         self.readings.append(Reading(mod.name, "head", name, reads, best.describe(), evidence, fit.rule is not None))
 

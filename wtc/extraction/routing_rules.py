@@ -185,7 +185,8 @@ def candidate_rules(T: int, window_vars: list[str]) -> list[Rule]:
     rules += [Rule("absolute", {"p": p, "before": b}) for p in range(T) for b in (("pad",) if p == 0 else ("pad", "self"))]
     for var in window_vars:
         for end, widths in ((0, range(2, T + 1)), (1, range(2, T))):
-            for w in list(widths) + [None]:
+            for w in [None] + list(widths):      # the whole prefix first: at w = T it routes the same
+                #                                  on the training length and it is the reading that holds beyond
                 for op in ("max", "min"):
                     for real in (True, False):
                         for ties in ("first", "last"):

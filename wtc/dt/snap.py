@@ -1,0 +1,220 @@
+"""Snapping: a pointer head set to the routing rule it nearly follows, kept when the loss falls.
+
+After annealing, a content head that learned a prefix or windowed maximum as a softmax over its
+keys' scores is often right on most queries but not all: its key score must be strictly monotone
+in the key's value with every step between two values larger than the spread of its positional
+terms, and the gradient asks for that precision only through the few queries where it misses
+(running_max: best rule agreement 0.86; max_last7 heads 0.34-0.55). Training cannot see the exact
+rule; a hypothesis test can. For each replica and pointer head of the frozen model, the routing
+rules of wtc.extraction.routing_rules that agree best with what the head routes on training data
+are written into the head's score parameters exactly (`realise`):
+
+  offset d        a one-hot positional score at offset d (pads or the query itself before t = d)
+  absolute p      a one-hot score at key position p
+  window max/min  a key score strictly monotone in the key variable (u constant over the PLE bins:
+                  u . PLE(z) = c N z), a positional mask over the window, pads masked unless the
+                  rule includes them, and a tilt of one unit per position for its ties
+
+the realised head is checked to route exactly what the rule routes, and the snap is kept when
+the replica's training loss after the exact head refit falls (by SNAP_GAIN). The model then
+computes the rule itself, so extraction reads it at agreement 1.0 and verification on fresh data
+decides, as for every program. Skipped when some replica already fits exactly (EXACT_FIT): the
+population has its answer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from wtc.dt.finish import EXACT_FIT, masked_mse, refit_head
+from wtc.dt.selection import EVAL
+from wtc.extraction.routing_rules import Rule, candidate_rules, routed, rule_keys
+
+SNAP_MIN_RATE = 0.3      # a rule is tried on heads that follow it on at least this share of queries
+SNAP_CANDIDATES = 3      # ... the best few per head
+SNAP_GAIN = 0.9          # kept when the replica's loss after the head refit is below this share of before
+SNAP_SEQUENCES = 512     # training sequences for the screen and the loss comparison
+MAX_CONTENT = 1e5        # cap on the key score's range c N (float32 scores keep the tilt above rounding)
+
+
+@dataclass
+class Snap:
+    replica: int
+    head: str
+    rule: str
+    rate: float                  # the head's agreement with the rule before
+    loss_before: float           # the replica's training loss (normalised units) after the head refit
+    loss_after: float
+
+
+def _capture_inputs(model, attn, x):
+    """(stream, unit) that `attn` receives on inputs x, (R, B, L, V) each."""
+    captured = {}
+    handle = attn.register_forward_pre_hook(lambda mod, args: captured.setdefault("args", args))
+    try:
+        model(x, EVAL)
+    finally:
+        handle.remove()
+    return captured["args"][0], captured["args"][1]
+
+
+def _pointers(attn, unit) -> torch.Tensor:
+    """The frozen heads' argmax keys (R, B, H, T) from the reference scores."""
+    return attn.scores(unit, attn.select(EVAL)).argmax(-1)
+
+
+def _loss(model, x, y, valid) -> torch.Tensor:
+    refit_head(model, x, y, valid)
+    return masked_mse(model(x, EVAL)[0], y, valid)
+
+
+def realisable(rule: Rule) -> bool:
+    return rule.kind in ("offset", "absolute", "window")
+
+
+def realise(attn, r: int, h: int, rule: Rule, key_var: int | None, unit: torch.Tensor) -> None:
+    """Write `rule` into head h of replica r: its score is then the rule's key at every query.
+
+    rel is indexed by the offset i + P - j, abs by the key position j (pads first); the score is
+    exp(log_scale) * (u . PLE(z_k) + rel + abs) with W = 0. key_var: the stream variable a window
+    rule scores (its k slot is set to it); unit: the (R, B, L, V) inputs of the layer, for the
+    smallest step between the key variable's values.
+    """
+    P, L = attn.P, attn.P + attn.T
+    N = attn.W.shape[-1]
+    like = dict(dtype=attn.rel.dtype, device=attn.rel.device)
+    tilt = torch.arange(L, **like)
+    rel, abs_, u = torch.zeros(L, **like), torch.zeros(L, **like), torch.zeros(N, **like)
+    p = rule.params
+    if rule.kind == "window":
+        z = torch.unique(unit[r, :, :, key_var].double().flatten())
+        step = float(z.diff().min()) if z.numel() > 1 else 1.0
+        reach = min(4.0 * L / max(step, 1e-12), MAX_CONTENT)      # c N: one value step = 4 L tilt units
+        big = 10.0 * (reach + 2 * L)
+        u.fill_((1.0 if p["op"] == "max" else -1.0) * reach / N)
+        end, w = p.get("end", 0), p["w"]
+        inside = tilt >= end
+        if w is not None:
+            inside &= tilt < end + w
+        rel = torch.where(inside, 0.0, -2 * big)
+        abs_ = -tilt if p["ties"] == "first" else tilt.clone()
+        if p["real"]:
+            abs_[:P] -= big                  # pads only where the window holds no real key
+    else:
+        big = 10.0 * L
+        if rule.kind == "offset":
+            rel[p["d"]] = 2 * big
+            if p.get("before", "pad") == "self":
+                rel[0] = big
+                abs_[:P] = -4 * big         # before t = d: the query itself, not a pad at offset d
+            else:
+                abs_[0] = big               # before t = d with no pad at offset d: key 0
+        else:                                # absolute position p
+            abs_[P + p["p"]] = 2 * big
+            if p["before"] == "self":
+                rel[0] = big
+            else:
+                abs_[0] = big
+        abs_ -= tilt / L                    # any remaining tie to the earliest key, as argmax does
+    with torch.no_grad():
+        attn.W[r, h] = 0.0
+        attn.u[r, h] = u
+        attn.rel[r, h] = rel
+        attn.abs[r, h] = abs_
+        attn.log_scale[r, h] = 0.0
+        if rule.kind == "window":
+            if attn.content[r] == 0:        # other heads had no content score: keep them without one
+                others = [g for g in range(attn.H) if g != h]
+                attn.W[r, others] = 0.0
+                attn.u[r, others] = 0.0
+                attn.content[r] = 1.0
+            attn.select.frozen_index[r, attn.H + h] = key_var
+
+
+def _head_state(attn, r: int, h: int) -> tuple:
+    return tuple(t.detach().clone() for t in (attn.W[r], attn.u[r], attn.rel[r, h], attn.abs[r, h],
+                                                attn.log_scale[r, h], attn.select.frozen_index[r], attn.content[r]))
+
+
+def _restore(attn, r: int, h: int, state: tuple) -> None:
+    with torch.no_grad():
+        attn.W[r], attn.u[r], attn.rel[r, h], attn.abs[r, h], attn.log_scale[r, h] = state[:5]
+        attn.select.frozen_index[r] = state[5]
+        attn.content[r] = state[6]
+
+
+class _Screen:
+    """Routed values of every candidate rule on one layer's inputs, cached per variable pair."""
+
+    def __init__(self, stream: np.ndarray, P: int, T: int, shared: int, names: list[str]):
+        self.stream, self.P, self.T, self.shared, self.names = stream, P, T, shared, names   # (R, B, L, V)
+        self.cache: dict = {}
+
+    def wanted(self, r: int, value_var: int, key_vars: list[int]) -> list[tuple[Rule, np.ndarray, int | None]]:
+        out = []
+        for kv in [None] + key_vars:
+            owner = -1 if value_var < self.shared and (kv is None or kv < self.shared) else r
+            tag = (owner, value_var, kv)
+            if tag not in self.cache:
+                v = self.stream[r, :, :, value_var]
+                key_name = None if kv is None else self.names[kv]
+                values = {" routed": v, **({key_name: self.stream[r, :, :, kv]} if kv is not None else {})}
+                rules = [rule for rule in candidate_rules(self.T, [key_name] if kv is not None else [])
+                         if (rule.kind == "window") == (kv is not None) and realisable(rule)]
+                self.cache[tag] = [(rule, routed(v, rule_keys(rule, values, self.P, self.T), self.P), kv)
+                                   for rule in rules]
+            out += self.cache[tag]
+        return out
+
+
+@torch.no_grad()
+def snap_heads(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> list[Snap]:
+    """Snap the pointer heads of a frozen population where that lowers a replica's loss (in place;
+    the head is refit on x). Returns the snaps kept, in the order made."""
+    heads = [b.attn for b in model.blocks if b.attn is not None and b.attn.H]
+    if not heads:
+        return []
+    loss = _loss(model, x, y, valid)                                              # (R,)
+    if bool((loss < EXACT_FIT).any()):
+        return []
+    shared = model.n_inputs + 1                                                   # inputs and pos: one copy
+    kept: list[Snap] = []
+    for attn in heads:
+        H, P, T = attn.H, attn.P, attn.T
+        stream, unit = _capture_inputs(model, attn, x)
+        screen = _Screen(stream.double().cpu().numpy(), P, T, shared, list(model.variable_names))
+        idx = attn.select.index()
+        pointers = _pointers(attn, unit).cpu().numpy()                            # (R, B, H, T)
+        for r in range(model.R):
+            for h in range(H):
+                value_var, key_var = int(idx[r, 2 * H + h]), int(idx[r, H + h])
+                got = routed(screen.stream[r, :, :, value_var], pointers[r, :, h], P)
+                scale = 1.0 + np.abs(got)
+                key_vars = sorted({value_var, key_var} if attn.content[r] else {value_var})
+                key_vars = [k for k in key_vars if bool(attn.select.mask[H + h, k])]
+                rated = []
+                for rule, want, kv in screen.wanted(r, value_var, key_vars):
+                    rate = float((np.abs(got - want) <= 1e-9 * scale).mean())
+                    rated.append((rate, rule, want, kv))
+                best = max(rate for rate, *_ in rated)
+                if best >= 1.0:
+                    continue                                                      # already a rule
+                tried = [c for c in sorted(rated, key=lambda c: -c[0]) if c[0] >= SNAP_MIN_RATE][:SNAP_CANDIDATES]
+                for rate, rule, want, kv in tried:
+                    state = _head_state(attn, r, h)
+                    realise(attn, r, h, rule, kv, unit)
+                    now = routed(screen.stream[r, :, :, value_var], _pointers(attn, unit)[r, :, h].cpu().numpy(), P)
+                    if not np.allclose(now, want, rtol=1e-9, atol=1e-12):          # not what the rule routes
+                        _restore(attn, r, h, state)
+                        continue
+                    after = _loss(model, x, y, valid)
+                    if float(after[r]) < SNAP_GAIN * float(loss[r]):
+                        kept.append(Snap(r, attn.head_names[h], rule.describe(), rate, float(loss[r]), float(after[r])))
+                        loss = after
+                        pointers = _pointers(attn, unit).cpu().numpy()
+                        break
+                    _restore(attn, r, h, state)
+    refit_head(model, x, y, valid)
+    return kept
