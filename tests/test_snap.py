@@ -73,7 +73,7 @@ def test_snap_turns_a_fuzzy_prefix_max_into_the_exact_one():
     assert 0.3 <= rate < 0.95                     # fuzzy, but a rule it mostly follows
     loss_before = snap._loss(m, xt, yt, valid)
     kept = snap.snap_heads(m, xt, yt, valid)
-    assert [(s.replica, s.head) for s in kept if s.replica == 0] == [(0, "L0.h0")]
+    assert [(s.replica, s.head) for s in kept if s.replica == 0] == [(0, "L0.h0")]   # exact: no more snaps
     s0 = next(s for s in kept if s.replica == 0)
     assert "argmax of x over the whole prefix" in s0.rule and s0.rate == pytest.approx(rate)
     assert s0.loss_after < 1e-10 < s0.loss_before

@@ -189,6 +189,8 @@ def snap_heads(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> 
         pointers = _pointers(attn, unit).cpu().numpy()                            # (R, B, H, T)
         for r in range(model.R):
             for h in range(H):
+                if float(loss[r]) < EXACT_FIT:                                    # exact now: rounding noise is no gain
+                    break
                 value_var, key_var = int(idx[r, 2 * H + h]), int(idx[r, H + h])
                 got = routed(screen.stream[r, :, :, value_var], pointers[r, :, h], P)
                 scale = 1.0 + np.abs(got)

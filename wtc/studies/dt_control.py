@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from wtc.errors import StudyError
 from wtc.studies.clock import kept, run_dirs
 
-TASKS = ("sum_last2", "min_last2", "prev2")
+TASKS = ("sum_last2", "product_last2", "max_last3", "min_last2", "prev2")   # a sum, a product, a windowed max
 CONSTRAINTS = ("default", "no-mlp", "mlp-current", "one-head")
 
 
