@@ -19,10 +19,12 @@ def masked_mse(pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) ->
 
 
 @torch.no_grad()
-def refit_head(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> None:
-    """Least-squares output head on the frozen stream (float64, tiny ridge for dead variables)."""
+def refit_head(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Least-squares output head on the frozen stream (float64, tiny ridge for dead variables).
+    Returns each replica's mean squared error with the new head (R,), as masked_mse counts it."""
     feats = model.final_stream(x)[:, :, model.P:].double()                     # (R, B, T, V)
     R, V = feats.shape[0], feats.shape[-1]
+    sse = torch.zeros(R, dtype=torch.float64, device=feats.device)
     for o in range(model.n_outputs):
         keep = valid[..., o].bool().reshape(-1)
         target = y[..., o].reshape(-1)[keep].double()
@@ -33,6 +35,8 @@ def refit_head(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, val
             w = torch.linalg.solve(A.T @ A + ridge, A.T @ target)
             model.W_out[r, :, o] = w[:V].float()
             model.b_out[r, o] = w[V].float()
+            sse[r] += (A @ w - target).square().sum()
+    return (sse / valid.sum().clamp(min=1)).float()
 
 
 def polish(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor,

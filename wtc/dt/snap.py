@@ -28,14 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from wtc.dt.finish import EXACT_FIT, masked_mse, refit_head
+from wtc.dt.finish import EXACT_FIT, refit_head
 from wtc.dt.selection import EVAL
 from wtc.extraction.routing_rules import Rule, candidate_rules, routed, rule_keys
 
 SNAP_MIN_RATE = 0.3      # a rule is tried on heads that follow it on at least this share of queries
 SNAP_CANDIDATES = 3      # ... the best few per head
 SNAP_GAIN = 0.9          # kept when the replica's loss after the head refit is below this share of before
-SNAP_SEQUENCES = 512     # training sequences for the screen and the loss comparison
+SNAP_SEQUENCES = 256     # training sequences for the screen and the loss comparison
 MAX_CONTENT = 1e5        # cap on the key score's range c N (float32 scores keep the tilt above rounding)
 
 
@@ -66,8 +66,8 @@ def _pointers(attn, unit) -> torch.Tensor:
 
 
 def _loss(model, x, y, valid) -> torch.Tensor:
-    refit_head(model, x, y, valid)
-    return masked_mse(model(x, EVAL)[0], y, valid)
+    """Each replica's training loss after the exact head refit (R,): one forward, not two."""
+    return refit_head(model, x, y, valid)
 
 
 def realisable(rule: Rule) -> bool:
