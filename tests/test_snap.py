@@ -7,6 +7,8 @@ from wtc.dt import DTConfig
 from wtc.dt.model import DiscreteTransformer
 from wtc.dt.selection import EVAL, Sampling
 from wtc.dt import snap
+from wtc.dt.refine import _inputs_of
+from wtc.dt.finish import refit_head
 from wtc.extraction.routing_rules import Rule, candidate_rules, routed, rule_keys
 
 T = 8
@@ -35,7 +37,7 @@ def test_every_rule_is_realised_exactly(hi):
     x, y = data(hi)
     m, xt, _, _ = frozen_model(x, y)
     attn = m.blocks[0].attn
-    stream, unit = snap._capture_inputs(m, attn, xt)
+    stream, unit = _inputs_of(m, attn, xt)
     values = stream[1].double().numpy()[:, :, 0]                                    # x, pads in front
     rules = [r for r in candidate_rules(T, ["x"]) if snap.realisable(r)]
     assert {r.kind for r in rules} == {"offset", "absolute", "window"}
@@ -62,9 +64,9 @@ def test_snap_turns_a_fuzzy_prefix_max_into_the_exact_one():
     x, y = data(100, n=256)
     m, xt, yt, valid = frozen_model(x, y)
     attn = m.blocks[0].attn
-    _, unit = snap._capture_inputs(m, attn, xt)
+    _, unit = _inputs_of(m, attn, xt)
     _fuzzy_prefix_max(m, unit)
-    stream, _ = snap._capture_inputs(m, attn, xt)
+    stream, _ = _inputs_of(m, attn, xt)
     values = stream[0].double().numpy()[:, :, 0]
     rule = Rule("window", {"var": "x", "op": "max", "w": None, "real": True, "ties": "first", "end": 0})
     want = routed(values, rule_keys(rule, {"x": values}, attn.P, T), attn.P)
@@ -73,6 +75,7 @@ def test_snap_turns_a_fuzzy_prefix_max_into_the_exact_one():
     assert 0.3 <= rate < 0.95                     # fuzzy, but a rule it mostly follows
     loss_before = snap._loss(m, xt, yt, valid)
     kept = snap.snap_heads(m, xt, yt, valid)
+    refit_head(m, xt, yt, valid)                  # as the attempt does after snapping
     assert [(s.replica, s.head) for s in kept if s.replica == 0] == [(0, "L0.h0")]   # exact: no more snaps
     s0 = next(s for s in kept if s.replica == 0)
     assert "argmax of x over the whole prefix" in s0.rule and s0.rate == pytest.approx(rate)
@@ -87,7 +90,7 @@ def test_nothing_is_snapped_when_a_replica_already_fits():
     x, y = data(100, n=128)
     m, xt, yt, valid = frozen_model(x, y)
     attn = m.blocks[0].attn
-    _, unit = snap._capture_inputs(m, attn, xt)
+    _, unit = _inputs_of(m, attn, xt)
     snap.realise(attn, 1, 0, Rule("window", {"var": "x", "op": "max", "w": None, "real": True, "ties": "first",
                                              "end": 0}), 0, unit)
     with torch.no_grad():
@@ -104,7 +107,7 @@ def test_a_snap_that_does_not_lower_the_loss_enough_is_undone(monkeypatch):
     x, y = data(100, n=128)
     m, xt, yt, valid = frozen_model(x, y)
     attn = m.blocks[0].attn
-    _, unit = snap._capture_inputs(m, attn, xt)
+    _, unit = _inputs_of(m, attn, xt)
     _fuzzy_prefix_max(m, unit)
     state = {k: v.clone() for k, v in m.state_dict().items()}
     tried = []

@@ -196,8 +196,7 @@ class Attempt:
             k, started = SNAP_SEQUENCES, time.process_time()
             self.snaps = snap_heads(self.model, x[:k], y[:k], valid[:k])
             self.snap_seconds = time.process_time() - started
-            if self.snaps:
-                refit_head(self.model, x, y, valid)
+            refit_head(self.model, x, y, valid)      # candidates were scored on a subset
         if self.config.polish_iters:
             polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters)
         if self.config.refine_steps and refine_pointers(self.model, x[:REFINE_SEQUENCES], y[:REFINE_SEQUENCES],

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from wtc.dt.finish import EXACT_FIT, refit_head
+from wtc.dt.refine import _inputs_of
 from wtc.dt.selection import EVAL
 from wtc.extraction.routing_rules import Rule, candidate_rules, routed, rule_keys
 
@@ -47,17 +48,6 @@ class Snap:
     rate: float                  # the head's agreement with the rule before
     loss_before: float           # the replica's training loss (normalised units) after the head refit
     loss_after: float
-
-
-def _capture_inputs(model, attn, x):
-    """(stream, unit) that `attn` receives on inputs x, (R, B, L, V) each."""
-    captured = {}
-    handle = attn.register_forward_pre_hook(lambda mod, args: captured.setdefault("args", args))
-    try:
-        model(x, EVAL)
-    finally:
-        handle.remove()
-    return captured["args"][0], captured["args"][1]
 
 
 def _pointers(attn, unit) -> torch.Tensor:
@@ -171,8 +161,9 @@ class _Screen:
 
 @torch.no_grad()
 def snap_heads(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> list[Snap]:
-    """Snap the pointer heads of a frozen population where that lowers a replica's loss (in place;
-    the head is refit on x). Returns the snaps kept, in the order made."""
+    """Snap the pointer heads of a frozen population where that lowers a replica's loss (in place).
+    The output head is left as the last candidate's refit: the caller refits it on its own data.
+    Returns the snaps kept, in the order made."""
     heads = [b.attn for b in model.blocks if b.attn is not None and b.attn.H]
     if not heads:
         return []
@@ -183,7 +174,7 @@ def snap_heads(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> 
     kept: list[Snap] = []
     for attn in heads:
         H, P, T = attn.H, attn.P, attn.T
-        stream, unit = _capture_inputs(model, attn, x)
+        stream, unit = _inputs_of(model, attn, x)
         screen = _Screen(stream.double().cpu().numpy(), P, T, shared, list(model.variable_names))
         idx = attn.select.index()
         pointers = _pointers(attn, unit).cpu().numpy()                            # (R, B, H, T)
@@ -218,5 +209,4 @@ def snap_heads(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> 
                         pointers = _pointers(attn, unit).cpu().numpy()
                         break
                     _restore(attn, r, h, state)
-    refit_head(model, x, y, valid)
     return kept
