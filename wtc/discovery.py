@@ -135,8 +135,8 @@ class Discovery:
         dep = self.dependence
         if dep is not None:
             if any(dep.prefix):
-                lines.append("The target reads the whole prefix. Aggregate heads read prefix means (so sums and "
-                             "counts); a prefix maximum or minimum, a count modulo k or a recurrence on the outputs "
+                lines.append("The target reads the whole prefix. Aggregate heads read prefix means and sums "
+                             "(so counts, and sums of sums in two layers); a prefix maximum or minimum, a count modulo k or a recurrence on the outputs "
                              "needs an operator on the running value that no fixed-depth reading found here.")
             if dep.pointer_routes > 3 and not any(dep.prefix):
                 lines.append(f"The target reads {dep.pointer_routes} offsets besides the current value; discover "

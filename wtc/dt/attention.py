@@ -95,21 +95,41 @@ def route_reference(zq, zk, val, W, u, rel, abs_, scale, content, *, pad: int, t
     return out, torch.einsum("rbhtl,rbgtl->rbhgt", attn, attn) * upper[:, :, None]
 
 
+AGG_CHAIN_PRIOR = 4.0      # selection-logit bonus (tau starts at 10): see Attention.__init__
+
+
 class Attention(nn.Module):
     """One layer's pointer heads (H) and aggregate heads (A) for R replicas."""
 
     def __init__(self, layer: int, replicas: int, n_heads: int, n_agg: int, n_bins: int,
                  seq_len: int, pad: int, variable_names: list[str], mask_fn, content: torch.Tensor,
-                 offset_prior: float = 1.0):
+                 offset_prior: float = 1.0, agg_ops: tuple[str, ...] = ("mean",)):
         super().__init__()
         R, H, A, N = replicas, n_heads, n_agg, n_bins
         self.layer, self.H, self.A, self.T, self.P = layer, H, A, seq_len, pad
         L = pad + seq_len
         self.head_names = [f"L{layer}.h{h}" for h in range(H)]
         self.agg_names = [f"L{layer}.a{a}" for a in range(A)]
+        self.agg_ops = [agg_ops[a % len(agg_ops)] for a in range(A)]      # DTConfig.agg_ops, cycled
+        # (A, T) what the prefix mean is multiplied by: 1 for a mean head, (t + 1) / T for a sum head.
+        # A sum head writes sum / T: values as large as a mean's (the raw sum of a sum, up to T^2
+        # times x, made every replica's selection flee it early in training; the program line is
+        # the sum itself, wtc.extraction.reader)
+        count = torch.arange(1, seq_len + 1, dtype=torch.float32)
+        self.register_buffer("agg_scale", torch.stack([count / seq_len if op == "sum" else torch.ones(seq_len)
+                                                       for op in self.agg_ops]) if A else torch.ones(0, seq_len),
+                             persistent=False)
         slots = ([f"{n}.q" for n in self.head_names] + [f"{n}.k" for n in self.head_names]
                  + [f"{n}.v" for n in self.head_names] + [f"{n}.v" for n in self.agg_names])
         self.select = Selector(R, slots, variable_names, mask_fn(slots, variable_names))
+        # aggregate a of layer l >= 1 starts preferring layer l-1's aggregate a in every other
+        # replica: without it no replica summed the prefix sum (a sum of sums is two layers of sum
+        # heads; soft mixtures early in training favoured the sum of the mean)
+        with torch.no_grad():
+            for a in range(A):
+                prev, slot = f"L{layer - 1}.a{a}", slots.index(f"{self.agg_names[a]}.v")
+                if prev in variable_names and self.select.mask[slot, variable_names.index(prev)]:
+                    self.select.logits[::2, slot, variable_names.index(prev)] += AGG_CHAIN_PRIOR
         # content scores start neutral: a head routes by position unless content pays off
         self.W = nn.Parameter(torch.zeros(R, H, N, N))
         self.u = nn.Parameter(torch.zeros(R, H, N))
@@ -202,7 +222,8 @@ class Attention(nn.Module):
                 outs.append((attn @ val.unsqueeze(-1)).squeeze(-1))             # (R, B, H, T)
         if A:
             val = choice.read(stream[:, :, P:], slice(3 * H, None)).transpose(2, 3)  # (R, B, A, T)
-            outs.append(kernels.aggregate(val) if fused else running_mean(val))
+            mean = kernels.aggregate(val) if fused else running_mean(val)       # (R, B, A, T)
+            outs.append(mean * self.agg_scale if "sum" in self.agg_ops else mean)
         return self.hook_z(torch.cat(outs, dim=2)), stats
 
     @staticmethod

@@ -12,6 +12,7 @@ from wtc.arguments import KnownFields
 from wtc.errors import WtcError
 
 ACTIVATIONS = ("relu", "silu", "gelu", "tanh", "relu+silu")
+AGG_OPS = ("mean", "sum")
 
 
 MAX_ACTIVATION_BYTES = 2**30     # one float32 activation of a training step (DTConfig.check_size)
@@ -46,7 +47,10 @@ class DTConfig(KnownFields):
     Architecture (per layer: pointer heads, then aggregate heads, then sub-MLPs; every module
     appends one named scalar to the residual stream):
       n_heads      pointer heads per layer (int, or one int per layer)
-      n_agg_heads  aggregate heads per layer: uniform mean over the causal prefix (beyond the paper)
+      n_agg_heads  aggregate heads per layer: uniform over the causal prefix (beyond the paper)
+      agg_ops      what each aggregate head computes, cycled over a layer's heads: "mean" (the prefix
+                   mean) or "sum" (the prefix sum: a sum of sums, such as a position from its
+                   acceleration, is then linear in the stream: two layers of sums)
       n_mlps       sub-MLPs per layer; each reads `mlp_inputs` variables, `mlp_hidden` units
       mlp_depth    hidden layers per sub-MLP (1 or 2); 2 represents a max of three exactly
       mlp_periods  periods P of the sub-MLPs' periodic units (beyond the paper; () = none): features
@@ -101,6 +105,7 @@ class DTConfig(KnownFields):
     n_layers: int = 1
     n_heads: int | tuple[int, ...] = 3
     n_agg_heads: int | tuple[int, ...] = 0
+    agg_ops: tuple[str, ...] = ("mean",)
     n_mlps: int | tuple[int, ...] = 3
     mlp_inputs: int = 2
     mlp_hidden: int = 24
@@ -182,6 +187,10 @@ class DTConfig(KnownFields):
                 isinstance(p, numbers.Integral) and not isinstance(p, bool) and 2 <= p <= 64 for p in periods):
             raise ConfigError(f"mlp_periods must be a tuple of whole periods in 2..64, got {periods!r}")
         self.mlp_periods = tuple(sorted({int(p) for p in periods}))
+        ops = self.agg_ops
+        if not isinstance(ops, (tuple, list)) or not ops or not all(o in AGG_OPS for o in ops):
+            raise ConfigError(f"agg_ops must be a non-empty tuple of {AGG_OPS}, got {ops!r}")
+        self.agg_ops = tuple(ops)
         if self.mlp_activation == "relu+silu" and self.mlp_hidden < 2:
             raise ConfigError("mlp_activation='relu+silu' needs mlp_hidden >= 2")
         for name in ("pad", "workers", "threads"):
@@ -230,6 +239,8 @@ class DTConfig(KnownFields):
         if "n_heads" in changes:                 # a rung never has fewer pointer heads than its base
             most, top = max(self.n_heads), max(changes["n_heads"])   # the rung's first layer gets the base's
             changes = {**changes, "n_heads": tuple(max(h, most) if h == top else h for h in changes["n_heads"])}
+        if "agg_ops" in changes:                 # nor loses an aggregate op its base has
+            changes = {**changes, "agg_ops": tuple(dict.fromkeys(self.agg_ops + changes["agg_ops"]))}
         if "mlp_inputs" in changes and changes["mlp_inputs"] < self.mlp_inputs:   # nor reads fewer inputs
             changes = {**changes, "mlp_inputs": self.mlp_inputs}
             label = label.replace("3-input", f"{self.mlp_inputs}-input")
@@ -246,7 +257,7 @@ class DTConfig(KnownFields):
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        for key in ("n_heads", "n_agg_heads", "n_mlps", "mlp_periods"):
+        for key in ("n_heads", "n_agg_heads", "n_mlps", "mlp_periods", "agg_ops"):
             d[key] = list(d[key])
         return d
 
@@ -267,6 +278,7 @@ LADDER = [
     ("as configured", {}),
     ("3-input, 2-hidden-layer sub-MLPs", {"mlp_inputs": 3, "mlp_depth": 2}),
     ("+ aggregate heads", {"n_agg_heads": 2}),
-    ("two layers: chained sub-MLPs", {"n_layers": 2, "n_heads": (3, 0), "n_mlps": (3, 2)}),
-    ("two layers: heads in both", {"n_layers": 2, "n_heads": (3, 2), "n_mlps": (3, 2)}),
+    # two layers: a prefix sum of a prefix sum (or of a sub-MLP's output) needs sum aggregates
+    ("two layers: chained sub-MLPs", {"n_layers": 2, "n_heads": (3, 0), "n_mlps": (3, 2), "agg_ops": ("mean", "sum")}),
+    ("two layers: heads in both", {"n_layers": 2, "n_heads": (3, 2), "n_mlps": (3, 2), "agg_ops": ("mean", "sum")}),
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import re
 
 import numpy as np
 import torch
@@ -32,10 +33,16 @@ PER_REPLICA_BUFFERS = ("var_lo", "var_hi", "frozen_index", "content")  # leading
 
 
 def read_mask(slots: list[str], variables: list[str], config: DTConfig) -> torch.Tensor:
-    """(S, V) bool: which variables each slot may read (DTConfig.read and qk_position)."""
+    """(S, V) bool: which variables each slot may read (DTConfig.read and qk_position). An
+    aggregate head never reads pos: its prefix mean is pos / 2 and its sum a polynomial in pos, both
+    functions of pos alone, and early in training a mixture with pos hides which aggregate to
+    build on (seen: every replica summed the prefix mean of x + pos, not the sum of x, on a double
+    prefix sum)."""
     mask = torch.ones(len(slots), len(variables), dtype=torch.bool)
     for s, slot in enumerate(slots):
         if not config.qk_position and slot.endswith((".q", ".k")) and "pos" in variables:
+            mask[s, variables.index("pos")] = False
+        if re.fullmatch(r"L\d+\.a\d+\.v", slot) and "pos" in variables:
             mask[s, variables.index("pos")] = False
         for pattern, allowed in config.read.items():
             if fnmatch.fnmatchcase(slot, pattern):
@@ -90,7 +97,8 @@ class DiscreteTransformer(Hooked):
             mask_fn = lambda slots, variables: read_mask(slots, variables, config)  # noqa: E731
             if H + A:
                 attn = Attention(layer, R, H, A, config.ple_bins, seq_len, self.P, names, mask_fn,
-                                 content_replicas(R, config.content_fraction), config.offset_prior)
+                                 content_replicas(R, config.content_fraction), config.offset_prior,
+                                 config.agg_ops)
                 names = names + attn.output_names
             if M:
                 mlp = SubMLPs(layer, R, M, config.mlp_inputs, config.mlp_hidden, config.mlp_activation,
@@ -195,7 +203,8 @@ class DiscreteTransformer(Hooked):
                     index = block.attn.select.index()[:, 2 * H:]                     # (R, H + A)
                     new = units.gather(2, index[:, None, :].expand(-1, units.shape[1], -1))   # (R, T, H + A)
                     count = torch.arange(1, units.shape[1] + 1, dtype=units.dtype, device=units.device)
-                    new = torch.cat([new[..., :H], new[..., H:] * count[None, :, None]], -1)
+                    growth = count[:, None] / block.attn.agg_scale.T.to(units.dtype)       # (T, A): T for sums
+                    new = torch.cat([new[..., :H], new[..., H:] * growth[None]], -1)
                     units = torch.cat([units, new], -1)
             if block.mlp is not None:
                 m = block.mlp(stream[:, :, self.P:], sampling, units)            # (R, B, T, M)

@@ -4,7 +4,7 @@
 2. Live variables: walk back from the output head (contributions above noise), through what each
    live module reads.
 3. In stream order: each live pointer head gets a routing rule (routing.fit_head) or is reported
-   uninterpretable; aggregate heads are prefix means; each live sub-MLP gets a formula from the
+   uninterpretable; aggregate heads are prefix means or sums; each live sub-MLP gets a formula from the
    symbolic regression engine (wtc.sr), with a tolerance derived from how much of its error the
    output can absorb. Downstream modules see the rule's / formula's values, not the network's.
 4. The head becomes formulas (compose.snap_output); the program is assembled and returned. A
@@ -229,16 +229,18 @@ class _Extraction:
 
     def _aggregate(self, mod) -> None:
         src = mod.reads["v"]
-        values = self.prog[src][:, self.P:]
-        key = ("mean", "", src)
+        sums = np.cumsum(self.prog[src][:, self.P:], axis=1)
+        op = mod.op                                          # "mean" | "sum" (DTConfig.agg_ops)
+        key = (op, "", src)
         name = self.routes.get(key)
         if name is None:                          # another aggregate head may already read it
-            name = self.routes[key] = _unique_name(f"mean_{self.pname[src]}", self.taken)
-            self.lines.append(Line(name, "mean", self.pname[src], comment="mean over the prefix"))
-        self._set(mod.name, name, pad(np.cumsum(values, axis=1) / np.arange(1, self.T + 1), self.P),
+            name = self.routes[key] = _unique_name(f"{op}_{self.pname[src]}", self.taken)
+            self.lines.append(Line(name, op, self.pname[src], comment=f"{op} over the prefix"))
+        self._set(mod.name, name, pad(sums if op == "sum" else sums / np.arange(1, self.T + 1), self.P),
                   self.factor.get(src))
-        self.sums[mod.name] = (src, pad(np.cumsum(values, axis=1), self.P))   # its other reading
-        self.readings.append(Reading(mod.name, "aggregate", name, f"v={src}", "mean over the prefix",
+        if op == "mean":
+            self.sums[mod.name] = (src, pad(sums, self.P))   # its other reading
+        self.readings.append(Reading(mod.name, "aggregate", name, f"v={src}", f"{op} over the prefix",
                                      "by construction", True))
 
     def _as_sums(self, leaves) -> tuple[dict[str, np.ndarray], dict[str, str]] | None:

@@ -22,6 +22,7 @@ class Module:
     content: bool = False            # head may score content (q, k matter)
     layer: int = 0
     index: int = 0
+    op: str = ""                     # an aggregate's "mean" or "sum"
 
 
 @dataclass
@@ -49,7 +50,8 @@ def modules_of(model) -> list[Module]:
             for h, name in enumerate(block.attn.head_names):
                 out.append(Module(name, "head", {r: structure[f"{name}.{r}"] for r in "qkv"}, content, layer, h))
             for a, name in enumerate(block.attn.agg_names):
-                out.append(Module(name, "aggregate", {"v": structure[f"{name}.v"]}, False, layer, a))
+                out.append(Module(name, "aggregate", {"v": structure[f"{name}.v"]}, False, layer, a,
+                                  block.attn.agg_ops[a]))
         if block.mlp is not None:
             for m, name in enumerate(block.mlp.names):
                 reads = {f"in{i}": structure[f"{name}.in{i}"] for i in range(block.mlp.k)}
