@@ -279,3 +279,15 @@ def test_an_integer_program_with_every_decision_of_a_wobbly_model_is_faithful():
     program = extract(model, task)
     check = next(r for r in program.readings if r.module == "program vs model")
     assert program.ok and check.ok and "every decision" in check.finding, (program.failures, check)
+
+
+def test_a_program_that_raises_on_the_extraction_data_is_a_failure_not_a_crash(monkeypatch):
+    """Seen on running_min: an emitted math.sqrt of a negative fit value raised out of discover."""
+    import wtc.extraction.reader as reader
+
+    task, model = planted("prev2", [2], [("x", "x")])
+    raising = "import math\n\ndef program(xs):\n    return [math.sqrt(-1.0) for _ in xs]\n"
+    monkeypatch.setattr(reader, "build_source", lambda *args, **kwargs: raising)
+    program = extract(model, task)
+    assert not program.ok
+    assert any("raised ValueError on the extraction data" in f for f in program.failures), program.failures

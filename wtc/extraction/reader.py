@@ -455,7 +455,14 @@ class _Extraction:
         # network's own imprecision: a program may be exact where the network is only close (a
         # product on a grid, a relu kink), so compare with the raw output, not rounded decisions
         y_model = self.ro.y_model
-        mine = program(self.x).reshape(y_model.shape)
+        try:
+            mine = program(self.x).reshape(y_model.shape)
+        except (ArithmeticError, ValueError) as exc:   # e.g. math.sqrt of a negative where the fit went below 0
+            self.failures.append(f"the program raised {type(exc).__name__} on the extraction data: {exc}")
+            self.readings.append(Reading("program vs model", "check", "", "extraction data",
+                                         f"the program raised {type(exc).__name__}: {exc}", "", False))
+            program.failures, program.ok = self.failures, False
+            return program
         valid = np.isfinite(self.y_task)
         diff = (mine - y_model)[valid]
         deviation = float(np.sqrt(np.mean(diff**2)) / (np.sqrt(np.mean(y_model[valid] ** 2)) + 1e-12))
