@@ -9,6 +9,9 @@
    output can absorb. Downstream modules see the rule's / formula's values, not the network's.
 4. The head becomes formulas (compose.snap_output); the program is assembled and returned. A
    module that could not be read is named in program.failures (program.ok is False).
+
+Over 500 lines because the reading of every module kind and of the outputs shares one state (the
+program values and names read so far); split, each part would take all of it as arguments.
 """
 from __future__ import annotations
 
