@@ -239,8 +239,10 @@ class _Extraction:
         if name is None:                          # another aggregate head may already read it
             name = self.routes[key] = _unique_name(f"{op}_{self.pname[src]}", self.taken)
             self.lines.append(Line(name, op, self.pname[src], comment=f"{op} over the prefix"))
-        self._set(mod.name, name, pad(sums if op == "sum" else sums / np.arange(1, self.T + 1), self.P),
-                  self.factor.get(src))
+        factor = self.factor.get(src)             # a sum head writes sum / T in model units
+        if op == "sum" and factor is not None:
+            factor /= self.T
+        self._set(mod.name, name, pad(sums if op == "sum" else sums / np.arange(1, self.T + 1), self.P), factor)
         if op == "mean":
             self.sums[mod.name] = (src, pad(sums, self.P))   # its other reading
         self.readings.append(Reading(mod.name, "aggregate", name, f"v={src}", f"{op} over the prefix",
