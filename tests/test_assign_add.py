@@ -7,6 +7,7 @@ import torch
 
 from wtc.models.training import read_state
 from wtc.studies import assign_add_analysis as an
+from wtc.studies import assign_add_probes as probes
 from wtc.studies.assign_add import AssignAddStudy, StudyError, make_model, run
 from wtc.tasks import assign_add as aa
 from wtc.tasks.assign_add import AssignAdd
@@ -183,6 +184,35 @@ def test_virtual_addition_matches_a_real_forward_when_routing_is_ideal():
     assert 0.0 <= acc <= 1.0
 
 
+@pytest.mark.parametrize("variant", aa.VARIANTS)
+def test_probe_rows_read_the_labels_the_sequences_define(variant):
+    task = AssignAdd(variant=variant)
+    seqs = probes.probe_sequences(task, n_train=300, n_test=200)
+    test_pairs = {tuple(p) for p in task.heldout_pairs}
+    for name, x in seqs.items():
+        labels = aa.resolve(x)
+        assert (labels >= 0).all()
+        read = {probe: probes.rows(probe, x) for probe in probes.PROBES}
+        for i, seq in enumerate(x[:60]):                      # the environment read token by token
+            env = {int(seq[t]): int(seq[t + 1]) for t in range(aa.PREFIX - 1)
+                   if seq[t] >= aa.VAR0 and seq[t + 1] < aa.P}
+            n, m = (int(v) if v < aa.P else env[int(v)] for v in seq[aa.PREFIX + 1:aa.PREFIX + 3])
+            if name == "test":
+                assert (n, m) in test_pairs                  # the test rows use held-out pairs
+            for probe in probes.PROBES:
+                seq_i, pos, lab = read[probe]
+                got = {(int(q), int(l)) for s_, q, l in zip(seq_i, pos, lab) if s_ == i}
+                want = {"var_at_value": {(t + 1, int(seq[t]) - aa.VAR0) for t in range(aa.PREFIX - 1)
+                                         if seq[t] >= aa.VAR0 and seq[t + 1] < aa.P},
+                        "value_at_side": {(q, env[int(seq[q])]) for q in (aa.PREFIX + 1, aa.PREFIX + 2)
+                                          if seq[q] >= aa.VAR0},
+                        "operand_at_equals": {(aa.ANSWER_POS, n)},
+                        "sum_before_mlp": {(aa.ANSWER_POS, (n + m) % aa.P)},
+                        "sum_at_equals": {(aa.ANSWER_POS, (n + m) % aa.P)}}[probe]
+                assert got == want, (probe, aa.decode(seq))
+    assert {len(np.unique(x[:, aa.PREFIX + 1][x[:, aa.PREFIX + 1] >= aa.VAR0])) for x in seqs.values()} == {12}
+
+
 def test_study_defaults_are_the_authors_run():
     cfg = AssignAddStudy()
     assert (cfg.variant, cfg.steps, cfg.checkpoint_every, cfg.eval_every) == ("authors", 40000, 100, 100)
@@ -224,6 +254,9 @@ def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert s["steps"] == 30 and [c["step"] for c in json.loads((tmp_path / "b/curve.json").read_text())] == \
         [0, 10, 20, 30]
     assert (tmp_path / "b/assign_add.png").exists() and (tmp_path / "b/report.md").exists()
+    assert set(s["probes"]["final"]) == set(probes.PROBES)
+    assert [t["step"] for t in s["probes"]["timeline"]] == [0, 10, 20, 30]
+    assert all(0 <= r["test_accuracy"] <= 1 and r["n_test"] > 0 for r in s["probes"]["final"].values())
     ws = s["weight_scan"]
     assert sum(v["share"] for v in ws["per_matrix"].values()) == pytest.approx(1.0)
     assert "blocks.0.mlp.W_in" not in ws["per_matrix"] and ws["per_matrix"]["unembed.W_U"]["estimated"] is False

@@ -119,3 +119,30 @@ def test_a_snap_that_does_not_lower_the_loss_enough_is_undone(monkeypatch):
     for k, v in m.state_dict().items():
         if not k.startswith(("W_out", "b_out")):
             assert torch.equal(v, state[k]), k
+
+
+def test_a_minimum_head_drawn_onto_the_pads_snaps_to_the_real_keys():
+    """Pads hold 0, the smallest value, so a learned prefix-min head routes them on most queries
+    and agrees best with the rule that includes them (running_min); its twin over the real keys
+    is tried too, and that one fits."""
+    x = np.random.default_rng(0).integers(0, 100, size=(256, T, 1)).astype(float)
+    y = np.minimum.accumulate(x[..., 0], axis=1)[..., None]
+    m, xt, yt, valid = frozen_model(x, y)
+    attn = m.blocks[0].attn
+    _, unit = _inputs_of(m, attn, xt)
+    with_pads = Rule("window", {"var": "x", "op": "min", "w": None, "real": False, "ties": "first", "end": 0})
+    snap.realise(attn, 0, 0, with_pads, 0, unit)
+    with torch.no_grad():
+        attn.select.frozen_index[0, 2 * attn.H] = 0
+        s = attn.scores(unit, attn.select(snap.EVAL))[0, :, 0]                   # (B, T, L)
+        gap = s[..., : attn.P].max(-1).values - s[..., attn.P:].max(-1).values       # pads' lead per query
+        attn.abs[0, 0, : attn.P] -= float(gap.quantile(0.3))                     # pads win on ~70% of queries
+    stream, _ = _inputs_of(m, attn, xt)
+    values = stream[0].double().numpy()[:, :, 0]
+    got = routed(values, snap._pointers(attn, unit)[0, :, 0].numpy(), attn.P)
+    rate = float((got == routed(values, rule_keys(with_pads, {"x": values}, attn.P, T), attn.P)).mean())
+    assert 0.3 <= rate < 0.95
+    kept = snap.snap_heads(m, xt, yt, valid)
+    s0 = next(s for s in kept if s.replica == 0)
+    assert "argmin of x over the whole prefix" in s0.rule and "pads" not in s0.rule
+    assert s0.loss_after < 1e-10 < s0.loss_before

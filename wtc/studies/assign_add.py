@@ -43,6 +43,7 @@ from wtc.models import Transformer, TransformerConfig
 from wtc.models import io as model_io
 from wtc.models.training import Eval, TrainConfig, Trainer
 from wtc.studies import assign_add_analysis as an
+from wtc.studies import assign_add_probes as probes
 from wtc.studies import assign_add_report as report
 from wtc.studies.clock import Clock, check_config, study_dir
 from wtc.threads import torch_threads
@@ -326,6 +327,17 @@ def _authors(out: Path, cfg: AssignAddStudy, progress: bool) -> dict:
     return rec
 
 
+def _authors_probes(out: Path, cfg: AssignAddStudy) -> dict:
+    """The linear probes on the authors' final model and along their checkpoints (authors_probes.json)."""
+    from wtc.studies import assign_add_authors as authors
+
+    ck = authors.checkpoints(cfg.authors_dir)
+    if "final" not in ck:
+        raise StudyError(f"{cfg.authors_dir} has no final model (model_state_dict.pth) to probe")
+    return probes.probe_record(out / "authors_probes.json", authors.authors_task(), authors.load_checkpoint(ck["final"]),
+                               {s: (lambda p=p: authors.load_checkpoint(p)) for s, p in ck.items() if s != "final"})
+
+
 def _sweep_point(out: Path, cfg: AssignAddStudy, f: float, r: float, progress: bool) -> dict:
     """A short run with another f or r: final pool accuracies (cached in result.json)."""
     d = out / "sweeps" / f"f{f:g}_r{r:g}"
@@ -360,7 +372,13 @@ def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
         pools = _pools(task, cfg)
         core = ace_core(model, pools)
         union = union_exhaustive(out, model, task, cfg)
+        saved = {int(d.name.split("_")[1]): d for d in sorted((out / "checkpoints").glob("step_*"))
+                 if int(d.name.split("_")[1]) <= cfg.steps}
+        probed = probes.probe_record(out / "probes.json", task, model,
+                                     {s: (lambda d=d: model_io.load(d).float()) for s, d in saved.items()})
         authors = _authors(out, cfg, progress) if cfg.authors_dir else None
+        if authors is not None and authors.get("final"):
+            authors = {**authors, "probes": _authors_probes(out, cfg)}
         scanned = None
         if cfg.scan_sequences:
             x = pools["2var_union"][0].numpy()
@@ -397,7 +415,7 @@ def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
             "fourier": last["fourier"], "twin_cosine": last["twin_cosine"],
             "fourier_additive": last["fourier_additive"], "qk_identity": last["qk_identity"],
             "prev_token_qk": last["prev_token_qk"],
-            "phases": found, "ace_core": core, "sweeps": sweeps, "weight_scan": scanned,
+            "probes": probed, "phases": found, "ace_core": core, "sweeps": sweeps, "weight_scan": scanned,
             "two_var_pools": list(TWO_VAR_POOLS),
             "seconds": round(clock.total(), 1), "train_seconds": round(train_seconds, 1),
         }

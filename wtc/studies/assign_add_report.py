@@ -73,6 +73,30 @@ def plot(out: Path, s: dict, curve: list[dict]) -> None:
     plt.close(fig)
 
 
+def _probe_lines(s: dict) -> list[str]:
+    """Linear probes: ours and, when measured, the authors' final model, then the timelines."""
+    ours = s.get("probes")
+    if not ours:
+        return []
+    theirs = (s.get("authors") or {}).get("probes")
+    head = "| probe | activation | classes | test accuracy | train accuracy | chance |"
+    lines = ["", "## Linear probes (logistic regression; test rows on held-out pairs)", "",
+             head + (" authors' final: test |" if theirs else ""), "|---" * (6 + bool(theirs)) + "|"]
+    for name, r in ours["final"].items():
+        row = (f"| {name} | {r['hook']} | {r['classes']} | {_fmt(r['test_accuracy'])} | {_fmt(r['train_accuracy'])} | "
+               f"{_fmt(r['chance'])} |")
+        if theirs:
+            row += f" {_fmt(theirs['final'].get(name, {}).get('test_accuracy'))} |"
+        lines.append(row)
+    for who, rec in (("this run", ours), ("the authors' run", theirs)):
+        if rec and rec["timeline"]:
+            keys = [k for k in rec["timeline"][0] if k != "step"]
+            lines += ["", f"Probe test accuracy along {who}'s checkpoints:", "",
+                      "| step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+            lines += [f"| {t['step']} | " + " | ".join(_fmt(t[k]) for k in keys) + " |" for t in rec["timeline"]]
+    return lines
+
+
 def markdown(out: Path, s: dict) -> None:
     cfg = s["config"]
     lines = [f"# Assign-and-Add study ({cfg.get('variant', 'wtc-v1')} task, seed {cfg['seed']}, f = {cfg['f']}, "
@@ -125,6 +149,7 @@ def markdown(out: Path, s: dict) -> None:
         lines += [f"| {p['f']:g} | {p['r']:g}{' (main run)' if p.get('main_run') else ''} | {p['steps']} | "
                   f"{_fmt(p['0var_heldout'])} | {_fmt(p['2var_union'])} | {_fmt(p.get('1var_restricted'))} |"
                   for p in s["sweeps"]]
+    lines += _probe_lines(s)
     a = s.get("authors")
     if a:
         fin = a.get("final") or {}
