@@ -1,5 +1,6 @@
 """Assign-and-Add: the task generator, the analyses and the study's resume (tiny runs)."""
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -235,6 +236,8 @@ def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
     straight = run(_tiny(sweep_steps=10, sweep_f=(0.5,), sweep_r=()), tmp_path / "a", progress=False)
     assert [(p["f"], p["steps"], p.get("main_run", False)) for p in straight["sweeps"]] == [(0.5, 10, False),
                                                                                             (0.7, 10, True)]
+    assert [(p["steps_run"], p["reached_at"]) for p in straight["sweeps"]] == [(10, None), (10, None)]
+    assert straight["sweep_thresholds"]["f"] == {"reached": [], "not_reached": [0.5, 0.7], "bracket": [0.7, None]}
     run(_tiny(steps=20), tmp_path / "b", progress=False)
     resumed = run(_tiny(), tmp_path / "b", progress=False)
     wa = read_state(tmp_path / "a/train_state").optimizer                  # both at step 30
@@ -263,6 +266,26 @@ def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert ws["top"][0]["total_kl"] >= ws["top"][-1]["total_kl"] > 0
     with pytest.raises(StudyError, match="different config"):
         run(_tiny(f=0.5), tmp_path / "b", progress=False)
+
+
+def test_a_sweep_point_stops_at_the_targets_and_thresholds_bracket_them(tmp_path, monkeypatch):
+    """With the targets lowered to what a tiny run reaches, a sweep point stops at the first
+    evaluation meeting them (and a rerun reuses it); the threshold bracket sits between the values
+    that failed and those that succeeded."""
+    import wtc.studies.assign_add as A
+
+    monkeypatch.setattr(A, "TARGETS", {"0var_heldout": -1.0, "2var_union": -1.0})     # met at the first point
+    cfg = _tiny(sweep_steps=30, sweep_f=(0.5,), sweep_r=(), steps=10)
+    rec = A._sweep_point(tmp_path, cfg, 0.5, cfg.r, progress=False)
+    assert (rec["steps_run"], rec["reached_at"], rec["step"]) == (10, 10, 10)
+    assert A._sweep_point(tmp_path, cfg, 0.5, cfg.r, progress=False) == rec
+    monkeypatch.setattr(A, "TARGETS", {"0var_heldout": 2.0, "2var_union": 2.0})       # never met
+    never = A._sweep_point(tmp_path, replace(cfg, sweep_stop=False), 0.5, cfg.r, progress=False)
+    assert (never["steps_run"], never["reached_at"]) == (30, None)
+    pts = [{"f": f, "r": cfg.r, "reached_at": (100 if f >= 0.3 else None)} for f in (0.1, 0.2, 0.3, 0.5)]
+    pts += [{"f": cfg.f, "r": r, "reached_at": (100 if r in (0.2, 0.5) else None)} for r in (0.0, 0.1, 0.2, 0.5)]
+    th = A.thresholds(pts, cfg)
+    assert th["f"]["bracket"] == [0.2, 0.3] and th["r"]["bracket"] == [0.1, 0.2]
 
 
 @pytest.mark.parametrize("kwargs", [{"steps": 0}, {"eval_every": 7, "checkpoint_every": 10}, {"r": 2.0},

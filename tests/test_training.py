@@ -283,3 +283,35 @@ def test_trainer_arguments_that_would_be_silently_odd(tmp_path):
     T.Trainer(model, T.TrainConfig(steps=6, lr=1e-3), batch, loss, path=tmp_path / "s", progress=False).run()
     with pytest.raises(CheckpointError, match="6 steps done, more than steps=1"):
         T.Trainer(model, T.TrainConfig(steps=1, lr=1e-3), batch, loss, path=tmp_path / "s", progress=False).run()
+
+
+def test_an_eval_stop_ends_training_at_its_record_and_a_resume_trains_no_more(tmp_path):
+    """Stop once the recorded step reaches 4 (a predicate on the record): the run ends there,
+    checkpointed, equal to a run stopped by stop_after=4; a resume trains no further; a stop
+    that never holds trains to the end."""
+    def build(path, stop):
+        model = make(seed=1)
+        cfg = T.TrainConfig(steps=9, lr=3e-3)
+        rng = np.random.default_rng(0)
+        return model, T.Trainer(model, cfg, lambda s: torch.from_numpy(rng.integers(0, 11, (4, 8))),
+                                lambda x: F.cross_entropy(model(x)[:, :-1].reshape(-1, 11), x[:, 1:].reshape(-1)),
+                                path=path, rngs={"rng": rng}, progress=False,
+                                evals=(T.Eval("probe", lambda t: {"s": t.step}, every=2, stop=stop),))
+    _, t = build(tmp_path / "a", lambda rec: rec["s"] >= 4)
+    r = t.run()
+    assert (r.step, r.finished, r.stopped_by) == (4, False, "probe") and len(r.losses) == 4
+    assert T.read_state(tmp_path / "a").step == 4
+    m_ref, ref = build(tmp_path / "b", None)
+    ref.run(stop_after=4)
+    same_state(T.read_state(tmp_path / "a"), T.read_state(tmp_path / "b"))
+    _, again = build(tmp_path / "a", lambda rec: rec["s"] >= 4)
+    r2 = again.run()
+    assert (r2.step, r2.stopped_by, r2.seconds_per_step) == (4, "probe", None)
+    _, never = build(tmp_path / "c", lambda rec: False)
+    r3 = never.run()
+    assert (r3.step, r3.finished, r3.stopped_by) == (9, True, None)
+    with pytest.raises(TrainConfigError, match="stop"):
+        T.Eval("x", lambda t: {}, every=1, stop=3)
+    _, bad = build(tmp_path / "d", lambda rec: rec["missing"])
+    with pytest.raises(TrainingError, match="stop raised KeyError"):
+        bad.run()

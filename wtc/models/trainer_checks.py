@@ -45,6 +45,9 @@ def check_eval(ev) -> None:
         raise TrainConfigError(f"Eval {ev.name!r}: at must be a collection of step numbers (ints >= 0), got {ev.at!r}")
     if isinstance(ev.show, str) or not all(isinstance(k, str) for k in ev.show):
         raise TrainConfigError(f"Eval {ev.name!r}: show must be a tuple of record keys (str), got {ev.show!r}")
+    if ev.stop is not None and not callable(ev.stop):
+        raise TrainConfigError(f"Eval {ev.name!r}: stop must be None or a callable on its record, got "
+                               f"{type(ev.stop).__name__}")
 
 
 MAX_THREADS = 4096                  # more intra-op threads than any machine has cores: a typo

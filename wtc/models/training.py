@@ -118,12 +118,14 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 class Eval:
     """fn(trainer) -> dict | None, called after update `step` when step % every == 0 or step in
     `at` (with the model in eval mode); a dict is recorded under metrics[name] with its step.
-    `show`: keys of the record put on the progress bar."""
+    `show`: keys of the record put on the progress bar. `stop`: a predicate on the record; once a
+    record satisfies it, training ends there (checkpointed), and a resume past it trains no more."""
     name: str
     fn: Callable[["Trainer"], dict | None]
     every: int | None = None
     at: Collection[int] = ()
     show: tuple[str, ...] = ()
+    stop: Callable[[dict], bool] | None = None
 
     def __post_init__(self) -> None:
         checks.check_eval(self)
@@ -160,6 +162,7 @@ class TrainResult:
     history: dict[str, list]             # per update: step, loss, lr and post_step's values
     metrics: dict[str, list]
     path: Path | None
+    stopped_by: str | None = None        # the Eval whose stop predicate ended training early
 
     @property
     def losses(self) -> list[float]:
@@ -446,6 +449,7 @@ class Trainer:
             raise TrainConfigError(f"budget_s must be None or a finite positive number of seconds, got {budget_s!r}")
         self.resume()
         target, start = self.cfg.steps, self.step
+        stopped_by = self._stopped()                   # a resume of a run that already stopped early
         self._t0 = time.perf_counter()
         bar = tqdm(total=target, initial=min(start, target), disable=not self.progress, desc=self.desc,
                    leave=self.leave, dynamic_ncols=True, mininterval=1)
@@ -457,16 +461,17 @@ class Trainer:
                     for ev in self.evals:
                         if 0 in ev.at:
                             self._record(ev)
-                while self.step < target:
+                while self.step < target and stopped_by is None:
                     value, extra = self._update()
                     for ev in self.evals:
                         if ev.due(self.step) and (rec := self._record(ev)) is not None:
                             postfix.update({k: f"{rec[k]:.3g}" for k in ev.show
                                             if isinstance(rec.get(k), (int, float))})
+                    stopped_by = self._stopped()
                     bar.update(1)
                     if self.step % 10 == 0 or self.step == target:
                         bar.set_postfix({"loss": f"{value:.3f}", **{k: f"{v:.3g}" for k, v in extra.items()}, **postfix})
-                    stop = (stop_after is not None and self.step >= stop_after) or \
+                    stop = (stop_after is not None and self.step >= stop_after) or stopped_by is not None or \
                            (budget_s is not None and time.perf_counter() - self._t0 >= budget_s)
                     if self.path is not None and (self.step == target or stop or self.step in self.checkpoint_at
                                                   or (self.checkpoint_every and self.step % self.checkpoint_every == 0)):
@@ -483,7 +488,15 @@ class Trainer:
         return TrainResult(step=self.step, finished=self.step >= target, seconds=self.seconds,
                            seconds_per_step=loop_s / ran if ran > 0 else None,
                            history={k: list(v) for k, v in self.history.items()},
-                           metrics=self.metrics, path=self.path)
+                           metrics=self.metrics, path=self.path, stopped_by=stopped_by)
+
+    def _stopped(self) -> str | None:
+        """The name of the first Eval whose stop predicate holds on its latest record (None: none)."""
+        for ev in self.evals:
+            recs = self.metrics.get(ev.name)
+            if ev.stop is not None and recs and self._call(f"Eval {ev.name!r} stop", ev.stop, recs[-1]):
+                return ev.name
+        return None
 
 
 def train(model, cfg: TrainConfig, batch_fn, loss_fn, stop_after: int | None = None, budget_s: float | None = None,

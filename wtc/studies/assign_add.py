@@ -15,7 +15,9 @@ addition accuracy and the loss (curve.json). Every `checkpoint_every` steps: wei
 analysis and the twin cosine (checkpoints/step_*/record.json, written last). At the end: the ACE
 core at "=", the exhaustive 2-var union (the authors' final evaluation set, 193,580 sequences for
 their task: acc_2var_union_exhaustive beside acc_0var_heldout, which is exhaustive already: each
-held-out pair once), the f / r sweeps (runs with another training fraction or r), and, with
+held-out pair once), the f / r sweeps (runs with another training fraction or r, each stopping at
+the step it meets TARGETS, so a threshold is bracketed without training the runs that generalise to
+the end; `thresholds`), the linear probes (wtc.studies.assign_add_probes), and, with
 authors_dir, the authors' released checkpoints measured by the same code (summary "authors").
 
 Resumable: batches are a function of (seed, step) and training runs in wtc.models.training.Trainer,
@@ -50,6 +52,7 @@ from wtc.threads import torch_threads
 from wtc.tasks.assign_add import _DEFAULTS, ANSWER_POS, SEQ_LEN, TWO_VAR_POOLS, VARIANTS, VOCAB, AssignAdd
 
 ANSWER = slice(ANSWER_POS, ANSWER_POS + 1)
+TARGETS = {"0var_heldout": 0.99, "2var_union": 0.98}     # the issue's bar for a run that generalised
 PHASE_METRICS = ("0var_heldout", "1var_heldout", "2var_valid", "2var_union", "1var_restricted",
                  "l2_value_routing_rate", "l1_prev_token_rate", "virtual_addition")
 
@@ -75,7 +78,8 @@ class AssignAddStudy:
     phase_jump: float = 0.15
     sweep_f: tuple[float, ...] = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)     # around the paper's f ~ 0.25
     sweep_r: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)     # around the paper's r ~ 0.2
-    sweep_steps: int = 40000         # the authors' sweep points are full runs
+    sweep_steps: int = 40000         # the authors' sweep points are full runs: the most a point trains
+    sweep_stop: bool = True          # a point stops once it meets the targets (TARGETS), at that step
     scan_sequences: int = 64         # per-weight scan of the final model at "=" (0: none)
     scan_attention_sample: int = 512 # attention weights drawn per matrix for the scan
     seed: int = 0
@@ -180,11 +184,16 @@ def evaluate(model, pools: dict, grid_tokens) -> dict:
 _TRAIN_FIELDS = ("f", "r", "no_right", "no_left", "d_model", "d_mlp", "batch", "seed", "variant", "split_seed")
 
 
+def met_targets(point: dict) -> bool:
+    """A curve point at or above every TARGETS accuracy."""
+    return all(point[k] >= v for k, v in TARGETS.items())
+
+
 def _trainer(model, cfg: AssignAddStudy, task: AssignAdd, steps: int, pools, grid, path: Path, desc: str,
-             progress: bool, eval_every: int | None, curve_at=(), evals: tuple = ()) -> Trainer:
+             progress: bool, eval_every: int | None, curve_at=(), evals: tuple = (), stop=None) -> Trainer:
     """AdamW on cross-entropy at "="; the batch of update `step` is batch_at(step + 1); a "curve"
     Eval every eval_every steps (and at curve_at and `steps`) records the mean loss since the
-    previous point and evaluate(); `evals` come after it."""
+    previous point and evaluate() (training stops at a point where `stop` holds); `evals` come after it."""
     def curve_point(t: Trainer) -> dict:
         curve = t.metrics["curve"]
         window = t.step - curve[-1]["step"] if curve else len(t.history["loss"])
@@ -196,7 +205,7 @@ def _trainer(model, cfg: AssignAddStudy, task: AssignAdd, steps: int, pools, gri
                    lambda b: F.cross_entropy(model.logits_at(b[0], ANSWER)[:, 0], b[1]), path=path,
                    identity={k: getattr(cfg, k) for k in _TRAIN_FIELDS},
                    evals=(Eval("curve", curve_point, every=eval_every, at=set(curve_at) | {steps},
-                               show=("0var_heldout", "2var_union")),) + tuple(evals),
+                               show=("0var_heldout", "2var_union"), stop=stop),) + tuple(evals),
                    checkpoint_every=cfg.checkpoint_every, progress=progress, desc=desc, leave=False)
 
 
@@ -209,7 +218,7 @@ def _ckpt(out: Path, step: int) -> Path:
 
 # config fields a rerun may change: sweeps are kept per point, phases are read off the curve, the
 # scan off the final model, and steps extend the run
-_FREE = {"steps", "threads", "sweep_f", "sweep_r", "sweep_steps", "phase_window", "phase_jump", "scan_sequences",
+_FREE = {"steps", "threads", "sweep_f", "sweep_r", "sweep_steps", "sweep_stop", "phase_window", "phase_jump", "scan_sequences",
          "scan_attention_sample", "authors_dir", "union_seed"}
 
 
@@ -339,22 +348,43 @@ def _authors_probes(out: Path, cfg: AssignAddStudy) -> dict:
 
 
 def _sweep_point(out: Path, cfg: AssignAddStudy, f: float, r: float, progress: bool) -> dict:
-    """A short run with another f or r: final pool accuracies (cached in result.json)."""
+    """A run with another f or r, evaluated every eval_every steps, for at most sweep_steps (with
+    sweep_stop, until a curve point meets TARGETS): its last curve point, the step it first met the
+    targets (reached_at, None if never) and the steps it ran (cached in result.json; resumable)."""
     d = out / "sweeps" / f"f{f:g}_r{r:g}"
     res = d / "result.json"
     if res.exists():
         rec = json.loads(res.read_text())
-        if rec.get("steps") == cfg.sweep_steps:
+        if rec.get("steps") == cfg.sweep_steps and rec.get("stop") == cfg.sweep_stop:
             return rec
     task = cfg.task(f=f, r=r)
     pools = _pools(task, cfg)
     grid = an.zero_var_grid(task)
     trainer = _trainer(make_model(cfg), replace(cfg, f=f, r=r), task, cfg.sweep_steps, pools, grid, d / "train_state",
-                       f"sweep f={f:g} r={r:g}", progress, eval_every=None)
+                       f"sweep f={f:g} r={r:g}", progress, eval_every=cfg.eval_every,
+                       stop=met_targets if cfg.sweep_stop else None)
     result = trainer.run()
-    rec = {"f": f, "r": r, "steps": cfg.sweep_steps, "seconds": round(result.seconds, 1), **result.metrics["curve"][-1]}
+    curve = result.metrics["curve"]
+    rec = {"f": f, "r": r, "steps": cfg.sweep_steps, "stop": cfg.sweep_stop, "steps_run": result.step,
+           "reached_at": next((c["step"] for c in curve if met_targets(c)), None),
+           "seconds": round(result.seconds, 1), **curve[-1]}
     res.write_text(json.dumps(rec))
     return rec
+
+
+def thresholds(sweeps: list[dict], cfg: AssignAddStudy) -> dict:
+    """Per swept variable: the values whose runs met TARGETS and those that did not, and the
+    threshold bracket (largest value that failed below the smallest that succeeded above it)."""
+    out = {}
+    for name, other in (("f", "r"), ("r", "f")):
+        pts = sorted((p[name], p["reached_at"] is not None) for p in sweeps
+                     if p[other] == getattr(cfg, other) and "reached_at" in p)
+        ok = [v for v, hit in pts if hit]
+        low = min(ok) if ok else None
+        below = [v for v, hit in pts if not hit and (low is None or v < low)]
+        out[name] = {"reached": ok, "not_reached": [v for v, hit in pts if not hit],
+                     "bracket": [max(below) if below else None, low]}
+    return out
 
 
 def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
@@ -386,9 +416,12 @@ def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
             scanned = an.weight_scan(model, x[np.sort(pick)], cfg.scan_attention_sample, cfg.seed)
         sweeps = [_sweep_point(out, cfg, f, cfg.r, progress) for f in cfg.sweep_f] + \
                  [_sweep_point(out, cfg, cfg.f, r, progress) for r in cfg.sweep_r] if cfg.sweep_steps else []
-        at_sweep = next((c for c in curve if c["step"] == cfg.sweep_steps), None)
-        if at_sweep is not None:                                  # the main run is the (f, r) point itself
-            sweeps.append({"f": cfg.f, "r": cfg.r, "steps": cfg.sweep_steps, "main_run": True, **at_sweep})
+        within = [c for c in curve if c["step"] <= cfg.sweep_steps]
+        if sweeps and within and within[-1]["step"] == min(cfg.sweep_steps, cfg.steps):   # the main run's (f, r) point
+            reached = next((c["step"] for c in within if met_targets(c)), None)
+            last = next((c for c in within if c["step"] == reached), within[-1]) if cfg.sweep_stop else within[-1]
+            sweeps.append({"f": cfg.f, "r": cfg.r, "steps": cfg.sweep_steps, "stop": cfg.sweep_stop,
+                           "steps_run": last["step"], "reached_at": reached, "main_run": True, **last})
         final, last = curve[-1], records[-1]
         found = an.phases(curve, PHASE_METRICS, cfg.phase_window, cfg.phase_jump)
         transitions = {k: an.transition(curve, k) for k in PHASE_METRICS}
@@ -415,7 +448,8 @@ def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
             "fourier": last["fourier"], "twin_cosine": last["twin_cosine"],
             "fourier_additive": last["fourier_additive"], "qk_identity": last["qk_identity"],
             "prev_token_qk": last["prev_token_qk"],
-            "probes": probed, "phases": found, "ace_core": core, "sweeps": sweeps, "weight_scan": scanned,
+            "probes": probed, "phases": found, "ace_core": core, "sweeps": sweeps,
+            "sweep_thresholds": thresholds(sweeps, cfg) if sweeps else None, "weight_scan": scanned,
             "two_var_pools": list(TWO_VAR_POOLS),
             "seconds": round(clock.total(), 1), "train_seconds": round(train_seconds, 1),
         }

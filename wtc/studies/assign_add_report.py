@@ -144,11 +144,19 @@ def markdown(out: Path, s: dict) -> None:
                   f"{' (est.)' if v['estimated'] else ''} | {_fmt(v['share'])} |" for n, v in ws["per_matrix"].items()]
         lines += ["", "Top weights: " + ", ".join(f"{t['param']}{t['index']} ({t['total_kl']:.3g})" for t in ws["top"])]
     if s["sweeps"]:
-        lines += ["", "## Sweeps (training fraction f, 2-var share r)", "",
-                  "| f | r | steps | 0-var held-out | 2-var union | 1-var restricted |", "|---|---|---|---|---|---|"]
+        lines += ["", "## Sweeps (training fraction f, 2-var row keep-probability / share r)", "",
+                  "A point trains for at most `steps`; with sweep_stop it stops at the first evaluation "
+                  "with 0-var held-out >= 0.99 and 2-var union >= 0.98 (reached at).", "",
+                  "| f | r | steps | ran | reached at | 0-var held-out | 2-var union | 1-var restricted |",
+                  "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {p['f']:g} | {p['r']:g}{' (main run)' if p.get('main_run') else ''} | {p['steps']} | "
+                  f"{_fmt(p.get('steps_run'))} | {_fmt(p.get('reached_at'))} | "
                   f"{_fmt(p['0var_heldout'])} | {_fmt(p['2var_union'])} | {_fmt(p.get('1var_restricted'))} |"
                   for p in s["sweeps"]]
+        th = s.get("sweep_thresholds") or {}
+        for name, t in th.items():
+            lines.append(f"- {name}: targets met at {t['reached'] or 'none'}, not at {t['not_reached'] or 'none'}; "
+                         f"threshold between {_fmt(t['bracket'][0])} and {_fmt(t['bracket'][1])}")
     lines += _probe_lines(s)
     a = s.get("authors")
     if a:
