@@ -277,7 +277,7 @@ def test_a_sweep_point_stops_at_the_targets_and_thresholds_bracket_them(tmp_path
     monkeypatch.setattr(A, "TARGETS", {"0var_heldout": -1.0, "2var_union": -1.0})     # met at the first point
     cfg = _tiny(sweep_steps=30, sweep_f=(0.5,), sweep_r=(), steps=10)
     rec = A._sweep_point(tmp_path, cfg, 0.5, cfg.r, progress=False)
-    assert (rec["steps_run"], rec["reached_at"], rec["step"]) == (10, 10, 10)
+    assert (rec["steps_run"], rec["reached_at"], rec["reached_at_exact"], rec["step"]) == (10, 10, True, 10)
     assert A._sweep_point(tmp_path, cfg, 0.5, cfg.r, progress=False) == rec
     monkeypatch.setattr(A, "TARGETS", {"0var_heldout": 2.0, "2var_union": 2.0})       # never met
     never = A._sweep_point(tmp_path, replace(cfg, sweep_stop=False), 0.5, cfg.r, progress=False)

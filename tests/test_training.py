@@ -289,14 +289,14 @@ def test_an_eval_stop_ends_training_at_its_record_and_a_resume_trains_no_more(tm
     """Stop once the recorded step reaches 4 (a predicate on the record): the run ends there,
     checkpointed, equal to a run stopped by stop_after=4; a resume trains no further; a stop
     that never holds trains to the end."""
-    def build(path, stop):
+    def build(path, stop, at=()):
         model = make(seed=1)
         cfg = T.TrainConfig(steps=9, lr=3e-3)
         rng = np.random.default_rng(0)
         return model, T.Trainer(model, cfg, lambda s: torch.from_numpy(rng.integers(0, 11, (4, 8))),
                                 lambda x: F.cross_entropy(model(x)[:, :-1].reshape(-1, 11), x[:, 1:].reshape(-1)),
                                 path=path, rngs={"rng": rng}, progress=False,
-                                evals=(T.Eval("probe", lambda t: {"s": t.step}, every=2, stop=stop),))
+                                evals=(T.Eval("probe", lambda t: {"s": t.step}, every=2, at=at, stop=stop),))
     _, t = build(tmp_path / "a", lambda rec: rec["s"] >= 4)
     r = t.run()
     assert (r.step, r.finished, r.stopped_by) == (4, False, "probe") and len(r.losses) == 4
@@ -312,6 +312,9 @@ def test_an_eval_stop_ends_training_at_its_record_and_a_resume_trains_no_more(tm
     assert (r3.step, r3.finished, r3.stopped_by) == (9, True, None)
     with pytest.raises(TrainConfigError, match="stop"):
         T.Eval("x", lambda t: {}, every=1, stop=3)
+    _, at_start = build(tmp_path / "e", lambda rec: True, at={0})       # met by the record before any update
+    r4 = at_start.run()
+    assert (r4.step, r4.stopped_by, r4.losses) == (0, "probe", [])
     _, bad = build(tmp_path / "d", lambda rec: rec["missing"])
     with pytest.raises(TrainingError, match="stop raised KeyError"):
         bad.run()

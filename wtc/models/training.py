@@ -461,6 +461,7 @@ class Trainer:
                     for ev in self.evals:
                         if 0 in ev.at:
                             self._record(ev)
+                    stopped_by = self._stopped()
                 while self.step < target and stopped_by is None:
                     value, extra = self._update()
                     for ev in self.evals:

@@ -344,7 +344,8 @@ def _authors_probes(out: Path, cfg: AssignAddStudy) -> dict:
     if "final" not in ck:
         raise StudyError(f"{cfg.authors_dir} has no final model (model_state_dict.pth) to probe")
     return probes.probe_record(out / "authors_probes.json", authors.authors_task(), authors.load_checkpoint(ck["final"]),
-                               {s: (lambda p=p: authors.load_checkpoint(p)) for s, p in ck.items() if s != "final"})
+                               {s: (lambda p=p: authors.load_checkpoint(p)) for s, p in ck.items() if s != "final"},
+                               str(cfg.authors_dir))
 
 
 def _sweep_point(out: Path, cfg: AssignAddStudy, f: float, r: float, progress: bool) -> dict:
@@ -365,8 +366,12 @@ def _sweep_point(out: Path, cfg: AssignAddStudy, f: float, r: float, progress: b
                        stop=met_targets if cfg.sweep_stop else None)
     result = trainer.run()
     curve = result.metrics["curve"]
+    hit = next((i for i, c in enumerate(curve) if met_targets(c)), None)
+    # a point trained before sweeps were evaluated along the way has no curve before its end: its
+    # reached_at is then only an upper bound
+    exact = hit is not None and (hit == 0 or curve[hit]["step"] - curve[hit - 1]["step"] <= cfg.eval_every)
     rec = {"f": f, "r": r, "steps": cfg.sweep_steps, "stop": cfg.sweep_stop, "steps_run": result.step,
-           "reached_at": next((c["step"] for c in curve if met_targets(c)), None),
+           "reached_at": None if hit is None else curve[hit]["step"], "reached_at_exact": exact,
            "seconds": round(result.seconds, 1), **curve[-1]}
     res.write_text(json.dumps(rec))
     return rec
@@ -405,7 +410,7 @@ def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
         saved = {int(d.name.split("_")[1]): d for d in sorted((out / "checkpoints").glob("step_*"))
                  if int(d.name.split("_")[1]) <= cfg.steps}
         probed = probes.probe_record(out / "probes.json", task, model,
-                                     {s: (lambda d=d: model_io.load(d).float()) for s, d in saved.items()})
+                                     {s: (lambda d=d: model_io.load(d).float()) for s, d in saved.items()}, str(out))
         authors = _authors(out, cfg, progress) if cfg.authors_dir else None
         if authors is not None and authors.get("final"):
             authors = {**authors, "probes": _authors_probes(out, cfg)}
@@ -417,8 +422,9 @@ def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
         sweeps = [_sweep_point(out, cfg, f, cfg.r, progress) for f in cfg.sweep_f] + \
                  [_sweep_point(out, cfg, cfg.f, r, progress) for r in cfg.sweep_r] if cfg.sweep_steps else []
         within = [c for c in curve if c["step"] <= cfg.sweep_steps]
-        if sweeps and within and within[-1]["step"] == min(cfg.sweep_steps, cfg.steps):   # the main run's (f, r) point
-            reached = next((c["step"] for c in within if met_targets(c)), None)
+        reached = next((c["step"] for c in within if met_targets(c)), None)
+        if sweeps and within and within[-1]["step"] == min(cfg.sweep_steps, cfg.steps) and \
+                (reached is not None or cfg.steps >= cfg.sweep_steps):      # the main run's (f, r) point, as long as one
             last = next((c for c in within if c["step"] == reached), within[-1]) if cfg.sweep_stop else within[-1]
             sweeps.append({"f": cfg.f, "r": cfg.r, "steps": cfg.sweep_steps, "stop": cfg.sweep_stop,
                            "steps_run": last["step"], "reached_at": reached, "main_run": True, **last})

@@ -90,21 +90,22 @@ def linear_probes(model, sequences: dict, probes=PROBES) -> dict:
 TIMELINE = ("var_at_value", "value_at_side")   # per checkpoint: the authors' probe and its contrast
 
 
-def probe_record(path: Path, task, final, checkpoints: dict) -> dict:
+def probe_record(path: Path, task, final, checkpoints: dict, source: str) -> dict:
     """{"final": every probe on the final model, "timeline": [{"step", TIMELINE test accuracies}]}
     over `checkpoints` ({step: a function returning the model}), kept in `path` and reused while
-    the checkpoint steps are the same."""
-    steps = sorted(checkpoints)
+    the source (the run's directory), the checkpoint steps, the task split and the probes are the same."""
+    key = {"source": source, "steps": sorted(checkpoints), "probes": list(PROBES), "timeline_probes": list(TIMELINE),
+           "task": {"variant": task.variant, "f": task.f, "seed": task.seed}, "sequences": [2048, 1024, 5]}
     if path.exists():
         rec = json.loads(path.read_text())
-        if rec.get("steps") == steps:
+        if rec.get("key") == key:
             return rec
-    seqs = probe_sequences(task)
+    seqs = probe_sequences(task, *key["sequences"])
     timeline = []
-    for step in steps:
+    for step in key["steps"]:
         got = linear_probes(checkpoints[step](), seqs, TIMELINE)
         timeline.append({"step": step, **{k: v["test_accuracy"] for k, v in got.items()}})
-    rec = {"steps": steps, "final": linear_probes(final, seqs), "timeline": timeline}
+    rec = {"key": key, "final": linear_probes(final, seqs), "timeline": timeline}
     path.write_text(json.dumps(rec))
     return rec
 
