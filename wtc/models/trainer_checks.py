@@ -1,9 +1,10 @@
-"""Argument and value checks of the training loop (wtc.models.training): what a Trainer, an Eval,
-post_step and an Eval's record must be, each refused with a TrainConfigError / TrainingError that
-names the argument, the value and what was expected."""
+"""Argument and value checks of the training loop (wtc.models.training): what a TrainConfig,
+run()'s arguments, a Trainer, an Eval, post_step and an Eval's record must be, each refused with a
+TrainConfigError / TrainingError that names the argument, the value and what was expected."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Collection
 
@@ -30,6 +31,51 @@ def identity(value) -> dict:
     except (TypeError, ValueError) as exc:
         raise TrainConfigError(f"identity must be JSON data (dicts with str keys, lists, str, finite numbers, bool, "
                                f"None): {exc}") from None
+
+
+def check_train_config(cfg, schedules) -> None:
+    """TrainConfig's fields (its __post_init__; numpy floats become floats, for JSON)."""
+    def bad(name, what):
+        raise TrainConfigError(f"TrainConfig.{name} must be {what}, got {getattr(cfg, name)!r}")
+
+    def number(v):
+        return isinstance(v, (int, float, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+
+    for name in ("lr", "eps", "weight_decay", "grad_clip", "min_lr_frac"):   # numpy floats as floats (JSON)
+        if isinstance(getattr(cfg, name), np.floating):
+            setattr(cfg, name, float(getattr(cfg, name)))
+
+    for name, lo in (("steps", 0), ("warmup", 0)):
+        v = getattr(cfg, name)
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
+            bad(name, f"an int >= {lo}")
+    if cfg.warmup > cfg.steps:
+        bad("warmup", f"at most steps ({cfg.steps}); the learning rate would never reach lr")
+    if not number(cfg.lr) or cfg.lr <= 0:
+        bad("lr", "a number > 0")
+    if not number(cfg.eps) or cfg.eps <= 0:
+        bad("eps", "a number > 0")
+    if not number(cfg.weight_decay) or cfg.weight_decay < 0:
+        bad("weight_decay", "a number >= 0")
+    if cfg.grad_clip is not None and (not number(cfg.grad_clip) or cfg.grad_clip <= 0):
+        bad("grad_clip", "a number > 0 or None")
+    b = cfg.betas
+    if not isinstance(b, (tuple, list)) or len(b) != 2 or not all(number(x) and 0 <= x < 1 for x in b):
+        bad("betas", "two numbers in [0, 1)")
+    cfg.betas = tuple(float(x) for x in b)
+    if cfg.schedule not in schedules:
+        bad("schedule", f"one of {schedules}")
+    if not number(cfg.min_lr_frac) or not 0 <= cfg.min_lr_frac <= 1:
+        bad("min_lr_frac", "a number in [0, 1]")
+
+
+def check_run(stop_after, budget_s) -> None:
+    """Trainer.run's arguments."""
+    if stop_after is not None and (not isinstance(stop_after, int) or isinstance(stop_after, bool) or stop_after < 1):
+        raise TrainConfigError(f"stop_after must be None or a positive integer, got {stop_after!r}")
+    if budget_s is not None and (not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool)
+                                 or not math.isfinite(budget_s) or budget_s <= 0):
+        raise TrainConfigError(f"budget_s must be None or a finite positive number of seconds, got {budget_s!r}")
 
 
 def check_eval(ev) -> None:

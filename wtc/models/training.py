@@ -60,38 +60,7 @@ class TrainConfig(KnownFields):
     min_lr_frac: float = 0.0
 
     def __post_init__(self) -> None:
-        def bad(name, what):
-            raise TrainConfigError(f"TrainConfig.{name} must be {what}, got {getattr(self, name)!r}")
-
-        def number(v):
-            return isinstance(v, (int, float, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
-
-        for name in ("lr", "eps", "weight_decay", "grad_clip", "min_lr_frac"):   # numpy floats as floats (JSON)
-            if isinstance(getattr(self, name), np.floating):
-                setattr(self, name, float(getattr(self, name)))
-
-        for name, lo in (("steps", 0), ("warmup", 0)):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
-                bad(name, f"an int >= {lo}")
-        if self.warmup > self.steps:
-            bad("warmup", f"at most steps ({self.steps}); the learning rate would never reach lr")
-        if not number(self.lr) or self.lr <= 0:
-            bad("lr", "a number > 0")
-        if not number(self.eps) or self.eps <= 0:
-            bad("eps", "a number > 0")
-        if not number(self.weight_decay) or self.weight_decay < 0:
-            bad("weight_decay", "a number >= 0")
-        if self.grad_clip is not None and (not number(self.grad_clip) or self.grad_clip <= 0):
-            bad("grad_clip", "a number > 0 or None")
-        b = self.betas
-        if not isinstance(b, (tuple, list)) or len(b) != 2 or not all(number(x) and 0 <= x < 1 for x in b):
-            bad("betas", "two numbers in [0, 1)")
-        self.betas = tuple(float(x) for x in b)
-        if self.schedule not in SCHEDULES:
-            bad("schedule", f"one of {SCHEDULES}")
-        if not number(self.min_lr_frac) or not 0 <= self.min_lr_frac <= 1:
-            bad("min_lr_frac", "a number in [0, 1]")
+        checks.check_train_config(self, SCHEDULES)
 
     def result_fields(self) -> dict:
         """The fields a checkpoint must agree on: all of them, but `steps` only where the schedule
@@ -442,11 +411,7 @@ class Trainer:
     def run(self, stop_after: int | None = None, budget_s: float | None = None) -> TrainResult:
         """Train to cfg.steps (resuming first); stop_after: return, checkpointed, once this many
         updates are done, as a kill would; budget_s: likewise after this many seconds."""
-        if stop_after is not None and (not isinstance(stop_after, int) or isinstance(stop_after, bool) or stop_after < 1):
-            raise TrainConfigError(f"stop_after must be None or a positive integer, got {stop_after!r}")
-        if budget_s is not None and (not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool)
-                                     or not math.isfinite(budget_s) or budget_s <= 0):
-            raise TrainConfigError(f"budget_s must be None or a finite positive number of seconds, got {budget_s!r}")
+        checks.check_run(stop_after, budget_s)
         self.resume()
         target, start = self.cfg.steps, self.step
         stopped_by = self._stopped()                   # a resume of a run that already stopped early
