@@ -211,8 +211,7 @@ def snap_heads(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> 
                 for rule, want, kv in screen.wanted(r, value_var, key_vars):
                     rate = float((np.abs(got - want) <= 1e-9 * scale).mean())
                     rated.append((rate, rule, want, kv))
-                best = max(rate for rate, *_ in rated)
-                if best >= 1.0:
+                if max(rate for rate, *_ in rated) >= 1.0:
                     continue                                                      # already a rule
                 tried = _with_real_twins([c for c in sorted(rated, key=lambda c: -c[0])
                                           if c[0] >= SNAP_MIN_RATE][:SNAP_CANDIDATES], rated)

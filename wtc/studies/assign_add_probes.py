@@ -53,6 +53,8 @@ def probe_sequences(task, n_train: int = 2048, n_test: int = 1024, seed: int = 5
 
 def rows(name: str, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sequence index, position, label) of every row probe `name` reads in `tokens`."""
+    if name not in PROBES:
+        raise KeyError(name)
     tokens = np.asarray(tokens)
     n = len(tokens)
     if name == "var_at_value":
@@ -65,8 +67,6 @@ def rows(name: str, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     left = tokens[:, PREFIX + 1]
     left = np.where(left >= VAR0, tokens[np.arange(n), referenced_positions(tokens)[:, 0]], left)
     label = left if name == "operand_at_equals" else resolve(tokens)
-    if name not in PROBES:
-        raise KeyError(name)
     return np.arange(n), np.full(n, ANSWER_POS), label
 
 
