@@ -220,6 +220,7 @@ def test_study_defaults_are_the_authors_run():
     assert (cfg.lr, cfg.weight_decay, cfg.batch, cfg.r, cfg.f) == (1e-3, 0.02, 512, 1.0, 0.7)
     assert cfg.no_right == ("a", "b") and cfg.no_left == ("k", "l")
     assert len(cfg.sweep_f) >= 6 and len(cfg.sweep_r) >= 6
+    assert (cfg.sweep_steps, cfg.sweep_level) == (30000, 0.9)       # the authors' sweep length (train.py MAX_STEPS)
     task = cfg.task()
     assert task.seed == 42 and task.variant == "authors"
     v1 = AssignAddStudy(variant="wtc-v1", seed=3).task()
@@ -234,10 +235,14 @@ def _tiny(**kw):
 
 def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
     straight = run(_tiny(sweep_steps=10, sweep_f=(0.5,), sweep_r=()), tmp_path / "a", progress=False)
-    assert [(p["f"], p["steps"], p.get("main_run", False)) for p in straight["sweeps"]] == [(0.5, 10, False),
-                                                                                            (0.7, 10, True)]
-    assert [(p["steps_run"], p["reached_at"]) for p in straight["sweeps"]] == [(10, None), (10, None)]
-    assert straight["sweep_thresholds"]["f"] == {"reached": [], "not_reached": [0.5, 0.7], "bracket": [0.7, None]}
+    sw = straight["sweeps"]
+    assert [(p["panel"], p["f"], p["steps"], p.get("main_run", False)) for p in sw] == \
+        [("f", 0.5, 10, False), ("f", 0.7, 10, True), ("r", 0.7, 10, True)]
+    assert [(p["steps_run"], p["reached_at"]) for p in sw] == [(10, None)] * 3      # a tiny run: no level reached
+    assert straight["sweep_thresholds"]["f"] == {"metric": "0var_heldout", "level": 0.9, "reached": [],
+                                                 "not_reached": [0.5, 0.7], "bracket": [0.7, None]}
+    assert "acc_2var_union_exhaustive" not in sw[2]           # the main run's step 10 is not its end
+    assert straight["targets_met"] == {"0var_heldout": False, "2var_union": False}
     run(_tiny(steps=20), tmp_path / "b", progress=False)
     resumed = run(_tiny(), tmp_path / "b", progress=False)
     wa = read_state(tmp_path / "a/train_state").optimizer                  # both at step 30
@@ -268,29 +273,32 @@ def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
         run(_tiny(f=0.5), tmp_path / "b", progress=False)
 
 
-def test_a_sweep_point_stops_at_the_targets_and_thresholds_bracket_them(tmp_path, monkeypatch):
-    """With the targets lowered to what a tiny run reaches, a sweep point stops at the first
-    evaluation meeting them (and a rerun reuses it); the threshold bracket sits between the values
-    that failed and those that succeeded."""
+def test_a_sweep_point_stops_at_its_panels_level_and_thresholds_bracket_it(tmp_path):
+    """A sweep point stops at the first evaluation where its panel's accuracy reaches sweep_level
+    (a rerun reuses it; another level trains it on); an r point carries the exhaustive union of the
+    model it ends with; the threshold bracket sits between the values that failed and succeeded."""
     import wtc.studies.assign_add as A
 
-    monkeypatch.setattr(A, "TARGETS", {"0var_heldout": -1.0, "2var_union": -1.0})     # met at the first point
-    cfg = _tiny(sweep_steps=30, sweep_f=(0.5,), sweep_r=(), steps=10)
-    rec = A._sweep_point(tmp_path, cfg, 0.5, cfg.r, progress=False)
+    cfg = _tiny(sweep_steps=30, sweep_f=(0.5,), sweep_r=(0.5,), steps=10, sweep_level=1e-9)   # met at once
+    rec = A._sweep_point(tmp_path, cfg, "f", 0.5, progress=False)
+    assert (rec["panel"], rec["metric"], rec["f"], rec["r"]) == ("f", "0var_heldout", 0.5, 1.0)
     assert (rec["steps_run"], rec["reached_at"], rec["reached_at_exact"], rec["step"]) == (10, 10, True, 10)
-    assert A._sweep_point(tmp_path, cfg, 0.5, cfg.r, progress=False) == rec
-    monkeypatch.setattr(A, "TARGETS", {"0var_heldout": 2.0, "2var_union": 2.0})       # never met
-    never = A._sweep_point(tmp_path, replace(cfg, sweep_stop=False), 0.5, cfg.r, progress=False)
-    assert (never["steps_run"], never["reached_at"]) == (30, None)
-    pts = [{"f": f, "r": cfg.r, "reached_at": (100 if f >= 0.3 else None)} for f in (0.1, 0.2, 0.3, 0.5)]
-    pts += [{"f": cfg.f, "r": r, "reached_at": (100 if r in (0.2, 0.5) else None)} for r in (0.0, 0.1, 0.2, 0.5)]
+    assert A._sweep_point(tmp_path, cfg, "f", 0.5, progress=False) == rec
+    more = A._sweep_point(tmp_path, replace(cfg, sweep_level=1.0), "f", 0.5, progress=False)   # never met
+    assert (more["steps_run"], more["reached_at"], more["level"]) == (30, None, 1.0)
+    rp = A._sweep_point(tmp_path, cfg, "r", 0.5, progress=False)
+    assert (rp["panel"], rp["metric"], rp["f"], rp["r"], rp["steps_run"]) == ("r", "2var_union", 0.7, 0.5, 10)
+    assert 0 <= rp["acc_2var_union_exhaustive"] <= 1
+    pts = [{"panel": "f", "f": f, "r": cfg.r, "reached_at": (100 if f >= 0.3 else None)} for f in (0.1, 0.2, 0.3, 0.5)]
+    pts += [{"panel": "r", "f": cfg.f, "r": r, "reached_at": (100 if r in (0.2, 0.5) else None)} for r in (0.0, 0.1, 0.2, 0.5)]
     th = A.thresholds(pts, cfg)
     assert th["f"]["bracket"] == [0.2, 0.3] and th["r"]["bracket"] == [0.1, 0.2]
+    assert th["r"]["not_reached"] == [0.0, 0.1] and th["f"]["metric"] == "0var_heldout"
 
 
 @pytest.mark.parametrize("kwargs", [{"steps": 0}, {"eval_every": 7, "checkpoint_every": 10}, {"r": 2.0},
                                     {"sweep_f": (1.5,)}, {"sweep_r": (-0.1,)}, {"variant": "v2"},
-                                    {"no_left": ("a",)}])
+                                    {"no_left": ("a",)}, {"sweep_level": 0.0}, {"sweep_level": True}])
 def test_bad_study_config_is_refused(kwargs):
     with pytest.raises(StudyError):
         _tiny(**kwargs)

@@ -15,9 +15,10 @@ addition accuracy and the loss (curve.json). Every `checkpoint_every` steps: wei
 analysis and the twin cosine (checkpoints/step_*/record.json, written last). At the end: the ACE
 core at "=", the exhaustive 2-var union (the authors' final evaluation set, 193,580 sequences for
 their task: acc_2var_union_exhaustive beside acc_0var_heldout, which is exhaustive already: each
-held-out pair once), the f / r sweeps (runs with another training fraction or r, each stopping at
-the step it meets TARGETS, so a threshold is bracketed without training the runs that generalise to
-the end; `thresholds`), the linear probes (wtc.studies.assign_add_probes), and, with
+held-out pair once), the f / r sweeps (the authors' two panels: f at the main r scored on the 0-var held-out
+pairs, r at the main f scored on the 2-var union; each point stops at the first evaluation where its
+panel's accuracy reaches sweep_level, so a threshold is bracketed without training the points that
+generalise to the end; `thresholds`), the linear probes (wtc.studies.assign_add_probes), and, with
 authors_dir, the authors' released checkpoints measured by the same code (summary "authors").
 
 Resumable: batches are a function of (seed, step) and training runs in wtc.models.training.Trainer,
@@ -52,7 +53,11 @@ from wtc.threads import torch_threads
 from wtc.tasks.assign_add import _DEFAULTS, ANSWER_POS, SEQ_LEN, TWO_VAR_POOLS, VARIANTS, VOCAB, AssignAdd
 
 ANSWER = slice(ANSWER_POS, ANSWER_POS + 1)
-TARGETS = {"0var_heldout": 0.99, "2var_union": 0.98}     # the issue's bar for a run that generalised
+TARGETS = {"0var_heldout": 0.99, "2var_union": 0.98}     # the issue's bar for the main run's end (union: exhaustive)
+# the authors' sweep panels (their generalisation grid): the swept variable and the accuracy it is
+# scored on; the other variable stays at the main run's value (theirs: r = 1 in the f panel, f = 0.7
+# in the r panel)
+PANELS = {"f": "0var_heldout", "r": "2var_union"}
 PHASE_METRICS = ("0var_heldout", "1var_heldout", "2var_valid", "2var_union", "1var_restricted",
                  "l2_value_routing_rate", "l1_prev_token_rate", "virtual_addition")
 
@@ -78,8 +83,9 @@ class AssignAddStudy:
     phase_jump: float = 0.15
     sweep_f: tuple[float, ...] = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)     # around the paper's f ~ 0.25
     sweep_r: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)     # around the paper's r ~ 0.2
-    sweep_steps: int = 40000         # the authors' sweep points are full runs: the most a point trains
-    sweep_stop: bool = True          # a point stops once it meets the targets (TARGETS), at that step
+    sweep_steps: int = 30000         # the most a point trains: the authors' sweep runs train.py's default, 30k steps
+    sweep_stop: bool = True          # a point stops at the first evaluation where its panel reaches sweep_level
+    sweep_level: float = 0.9         # a point "generalised": its panel's accuracy >= this (chance: 1/59)
     scan_sequences: int = 64         # per-weight scan of the final model at "=" (0: none)
     scan_attention_sample: int = 512 # attention weights drawn per matrix for the scan
     seed: int = 0
@@ -134,6 +140,9 @@ class AssignAddStudy:
         bad_r = [r for r in (self.r,) + self.sweep_r if not 0 <= r <= 1]
         if bad_f or bad_r:
             raise StudyError(f"f values must lie in (0, 1] and r values in [0, 1]; got f {bad_f}, r {bad_r}")
+        if isinstance(self.sweep_level, bool) or not isinstance(self.sweep_level, (int, float)) or \
+                not 0 < self.sweep_level <= 1:
+            raise StudyError(f"sweep_level must be an accuracy in (0, 1], got {self.sweep_level!r}")
         try:
             self.task()
         except ValueError as exc:
@@ -184,9 +193,10 @@ def evaluate(model, pools: dict, grid_tokens) -> dict:
 _TRAIN_FIELDS = ("f", "r", "no_right", "no_left", "d_model", "d_mlp", "batch", "seed", "variant", "split_seed")
 
 
-def met_targets(point: dict) -> bool:
-    """A curve point at or above every TARGETS accuracy."""
-    return all(point[k] >= v for k, v in TARGETS.items())
+def met_targets(acc_0var_heldout: float, acc_2var_union_exhaustive: float) -> dict:
+    """The main run's final accuracies against TARGETS (the union: exhaustive, the authors' mix)."""
+    return {"0var_heldout": acc_0var_heldout >= TARGETS["0var_heldout"],
+            "2var_union": acc_2var_union_exhaustive >= TARGETS["2var_union"]}
 
 
 def _trainer(model, cfg: AssignAddStudy, task: AssignAdd, steps: int, pools, grid, path: Path, desc: str,
@@ -218,7 +228,7 @@ def _ckpt(out: Path, step: int) -> Path:
 
 # config fields a rerun may change: sweeps are kept per point, phases are read off the curve, the
 # scan off the final model, and steps extend the run
-_FREE = {"steps", "threads", "sweep_f", "sweep_r", "sweep_steps", "sweep_stop", "phase_window", "phase_jump", "scan_sequences",
+_FREE = {"steps", "threads", "sweep_f", "sweep_r", "sweep_steps", "sweep_stop", "sweep_level", "phase_window", "phase_jump", "scan_sequences",
          "scan_attention_sample", "authors_dir", "union_seed"}
 
 
@@ -348,47 +358,83 @@ def _authors_probes(out: Path, cfg: AssignAddStudy) -> dict:
                                str(cfg.authors_dir))
 
 
-def _sweep_point(out: Path, cfg: AssignAddStudy, f: float, r: float, progress: bool) -> dict:
-    """A run with another f or r, evaluated every eval_every steps, for at most sweep_steps (with
-    sweep_stop, until a curve point meets TARGETS): its last curve point, the step it first met the
-    targets (reached_at, None if never) and the steps it ran (cached in result.json; resumable)."""
+def _panel_stop(metric: str, level: float):
+    return lambda point: point[metric] >= level
+
+
+def _sweep_point(out: Path, cfg: AssignAddStudy, panel: str, value: float, progress: bool) -> dict:
+    """One point of a panel (PANELS): a run with f (or r) = value and the other at the main run's,
+    evaluated every eval_every steps, for at most sweep_steps (with sweep_stop, until the panel's
+    accuracy reaches sweep_level): its last curve point, the step it first reached the level
+    (reached_at, None if never), the steps it ran and, for the r panel, the exhaustive 2-var union of
+    the model it ends with (the authors' figure). Cached in result.json; resumable."""
+    f, r = (value, cfg.r) if panel == "f" else (cfg.f, value)
+    metric = PANELS[panel]
     d = out / "sweeps" / f"f{f:g}_r{r:g}"
     res = d / "result.json"
+    key = {"panel": panel, "metric": metric, "steps": cfg.sweep_steps, "stop": cfg.sweep_stop,
+           "level": cfg.sweep_level}
     if res.exists():
         rec = json.loads(res.read_text())
-        if rec.get("steps") == cfg.sweep_steps and rec.get("stop") == cfg.sweep_stop:
+        if all(rec.get(k) == v for k, v in key.items()):
             return rec
     task = cfg.task(f=f, r=r)
     pools = _pools(task, cfg)
     grid = an.zero_var_grid(task)
-    trainer = _trainer(make_model(cfg), replace(cfg, f=f, r=r), task, cfg.sweep_steps, pools, grid, d / "train_state",
-                       f"sweep f={f:g} r={r:g}", progress, eval_every=cfg.eval_every,
-                       stop=met_targets if cfg.sweep_stop else None)
+    model = make_model(cfg)
+    trainer = _trainer(model, replace(cfg, f=f, r=r), task, cfg.sweep_steps, pools, grid, d / "train_state",
+                       f"sweep {panel}={value:g}", progress, eval_every=cfg.eval_every,
+                       stop=_panel_stop(metric, cfg.sweep_level) if cfg.sweep_stop else None)
     result = trainer.run()
     curve = result.metrics["curve"]
-    hit = next((i for i, c in enumerate(curve) if met_targets(c)), None)
+    hit = next((i for i, c in enumerate(curve) if c[metric] >= cfg.sweep_level), None)
     # a point trained before sweeps were evaluated along the way has no curve before its end: its
     # reached_at is then only an upper bound
     exact = hit is not None and (hit == 0 or curve[hit]["step"] - curve[hit - 1]["step"] <= cfg.eval_every)
-    rec = {"f": f, "r": r, "steps": cfg.sweep_steps, "stop": cfg.sweep_stop, "steps_run": result.step,
+    rec = {"f": f, "r": r, **key, "steps_run": result.step,
            "reached_at": None if hit is None else curve[hit]["step"], "reached_at_exact": exact,
            "seconds": round(result.seconds, 1), **curve[-1]}
+    if panel == "r":
+        from wtc.studies import assign_add_authors as authors
+
+        ex = authors.exhaustive_accuracy(model, task, task.exhaustive_2var_union(cfg.union_seed))
+        rec["acc_2var_union_exhaustive"] = ex["acc_2var_union_exhaustive"]
     res.write_text(json.dumps(rec))
     return rec
 
 
+def _main_points(curve: list[dict], cfg: AssignAddStudy, union: dict) -> list[dict]:
+    """The main run as a point of each panel, read off its own curve the way a sweep point is run
+    (stopped at the level, or at sweep_steps), as long as the curve covers that far."""
+    within = [c for c in curve if c["step"] <= cfg.sweep_steps]
+    if not within or within[-1]["step"] != min(cfg.sweep_steps, cfg.steps):
+        return []
+    pts = []
+    for panel, metric in PANELS.items():
+        reached = next((c["step"] for c in within if c[metric] >= cfg.sweep_level), None)
+        if reached is None and cfg.steps < cfg.sweep_steps:
+            continue                               # stopped short of a point's length without reaching the level
+        last = next((c for c in within if c["step"] == reached), within[-1]) if cfg.sweep_stop else within[-1]
+        p = {"f": cfg.f, "r": cfg.r, "panel": panel, "metric": metric, "steps": cfg.sweep_steps,
+             "stop": cfg.sweep_stop, "level": cfg.sweep_level, "steps_run": last["step"], "reached_at": reached,
+             "main_run": True, **last}
+        if panel == "r" and last["step"] == cfg.steps:
+            p["acc_2var_union_exhaustive"] = union["acc_2var_union_exhaustive"]
+        pts.append(p)
+    return pts
+
+
 def thresholds(sweeps: list[dict], cfg: AssignAddStudy) -> dict:
-    """Per swept variable: the values whose runs met TARGETS and those that did not, and the
-    threshold bracket (largest value that failed below the smallest that succeeded above it)."""
+    """Per panel: the values whose points reached sweep_level and those that did not, and the
+    threshold bracket (largest value that failed below the smallest that succeeded)."""
     out = {}
-    for name, other in (("f", "r"), ("r", "f")):
-        pts = sorted((p[name], p["reached_at"] is not None) for p in sweeps
-                     if p[other] == getattr(cfg, other) and "reached_at" in p)
+    for name in PANELS:
+        pts = sorted((p[name], p["reached_at"] is not None) for p in sweeps if p.get("panel") == name)
         ok = [v for v, hit in pts if hit]
         low = min(ok) if ok else None
         below = [v for v, hit in pts if not hit and (low is None or v < low)]
-        out[name] = {"reached": ok, "not_reached": [v for v, hit in pts if not hit],
-                     "bracket": [max(below) if below else None, low]}
+        out[name] = {"metric": PANELS[name], "level": cfg.sweep_level, "reached": ok,
+                     "not_reached": [v for v, hit in pts if not hit], "bracket": [max(below) if below else None, low]}
     return out
 
 
@@ -419,15 +465,10 @@ def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
             x = pools["2var_union"][0].numpy()
             pick = np.random.default_rng([cfg.seed, 9]).choice(len(x), min(cfg.scan_sequences, len(x)), replace=False)
             scanned = an.weight_scan(model, x[np.sort(pick)], cfg.scan_attention_sample, cfg.seed)
-        sweeps = [_sweep_point(out, cfg, f, cfg.r, progress) for f in cfg.sweep_f] + \
-                 [_sweep_point(out, cfg, cfg.f, r, progress) for r in cfg.sweep_r] if cfg.sweep_steps else []
-        within = [c for c in curve if c["step"] <= cfg.sweep_steps]
-        reached = next((c["step"] for c in within if met_targets(c)), None)
-        if sweeps and within and within[-1]["step"] == min(cfg.sweep_steps, cfg.steps) and \
-                (reached is not None or cfg.steps >= cfg.sweep_steps):      # the main run's (f, r) point, as long as one
-            last = next((c for c in within if c["step"] == reached), within[-1]) if cfg.sweep_stop else within[-1]
-            sweeps.append({"f": cfg.f, "r": cfg.r, "steps": cfg.sweep_steps, "stop": cfg.sweep_stop,
-                           "steps_run": last["step"], "reached_at": reached, "main_run": True, **last})
+        sweeps = [_sweep_point(out, cfg, "f", f, progress) for f in cfg.sweep_f] + \
+                 [_sweep_point(out, cfg, "r", r, progress) for r in cfg.sweep_r] if cfg.sweep_steps else []
+        if sweeps:
+            sweeps += _main_points(curve, cfg, union)
         final, last = curve[-1], records[-1]
         found = an.phases(curve, PHASE_METRICS, cfg.phase_window, cfg.phase_jump)
         transitions = {k: an.transition(curve, k) for k in PHASE_METRICS}
@@ -437,6 +478,7 @@ def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
             "config": cfg.to_dict(), "steps": final["step"],
             "acc_0var_heldout": final["0var_heldout"], "acc_2var_union": final["2var_union"],
             "acc_2var_union_exhaustive": union["acc_2var_union_exhaustive"], "union_exhaustive": union,
+            "targets": TARGETS, "targets_met": met_targets(final["0var_heldout"], union["acc_2var_union_exhaustive"]),
             "variant": cfg.variant, "authors": authors,
             "pools": {k: final[k] for k in pools},
             "l1_prev_token_rate": final["l1_prev_token_rate"],
