@@ -48,16 +48,13 @@ from wtc.models.training import Eval, TrainConfig, Trainer
 from wtc.studies import assign_add_analysis as an
 from wtc.studies import assign_add_probes as probes
 from wtc.studies import assign_add_report as report
+from wtc.studies.assign_add_sweeps import PANELS, main_points, panel_stop, thresholds
 from wtc.studies.clock import Clock, check_config, study_dir
 from wtc.threads import torch_threads
 from wtc.tasks.assign_add import _DEFAULTS, ANSWER_POS, SEQ_LEN, TWO_VAR_POOLS, VARIANTS, VOCAB, AssignAdd
 
 ANSWER = slice(ANSWER_POS, ANSWER_POS + 1)
 TARGETS = {"0var_heldout": 0.99, "2var_union": 0.98}     # the issue's bar for the main run's end (union: exhaustive)
-# the authors' sweep panels (their generalisation grid): the swept variable and the accuracy it is
-# scored on; the other variable stays at the main run's value (theirs: r = 1 in the f panel, f = 0.7
-# in the r panel)
-PANELS = {"f": "0var_heldout", "r": "2var_union"}
 PHASE_METRICS = ("0var_heldout", "1var_heldout", "2var_valid", "2var_union", "1var_restricted",
                  "l2_value_routing_rate", "l1_prev_token_rate", "virtual_addition")
 
@@ -358,10 +355,6 @@ def _authors_probes(out: Path, cfg: AssignAddStudy) -> dict:
                                str(cfg.authors_dir))
 
 
-def _panel_stop(metric: str, level: float):
-    return lambda point: point[metric] >= level
-
-
 def _sweep_point(out: Path, cfg: AssignAddStudy, panel: str, value: float, progress: bool) -> dict:
     """One point of a panel (PANELS): a run with f (or r) = value and the other at the main run's,
     evaluated every eval_every steps, for at most sweep_steps (with sweep_stop, until the panel's
@@ -384,7 +377,7 @@ def _sweep_point(out: Path, cfg: AssignAddStudy, panel: str, value: float, progr
     model = make_model(cfg)
     trainer = _trainer(model, replace(cfg, f=f, r=r), task, cfg.sweep_steps, pools, grid, d / "train_state",
                        f"sweep {panel}={value:g}", progress, eval_every=cfg.eval_every,
-                       stop=_panel_stop(metric, cfg.sweep_level) if cfg.sweep_stop else None)
+                       stop=panel_stop(metric, cfg.sweep_level) if cfg.sweep_stop else None)
     result = trainer.run()
     curve = result.metrics["curve"]
     hit = next((i for i, c in enumerate(curve) if c[metric] >= cfg.sweep_level), None)
@@ -401,41 +394,6 @@ def _sweep_point(out: Path, cfg: AssignAddStudy, panel: str, value: float, progr
         rec["acc_2var_union_exhaustive"] = ex["acc_2var_union_exhaustive"]
     res.write_text(json.dumps(rec))
     return rec
-
-
-def _main_points(curve: list[dict], cfg: AssignAddStudy, union: dict) -> list[dict]:
-    """The main run as a point of each panel, read off its own curve the way a sweep point is run
-    (stopped at the level, or at sweep_steps), as long as the curve covers that far."""
-    within = [c for c in curve if c["step"] <= cfg.sweep_steps]
-    if not within or within[-1]["step"] != min(cfg.sweep_steps, cfg.steps):
-        return []
-    pts = []
-    for panel, metric in PANELS.items():
-        reached = next((c["step"] for c in within if c[metric] >= cfg.sweep_level), None)
-        if reached is None and cfg.steps < cfg.sweep_steps:
-            continue                               # stopped short of a point's length without reaching the level
-        last = next((c for c in within if c["step"] == reached), within[-1]) if cfg.sweep_stop else within[-1]
-        p = {"f": cfg.f, "r": cfg.r, "panel": panel, "metric": metric, "steps": cfg.sweep_steps,
-             "stop": cfg.sweep_stop, "level": cfg.sweep_level, "steps_run": last["step"], "reached_at": reached,
-             "main_run": True, **last}
-        if panel == "r" and last["step"] == cfg.steps:
-            p["acc_2var_union_exhaustive"] = union["acc_2var_union_exhaustive"]
-        pts.append(p)
-    return pts
-
-
-def thresholds(sweeps: list[dict], cfg: AssignAddStudy) -> dict:
-    """Per panel: the values whose points reached sweep_level and those that did not, and the
-    threshold bracket (largest value that failed below the smallest that succeeded)."""
-    out = {}
-    for name in PANELS:
-        pts = sorted((p[name], p["reached_at"] is not None) for p in sweeps if p.get("panel") == name)
-        ok = [v for v, hit in pts if hit]
-        low = min(ok) if ok else None
-        below = [v for v, hit in pts if not hit and (low is None or v < low)]
-        out[name] = {"metric": PANELS[name], "level": cfg.sweep_level, "reached": ok,
-                     "not_reached": [v for v, hit in pts if not hit], "bracket": [max(below) if below else None, low]}
-    return out
 
 
 def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
@@ -468,7 +426,7 @@ def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
         sweeps = [_sweep_point(out, cfg, "f", f, progress) for f in cfg.sweep_f] + \
                  [_sweep_point(out, cfg, "r", r, progress) for r in cfg.sweep_r] if cfg.sweep_steps else []
         if sweeps:
-            sweeps += _main_points(curve, cfg, union)
+            sweeps += main_points(curve, cfg, union)
         final, last = curve[-1], records[-1]
         found = an.phases(curve, PHASE_METRICS, cfg.phase_window, cfg.phase_jump)
         transitions = {k: an.transition(curve, k) for k in PHASE_METRICS}
