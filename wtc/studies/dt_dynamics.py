@@ -142,25 +142,30 @@ def run(cfg: DTDynamics | None, out_dir, progress: bool = True) -> dict:
 
 
 def _plot(runs: list[dict], path: Path) -> None:
+    """Functional vs structural step: one colour per task (the returned replica; every replica in
+    grey), a moment never reached drawn at the last step, the diagonal splitting the two orders."""
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    fig, ax = plt.subplots(figsize=(7.5, 5))
     last = max([r["steps"] for r in runs] or [1])
+    at = lambda v: v if v is not None else last          # noqa: E731
     for r in runs:
         for p in r["replicas"]:
-            f = p["functional_step"] if p["functional_step"] is not None else last
-            s = p["structural_step"] if p["structural_step"] is not None else last
-            ax.scatter(f, s, s=10, color="lightgray")
-        f = r["functional_step"] if r["functional_step"] is not None else last
-        s = r["structural_step"] if r["structural_step"] is not None else last
-        ax.scatter(f, s, s=30, color="tab:blue")
-        ax.annotate(r["task"], (f, s), fontsize=6)
+            ax.scatter(at(p["functional_step"]), at(p["structural_step"]), s=8, color="lightgray", zorder=1)
+    tasks = list(dict.fromkeys(r["task"] for r in runs))
+    colours = plt.get_cmap("tab20")
+    for i, task in enumerate(tasks):
+        mine = [r for r in runs if r["task"] == task]
+        ax.scatter([at(r["functional_step"]) for r in mine], [at(r["structural_step"]) for r in mine], s=30,
+                   color=colours(i % 20), marker="os^D"[i // 20 % 4], label=task, zorder=2)
     ax.plot([0, last], [0, last], color="gray", linestyle="--", linewidth=1)
-    ax.set_xlabel(f"functional step (loss <= {FUNCTIONAL:g} x initial)")
-    ax.set_ylabel(f"structural step (entropies <= {STRUCTURAL:g} x initial)")
-    ax.set_title("above the diagonal: function first (blue: returned replica; gray: all)")
+    ax.set_xlabel(f"functional step (loss <= {FUNCTIONAL:g} x initial; never: {last})")
+    ax.set_ylabel(f"structural step (entropies <= {STRUCTURAL:g} x initial; never: {last})")
+    ax.set_title("above the diagonal: function first\n(colour: the returned replica per task and seed; grey: every replica)",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
