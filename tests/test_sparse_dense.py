@@ -20,7 +20,7 @@ def _fractions_ok(obj):
         assert 0 <= f <= 1 and 0 <= ci[0] <= f <= ci[1] <= 1
 
 
-def test_study_scores_four_models_under_every_definition_and_reuses_finished_work(tmp_path):
+def test_study_scores_four_models_under_every_definition_and_reuses_finished_work(tmp_path, monkeypatch):
     s = run(_tiny(), tmp_path, progress=False)
     saved = json.loads((tmp_path / "summary.json").read_text())
     models = {"dense": saved["dense"], "sparse": saved["sparse"], **saved["controls"]}
@@ -44,6 +44,11 @@ def test_study_scores_four_models_under_every_definition_and_reuses_finished_wor
     assert s["controls"]["shuffled"]["heldout_loss"] > s["dense"]["heldout_loss"]
     assert set(s["verdict"]) == {d.name for d in DEFINITIONS}
     assert (tmp_path / "sparse_vs_dense.png").exists() and "controls near zero" in (tmp_path / "report.md").read_text()
+    import wtc.studies.sparse_dense as S
+
+    def no_training(*a, **k):
+        raise AssertionError("a finished model was retrained")
+    monkeypatch.setattr(S, "train_lm", no_training)   # the saved models are loaded, not retrained
     again = run(_tiny(), tmp_path, progress=False)  # training and explanations are reused, not redone
     for kind in ("sparse", "dense"):
         assert again[kind]["scores"] == s[kind]["scores"]
@@ -52,10 +57,17 @@ def test_study_scores_four_models_under_every_definition_and_reuses_finished_wor
         for key in ("scores", "definitions", "heldout_loss"):
             assert again["controls"][kind][key] == s["controls"][kind][key]
     assert again["finished"]
+    from wtc.explain.corpus import build_corpus
+    monkeypatch.undo()
+    import shutil                                   # a saved model of another training config is not reused
+    shutil.copytree(tmp_path / "dense" / "model", tmp_path / "other" / "dense" / "model")
+    shutil.copy(tmp_path / "dense" / "figures.json", tmp_path / "other" / "dense" / "figures.json")
+    model, fig = S.prepare(_tiny(steps=41), tmp_path / "other", "dense", build_corpus(max_bytes=200_000, seed=0),
+                           progress=False)
+    assert fig["heldout_loss"] != s["dense"]["heldout_loss"]
     # a run stopped part way reports what it has: cut the random control to 3 weights
     path = tmp_path / "random" / "explain" / "weights.jsonl"
     path.write_text("\n".join(path.read_text().splitlines()[:4]) + "\n")
-    from wtc.explain.corpus import build_corpus
     part = write_summary(_tiny(), tmp_path, build_corpus(max_bytes=200_000, seed=0))
     assert not part["finished"] and not part["controls"]["random"]["finished"] and part["dense"]["finished"]
     assert part["controls"]["random"]["weights_sampled"] == 3

@@ -1,6 +1,7 @@
 """The sparse-vs-dense study's definitions, intervals and controls: the `ours` row is the explainer's
 answer, a planted weight passes every definition (and the same weight of an untrained model does
 not), Wilson intervals, the shuffled-text control's data."""
+import json
 import math
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 
 from wtc.explain.explainer import Scorer, explain, sample_weights
 from wtc.models import Transformer, TransformerConfig
+from wtc.models.io import parameters_sha256
 from wtc.scan.engine import scan
 from wtc.studies.sparse_dense_controls import shuffle_within_blocks
 from wtc.studies.sparse_dense_defs import DEFINITIONS, explain_all, explain_weight, summarise, wilson
@@ -116,6 +118,22 @@ def test_explain_all_resumes_weight_by_weight(tmp_path):
     moved, done = explain_all(model, search, slices, tmp_path / "a", sample=9, seed=1, progress=False)
     assert done and sorted((r["param"], tuple(r["index"])) for r in moved) == sorted(sample_weights(model, 9, seed=1))
     assert len(list((tmp_path / "a").glob("weights.stale-*.jsonl"))) == 2
+
+
+def test_records_of_a_model_that_differs_in_the_last_bits_are_set_aside(tmp_path):
+    """The same recipe retrained on another CPU gives the same weight sample but other values: its
+    records must not be mixed with this model's."""
+    model = _planted()
+    search, slices = _text(8, 32, 0), [_text(4, 32, s) for s in range(1, 4)]
+    first, _ = explain_all(model, search, slices, tmp_path, sample=5, progress=False)
+    with torch.no_grad():
+        p = model.blocks[0].attn.W_Q
+        p.copy_(torch.nextafter(p, torch.full_like(p, float("inf"))))     # one ulp up, every entry
+    assert sample_weights(model, 5) == sample_weights(_planted(), 5)        # the same sample either way
+    again, done = explain_all(model, search, slices, tmp_path, sample=5, progress=False)
+    assert done and len(list(tmp_path.glob("weights.stale-*.jsonl"))) == 1  # the old records kept aside
+    header = json.loads((tmp_path / "weights.jsonl").read_text().splitlines()[0])
+    assert header["settings"]["model_sha256"] == parameters_sha256(model) != parameters_sha256(_planted())
 
 
 def test_wilson_interval():

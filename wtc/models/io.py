@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 
@@ -83,3 +84,15 @@ def load_tokens(path) -> torch.Tensor:
     except Exception as exc:
         raise ScanError(f"{path}: cannot read tokens: {exc}") from None
     return as_tokens(tokens, name=str(path))
+
+
+def parameters_sha256(model: torch.nn.Module) -> str:
+    """sha256 of every parameter's name, shape, dtype and exact bytes, in name order: the identity
+    of a trained model (two trainings of one recipe on different CPUs can differ in the last bits)."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        t = p.detach().cpu().contiguous()
+        h.update(f"{name}\0{tuple(t.shape)}\0{t.dtype}\0".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+

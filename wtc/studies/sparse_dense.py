@@ -113,8 +113,12 @@ def prepare(cfg: SparseDenseStudy, out: Path, kind: str, corpus, progress: bool 
     if kind not in MODELS:
         raise StudyError(f"unknown model kind {kind!r} (one of {', '.join(MODELS)})")
     model = _model(cfg, kind == "sparse")
-    held = corpus.tokens("heldout")
     tcfg = _train_config(cfg, kind)
+    extra = {"study": "sparse-vs-dense", "kind": kind, "train": asdict(tcfg) if kind != "random" else None}
+    saved = _saved(out / kind, model, extra)
+    if saved is not None:
+        return saved
+    held = corpus.tokens("heldout")
     if kind == "random":
         import torch
         torch.set_num_threads(cfg.threads)
@@ -128,12 +132,26 @@ def prepare(cfg: SparseDenseStudy, out: Path, kind: str, corpus, progress: bool 
         trained = train_lm(model, tokens, tcfg, out=out / kind / "train", heldout_tokens=held, progress=progress)
         figures = {"heldout_loss": trained["heldout_loss"], "train_loss": trained["train_loss"],
                    "train_seconds": round(trained["seconds"], 1), "trained": True}
-    model_io.save(model, out / kind / "model", extra={"study": "sparse-vs-dense", "kind": kind,
-                                                     "train": asdict(tcfg) if kind != "random" else None})
+    model_io.save(model, out / kind / "model", extra=extra)
     dens = nonzero_fraction(model, matrices_only=True)
     figures.update(density=sum(dens.values()) / len(dens), densities=dens)
     (out / kind / "figures.json").write_text(json.dumps(figures, indent=1))
     return model, figures
+
+
+def _saved(d: Path, fresh: Transformer, extra: dict) -> tuple[Transformer, dict] | None:
+    """The model an earlier run finished and saved in d/model (with d/figures.json) for this shape and
+    training config, or None. Loaded rather than retrained, because a retraining on another CPU can
+    differ in the last bits, and the explanations kept in d/explain belong to the saved weights."""
+    from wtc import checkpoint_io
+
+    if not (d / "figures.json").exists() or not checkpoint_io.exists(d / "model" / "model"):
+        return None
+    _, meta = checkpoint_io.read(d / "model" / "model")     # model_io.save's pair: d/model/model.{json,safetensors}
+    same = lambda a, b: json.loads(json.dumps(a)) == json.loads(json.dumps(b))     # noqa: E731 (tuples vs lists)
+    if not same(meta.get("extra"), extra) or not same(meta.get("config"), asdict(fresh.cfg)):
+        return None
+    return model_io.load(d / "model"), json.loads((d / "figures.json").read_text())
 
 
 def _settings(cfg: SparseDenseStudy, corpus) -> dict:

@@ -22,7 +22,8 @@ not restated here; the rows above bracket it from our loose rule to a strict one
 
 Every fraction comes with a 95% Wilson score interval (the binomial interval that stays inside
 [0, 1] and behaves at 0 and n). Work is resumable weight by weight: each finished weight is one
-line of ``weights.jsonl`` (with a settings header); a rerun with the same settings skips them.
+line of ``weights.jsonl`` (with a settings header, which holds the model's parameter hash); a rerun
+with the same settings and the same model skips them, anything else is set aside (renamed, kept).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from wtc.explain import predicate_search
 from wtc.explain.explainer import Scorer, _context_text, _scores, reliability, sample_weights
 from wtc.scan.engine import scan
 from wtc.errors import StudyError
+from wtc.models import io as model_io
 
 
 @dataclass(frozen=True)
@@ -211,8 +213,10 @@ def explain_all(model, search: np.ndarray, slices: list[np.ndarray], out, sample
     per search. Returns (records in that order, finished)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # the model's exact weights belong to the settings: records of another training are set aside
     settings = {**(settings or {}), "sample": sample, "seed": seed, "threshold": THRESHOLD, "candidates": candidates,
-                "order": "permuted", "definitions": [d.__dict__ for d in definitions]}
+                "order": "permuted", "definitions": [d.__dict__ for d in definitions],
+                "model_sha256": model_io.parameters_sha256(model)}
     path = out / "weights.jsonl"
     done = _load(path, settings)
     model.eval()
