@@ -270,7 +270,7 @@ def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert "blocks.0.mlp.W_in" not in ws["per_matrix"] and ws["per_matrix"]["unembed.W_U"]["estimated"] is False
     assert ws["top"][0]["total_kl"] >= ws["top"][-1]["total_kl"] > 0
     with pytest.raises(StudyError, match="different config"):
-        run(_tiny(f=0.5), tmp_path / "b", progress=False)
+        run(_tiny(f=0.6), tmp_path / "b", progress=False)
 
 
 def test_a_sweep_point_stops_at_its_panels_level_and_thresholds_bracket_it(tmp_path):
@@ -286,6 +286,9 @@ def test_a_sweep_point_stops_at_its_panels_level_and_thresholds_bracket_it(tmp_p
     assert A._sweep_point(tmp_path, cfg, "f", 0.5, progress=False) == rec
     more = A._sweep_point(tmp_path, replace(cfg, sweep_level=1.0), "f", 0.5, progress=False)   # never met
     assert (more["steps_run"], more["reached_at"], more["level"]) == (30, None, 1.0)
+    back = A._sweep_point(tmp_path, cfg, "f", 0.5, progress=False)     # trained past the level by the other rule:
+    assert (back["steps_run"], back["reached_at"], back["step"]) == (30, 10, 10)   # read where it reached it
+    assert back["0var_heldout"] == rec["0var_heldout"]
     rp = A._sweep_point(tmp_path, cfg, "r", 0.5, progress=False)
     assert (rp["panel"], rp["metric"], rp["f"], rp["r"], rp["steps_run"]) == ("r", "2var_union", 0.7, 0.5, 10)
     assert 0 <= rp["acc_2var_union_exhaustive"] <= 1
@@ -298,7 +301,8 @@ def test_a_sweep_point_stops_at_its_panels_level_and_thresholds_bracket_it(tmp_p
 
 @pytest.mark.parametrize("kwargs", [{"steps": 0}, {"eval_every": 7, "checkpoint_every": 10}, {"r": 2.0},
                                     {"sweep_f": (1.5,)}, {"sweep_r": (-0.1,)}, {"variant": "v2"},
-                                    {"no_left": ("a",)}, {"sweep_level": 0.0}, {"sweep_level": True}])
+                                    {"no_left": ("a",)}, {"sweep_level": 0.0}, {"sweep_level": True},
+                                    {"sweep_f": (0.7,)}, {"sweep_r": (1.0,)}])
 def test_bad_study_config_is_refused(kwargs):
     with pytest.raises(StudyError):
         _tiny(**kwargs)

@@ -13,7 +13,7 @@ from wtc import checkpoint_io
 from wtc.checkpoint_io import write_atomic
 from wtc.errors import CheckpointError, CheckpointNotFound, ScanError
 from wtc.models.transformer import Transformer, TransformerConfig
-from wtc.scan.inputs import as_tokens
+from wtc.scan.inputs import as_tokens, tensor_bytes
 
 
 KIND = "wtc.models.Transformer"
@@ -91,8 +91,7 @@ def parameters_sha256(model: torch.nn.Module) -> str:
     of a trained model (two trainings of one recipe on different CPUs can differ in the last bits)."""
     h = hashlib.sha256()
     for name, p in sorted(model.named_parameters()):
-        t = p.detach().cpu().contiguous()
-        h.update(f"{name}\0{tuple(t.shape)}\0{t.dtype}\0".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(f"{name}\0{tuple(p.shape)}\0{p.dtype}\0".encode())
+        h.update(tensor_bytes(p))
     return h.hexdigest()
 

@@ -137,6 +137,9 @@ class AssignAddStudy:
         bad_r = [r for r in (self.r,) + self.sweep_r if not 0 <= r <= 1]
         if bad_f or bad_r:
             raise StudyError(f"f values must lie in (0, 1] and r values in [0, 1]; got f {bad_f}, r {bad_r}")
+        if self.f in self.sweep_f or self.r in self.sweep_r:      # one directory, two stop rules
+            raise StudyError(f"sweep_f must not hold f ({self.f:g}) nor sweep_r r ({self.r:g}): the main run is "
+                             "that point of each panel already")
         if isinstance(self.sweep_level, bool) or not isinstance(self.sweep_level, (int, float)) or \
                 not 0 < self.sweep_level <= 1:
             raise StudyError(f"sweep_level must be an accuracy in (0, 1], got {self.sweep_level!r}")
@@ -366,7 +369,7 @@ def _sweep_point(out: Path, cfg: AssignAddStudy, panel: str, value: float, progr
     d = out / "sweeps" / f"f{f:g}_r{r:g}"
     res = d / "result.json"
     key = {"panel": panel, "metric": metric, "steps": cfg.sweep_steps, "stop": cfg.sweep_stop,
-           "level": cfg.sweep_level}
+           "level": cfg.sweep_level, **({"union_seed": cfg.union_seed} if panel == "r" else {})}
     if res.exists():
         rec = json.loads(res.read_text())
         if all(rec.get(k) == v for k, v in key.items()):
@@ -375,7 +378,7 @@ def _sweep_point(out: Path, cfg: AssignAddStudy, panel: str, value: float, progr
     pools = _pools(task, cfg)
     grid = an.zero_var_grid(task)
     model = make_model(cfg)
-    trainer = _trainer(model, replace(cfg, f=f, r=r), task, cfg.sweep_steps, pools, grid, d / "train_state",
+    trainer = _trainer(model, replace(cfg, f=f, r=r, sweep_f=(), sweep_r=()), task, cfg.sweep_steps, pools, grid, d / "train_state",
                        f"sweep {panel}={value:g}", progress, eval_every=cfg.eval_every,
                        stop=panel_stop(metric, cfg.sweep_level) if cfg.sweep_stop else None)
     result = trainer.run()
@@ -383,15 +386,19 @@ def _sweep_point(out: Path, cfg: AssignAddStudy, panel: str, value: float, progr
     hit = next((i for i, c in enumerate(curve) if c[metric] >= cfg.sweep_level), None)
     # a point trained before sweeps were evaluated along the way has no curve before its end: its
     # reached_at is then only an upper bound
-    exact = hit is not None and (hit == 0 or curve[hit]["step"] - curve[hit - 1]["step"] <= cfg.eval_every)
+    exact = hit is not None and curve[hit]["step"] - (curve[hit - 1]["step"] if hit else 0) <= cfg.eval_every
+    # with the stop on, the point is read where it reached the level, even when a run under another
+    # rule (a higher level, no stop) trained past it
+    at = curve[hit] if cfg.sweep_stop and hit is not None else curve[-1]
     rec = {"f": f, "r": r, **key, "steps_run": result.step,
            "reached_at": None if hit is None else curve[hit]["step"], "reached_at_exact": exact,
-           "seconds": round(result.seconds, 1), **curve[-1]}
+           "seconds": round(result.seconds, 1), **at}
     if panel == "r":
         from wtc.studies import assign_add_authors as authors
 
         ex = authors.exhaustive_accuracy(model, task, task.exhaustive_2var_union(cfg.union_seed))
         rec["acc_2var_union_exhaustive"] = ex["acc_2var_union_exhaustive"]
+        rec["exhaustive_at"] = result.step              # the model the run ends with
     res.write_text(json.dumps(rec))
     return rec
 

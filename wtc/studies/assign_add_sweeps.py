@@ -17,14 +17,14 @@ def panel_stop(metric: str, level: float):
 def main_points(curve: list[dict], cfg, union: dict) -> list[dict]:
     """The main run as a point of each panel, read off its own curve the way a sweep point is run
     (stopped at the level, or at sweep_steps), as long as the curve covers that far."""
-    within = [c for c in curve if c["step"] <= cfg.sweep_steps]
+    within = [c for c in curve if 0 < c["step"] <= cfg.sweep_steps]      # sweep points have no step-0 record
     if not within or within[-1]["step"] != min(cfg.sweep_steps, cfg.steps):
         return []
     pts = []
     for panel, metric in PANELS.items():
         reached = next((c["step"] for c in within if c[metric] >= cfg.sweep_level), None)
-        if reached is None and cfg.steps < cfg.sweep_steps:
-            continue                               # stopped short of a point's length without reaching the level
+        if cfg.steps < cfg.sweep_steps and (reached is None or not cfg.sweep_stop):
+            continue                               # shorter than a point would train, and not stopped by the level
         last = next((c for c in within if c["step"] == reached), within[-1]) if cfg.sweep_stop else within[-1]
         p = {"f": cfg.f, "r": cfg.r, "panel": panel, "metric": metric, "steps": cfg.sweep_steps,
              "stop": cfg.sweep_stop, "level": cfg.sweep_level, "steps_run": last["step"], "reached_at": reached,

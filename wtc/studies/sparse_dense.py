@@ -114,10 +114,12 @@ def prepare(cfg: SparseDenseStudy, out: Path, kind: str, corpus, progress: bool 
         raise StudyError(f"unknown model kind {kind!r} (one of {', '.join(MODELS)})")
     model = _model(cfg, kind == "sparse")
     tcfg = _train_config(cfg, kind)
-    extra = {"study": "sparse-vs-dense", "kind": kind, "train": asdict(tcfg) if kind != "random" else None}
+    extra = {"study": "sparse-vs-dense", "kind": kind, "train": asdict(tcfg) if kind != "random" else None,
+             "corpus_sha256": corpus.manifest()["sha256"]}     # the shuffled bytes follow from it and the seed
     saved = _saved(out / kind, model, extra)
     if saved is not None:
         return saved
+    (out / kind / "figures.json").unlink(missing_ok=True)      # never paired with a model it does not describe
     held = corpus.tokens("heldout")
     if kind == "random":
         import torch
