@@ -10,7 +10,7 @@ import torch
 
 from wtc.explain.explainer import Scorer, explain, sample_weights
 from wtc.models import Transformer, TransformerConfig
-from wtc.models.io import parameters_sha256
+from wtc.scan.inputs import model_sha256
 from wtc.scan.engine import scan
 from wtc.studies.sparse_dense_controls import shuffle_within_blocks
 from wtc.studies.sparse_dense_defs import DEFINITIONS, explain_all, explain_weight, summarise, wilson
@@ -133,7 +133,7 @@ def test_records_of_a_model_that_differs_in_the_last_bits_are_set_aside(tmp_path
     again, done = explain_all(model, search, slices, tmp_path, sample=5, progress=False)
     assert done and len(list(tmp_path.glob("weights.stale-*.jsonl"))) == 1  # the old records kept aside
     header = json.loads((tmp_path / "weights.jsonl").read_text().splitlines()[0])
-    assert header["settings"]["model_sha256"] == parameters_sha256(model) != parameters_sha256(_planted())
+    assert header["settings"]["model_sha256"] == model_sha256(model) != model_sha256(_planted())
 
 
 def test_wilson_interval():

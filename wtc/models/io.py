@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from wtc import checkpoint_io
 from wtc.checkpoint_io import write_atomic
 from wtc.errors import CheckpointError, CheckpointNotFound, ScanError
 from wtc.models.transformer import Transformer, TransformerConfig
-from wtc.scan.inputs import as_tokens, tensor_bytes
+from wtc.scan.inputs import as_tokens
 
 
 KIND = "wtc.models.Transformer"
@@ -84,14 +83,3 @@ def load_tokens(path) -> torch.Tensor:
     except Exception as exc:
         raise ScanError(f"{path}: cannot read tokens: {exc}") from None
     return as_tokens(tokens, name=str(path))
-
-
-def parameters_sha256(model: torch.nn.Module) -> str:
-    """sha256 of every parameter's name, shape, dtype and exact bytes, in name order: the identity
-    of a trained model (two trainings of one recipe on different CPUs can differ in the last bits)."""
-    h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
-        h.update(f"{name}\0{tuple(p.shape)}\0{p.dtype}\0".encode())
-        h.update(tensor_bytes(p))
-    return h.hexdigest()
-

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from wtc.hooks import has_hooks, hook_modules
 from wtc.errors import ScanError, UnknownName
 from wtc.arguments import float_readout
-from wtc.scan.inputs import architecture, as_tokens, hooks_identity, positive_int, readout_identity, tensor_bytes
+from wtc.scan.inputs import architecture, as_tokens, hooks_identity, model_sha256, positive_int, readout_identity
 from wtc.scan.generic import Generic
 from wtc.scan.kl import importance_positions, kl_rows, kl_unembed
 from wtc.scan.result import ScanResult
@@ -85,11 +85,7 @@ def _select_params(model: nn.Module, params) -> dict[str, nn.Parameter]:
 
 
 def _fingerprint(model: nn.Module, tokens: torch.Tensor) -> dict:
-    h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor_bytes(p))
-    return {"model_sha256": h.hexdigest(), "tokens_sha256": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest(),
+    return {"model_sha256": model_sha256(model), "tokens_sha256": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest(),
             "tokens_shape": list(tokens.shape)}
 
 

@@ -159,6 +159,16 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
+def model_sha256(model: nn.Module) -> str:
+    """sha256 of the model's state dict (names and exact bytes, in name order): the identity of its
+    weights, which two trainings of one recipe on different CPUs need not share."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor_bytes(p))
+    return h.hexdigest()
+
+
 def hooks_identity(model: nn.Module) -> str | None:
     """None when no forward (pre-)hook is registered on the model or its submodules; else a digest
     of where each one is and what it is (its code, constants and closure, as for a readout): a hook

@@ -40,8 +40,8 @@ from tqdm.auto import tqdm
 from wtc.explain import predicate_search
 from wtc.explain.explainer import Scorer, _context_text, _scores, reliability, sample_weights
 from wtc.scan.engine import scan
+from wtc.scan.inputs import model_sha256
 from wtc.errors import StudyError
-from wtc.models import io as model_io
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ def explain_all(model, search: np.ndarray, slices: list[np.ndarray], out, sample
     # the model's exact weights belong to the settings: records of another training are set aside
     settings = {**(settings or {}), "sample": sample, "seed": seed, "threshold": THRESHOLD, "candidates": candidates,
                 "order": "permuted", "definitions": [d.__dict__ for d in definitions],
-                "model_sha256": model_io.parameters_sha256(model)}
+                "model_sha256": model_sha256(model)}
     path = out / "weights.jsonl"
     done = _load(path, settings)
     model.eval()
