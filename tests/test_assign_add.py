@@ -240,7 +240,8 @@ def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
         [("f", 0.5, 10, False), ("f", 0.7, 10, True), ("r", 0.7, 10, True)]
     assert [(p["steps_run"], p["reached_at"]) for p in sw] == [(10, None)] * 3      # a tiny run: no level reached
     assert straight["sweep_thresholds"]["f"] == {"metric": "0var_heldout", "level": 0.9, "reached": [],
-                                                 "not_reached": [0.5, 0.7], "bracket": [0.7, None]}
+                                                 "not_reached": [0.5, 0.7], "bracket": [0.7, None],
+                                                 "failed_above": [], "monotone": True}
     assert "acc_2var_union_exhaustive" not in sw[2]           # the main run's step 10 is not its end
     assert straight["targets_met"] == {"0var_heldout": False, "2var_union": False}
     run(_tiny(steps=20), tmp_path / "b", progress=False)
@@ -297,6 +298,14 @@ def test_a_sweep_point_stops_at_its_panels_level_and_thresholds_bracket_it(tmp_p
     th = A.thresholds(pts, cfg)
     assert th["f"]["bracket"] == [0.2, 0.3] and th["r"]["bracket"] == [0.1, 0.2]
     assert th["r"]["not_reached"] == [0.0, 0.1] and th["f"]["metric"] == "0var_heldout"
+    assert th["r"]["monotone"] and th["r"]["failed_above"] == []
+    # a point stuck above a success (seen: r 0.5 failed at 30k steps where 0.3 and 1.0 generalised)
+    # keeps the bracket where the lowest success puts it and says the panel is not monotone
+    stuck = [{**p, "reached_at": None} if p["panel"] == "r" and p["r"] == 0.5 else p for p in pts]
+    stuck.append({"panel": "r", "f": cfg.f, "r": 1.0, "reached_at": 200})
+    th = A.thresholds(stuck, cfg)["r"]
+    assert th["bracket"] == [0.1, 0.2] and th["failed_above"] == [0.5] and not th["monotone"]
+    assert th["not_reached"] == [0.0, 0.1, 0.5] and th["reached"] == [0.2, 1.0]
 
 
 @pytest.mark.parametrize("kwargs", [{"steps": 0}, {"eval_every": 7, "checkpoint_every": 10}, {"r": 2.0},

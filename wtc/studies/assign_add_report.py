@@ -160,7 +160,9 @@ def markdown(out: Path, s: dict) -> None:
         for name, t in (s.get("sweep_thresholds") or {}).items():
             lines.append(f"- {name} ({t['metric']} >= {t['level']:g}): reached at {t['reached'] or 'none'}, "
                          f"not at {t['not_reached'] or 'none'}; threshold between {_fmt(t['bracket'][0])} and "
-                         f"{_fmt(t['bracket'][1])}")
+                         f"{_fmt(t['bracket'][1])}"
+                         + ("" if t.get("monotone", True) else
+                            f"; not monotone: failed above it at {t['failed_above']}"))
     lines += _probe_lines(s)
     a = s.get("authors")
     if a:

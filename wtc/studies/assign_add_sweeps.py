@@ -37,13 +37,17 @@ def main_points(curve: list[dict], cfg, union: dict) -> list[dict]:
 
 def thresholds(sweeps: list[dict], cfg) -> dict:
     """Per panel: the values whose points reached sweep_level and those that did not, and the
-    threshold bracket (largest value that failed below the smallest that succeeded)."""
+    threshold bracket (largest value that failed below the smallest that succeeded). A value that
+    failed above the smallest success (one seed's run stuck on a plateau the neighbours passed) is
+    kept in failed_above, so a bracket never hides a panel that is not monotone."""
     out = {}
     for name in PANELS:
         pts = sorted((p[name], p["reached_at"] is not None) for p in sweeps if p.get("panel") == name)
         ok = [v for v, hit in pts if hit]
         low = min(ok) if ok else None
         below = [v for v, hit in pts if not hit and (low is None or v < low)]
+        above = [v for v, hit in pts if not hit and low is not None and v > low]
         out[name] = {"metric": PANELS[name], "level": cfg.sweep_level, "reached": ok,
-                     "not_reached": [v for v, hit in pts if not hit], "bracket": [max(below) if below else None, low]}
+                     "not_reached": [v for v, hit in pts if not hit], "bracket": [max(below) if below else None, low],
+                     "failed_above": above, "monotone": not above}
     return out
