@@ -5,6 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from wtc.models.training import read_state
 from wtc.studies import assign_add_analysis as an
@@ -136,6 +137,33 @@ def test_logits_at_equals_the_full_forward_and_the_model_has_no_biases():
     torch.testing.assert_close(model.logits_at(x, slice(15, 16)), model(x)[:, 15:16], rtol=1e-12, atol=1e-12)
 
 
+def test_authors_model_init_is_their_hooked_transformer_with_59_outputs():
+    """model_init "authors": every weight N(0, 0.64 / d_model) (TransformerLens's gpt2 init), the 15
+    non-number outputs zero weights and bias NEG, so the loss is the 59-way cross-entropy; "wtc-v1"
+    is the Transformer's own init, unchanged."""
+    from wtc.models import Transformer
+    from wtc.studies.assign_add_authors import NEG
+
+    model = make_model(AssignAddStudy(seed=5))
+    std = 0.8 / 128 ** 0.5
+    for name, p in model.named_parameters():
+        w = (p[:, :aa.P] if name == "unembed.W_U" else p).detach()
+        assert abs(float(w.std()) / std - 1) < 0.06, name
+        assert abs(float(w.mean())) < 0.2 * std, name
+    assert (model.unembed.W_U[:, aa.P:] == 0).all() and (model.unembed.b_U[aa.P:] == NEG).all()
+    assert (model.unembed.b_U[:aa.P] == 0).all()
+    again, other = make_model(AssignAddStudy(seed=5)), make_model(AssignAddStudy(seed=6))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    assert not torch.equal(model.embed.W_E, other.embed.W_E)
+    x, y = (torch.from_numpy(a) for a in AssignAdd().sample_train(np.random.default_rng(1), 64))
+    logits = model.double().logits_at(x, slice(15, 16))[:, 0]
+    torch.testing.assert_close(F.cross_entropy(logits, y), F.cross_entropy(logits[:, :aa.P], y), rtol=1e-12, atol=0)
+    assert int(logits.argmax(-1).max()) < aa.P
+    v1 = make_model(AssignAddStudy(seed=5, model_init="wtc-v1"))
+    ref = Transformer(v1.cfg, seed=5)
+    assert all(torch.equal(a, b) for a, b in zip(v1.state_dict().values(), ref.state_dict().values()))
+
+
 def test_routing_rates_read_the_attention_patterns():
     """With the attention patterns forced to the ideal routing, both rates are 1."""
     task = AssignAdd()
@@ -216,7 +244,8 @@ def test_probe_rows_read_the_labels_the_sequences_define(variant):
 
 def test_study_defaults_are_the_authors_run():
     cfg = AssignAddStudy()
-    assert (cfg.variant, cfg.steps, cfg.checkpoint_every, cfg.eval_every) == ("authors", 40000, 100, 100)
+    assert (cfg.variant, cfg.model_init, cfg.steps, cfg.checkpoint_every, cfg.eval_every) == \
+        ("authors", "authors", 40000, 100, 100)
     assert (cfg.lr, cfg.weight_decay, cfg.batch, cfg.r, cfg.f) == (1e-3, 0.02, 512, 1.0, 0.7)
     assert cfg.no_right == ("a", "b") and cfg.no_left == ("k", "l")
     assert len(cfg.sweep_f) >= 6 and len(cfg.sweep_r) >= 6
@@ -246,8 +275,10 @@ def test_study_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert straight["targets_met"] == {"0var_heldout": False, "2var_union": False}
     run(_tiny(steps=20), tmp_path / "b", progress=False)
     resumed = run(_tiny(), tmp_path / "b", progress=False)
-    wa = read_state(tmp_path / "a/train_state").optimizer                  # both at step 30
+    sa = read_state(tmp_path / "a/train_state")
+    wa = sa.optimizer                                                       # both at step 30
     wb = read_state(tmp_path / "b/train_state").optimizer
+    assert (sa.model_state["unembed.W_U"][:, aa.P:] == 0).all()             # trained, still the 59-way head
     for k in wa["state"]:
         torch.testing.assert_close(wa["state"][k]["exp_avg"], wb["state"][k]["exp_avg"], rtol=0, atol=0)
     assert straight["pools"] == resumed["pools"]

@@ -306,6 +306,7 @@ def test_write_atomic_names_a_parent_it_cannot_create(tmp_path):
     ({"sweep_steps": True}, "sweep_steps must be an int >= 0"),
     ({"seed": -1}, "seed must be a seed"),
     ({"union_seed": 2.5}, "union_seed must be a seed"),
+    ({"model_init": "tl"}, "model_init must be one of authors, wtc-v1"),
 ])
 def test_assign_add_study_config_names_bad_fields(kw, match):
     from wtc.errors import StudyError

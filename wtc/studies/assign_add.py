@@ -7,7 +7,11 @@ configuration is the authors' run: 40k steps, an evaluation and a checkpoint eve
 
 Setting (issue 8): 2 layers, 1 head, d_model = d_head = 128,
 d_mlp = 512, ReLU, no biases, no LayerNorm, no layer-1 MLP, learned absolute positions, causal;
-AdamW lr 1e-3, weight decay 0.02, batches of 512 fresh sequences, cross-entropy at "=" only (the
+model_init "authors" (default) as their TransformerLens HookedTransformer: every weight matrix drawn
+from N(0, 0.64 / d_model) (TransformerLens's "gpt2" init) and 59 outputs, the numbers (the 15 other
+logits held at a fixed bias of -1e4 with zero weights, as load_checkpoint reads their models), so
+the loss and the argmax range over the numbers alone; "wtc-v1" (the runs before session 20): wtc's
+fan-in init, N(0, 1 / fan_in), and all 74 outputs. AdamW lr 1e-3, weight decay 0.02, batches of 512 fresh sequences, cross-entropy at "=" only (the
 last block runs for that query alone: the same loss, about twice as fast on a CPU).
 
 Every `eval_every` steps: the accuracy of every evaluation pool, the routing rates, the virtual
@@ -51,9 +55,10 @@ from wtc.studies import assign_add_report as report
 from wtc.studies.assign_add_sweeps import PANELS, main_points, panel_stop, thresholds
 from wtc.studies.clock import Clock, check_config, study_dir
 from wtc.threads import torch_threads
-from wtc.tasks.assign_add import _DEFAULTS, ANSWER_POS, SEQ_LEN, TWO_VAR_POOLS, VARIANTS, VOCAB, AssignAdd
+from wtc.tasks.assign_add import _DEFAULTS, ANSWER_POS, P, SEQ_LEN, TWO_VAR_POOLS, VARIANTS, VOCAB, AssignAdd
 
 ANSWER = slice(ANSWER_POS, ANSWER_POS + 1)
+MODEL_INITS = ("authors", "wtc-v1")
 TARGETS = {"0var_heldout": 0.99, "2var_union": 0.98}     # the issue's bar for the main run's end (union: exhaustive)
 PHASE_METRICS = ("0var_heldout", "1var_heldout", "2var_valid", "2var_union", "1var_restricted",
                  "l2_value_routing_rate", "l1_prev_token_rate", "virtual_addition")
@@ -63,6 +68,7 @@ PHASE_METRICS = ("0var_heldout", "1var_heldout", "2var_valid", "2var_union", "1v
 class AssignAddStudy:
     steps: int = 40000
     variant: str = "authors"         # task definitions: "authors" | "wtc-v1" (wtc.tasks.assign_add)
+    model_init: str = "authors"      # init and outputs: "authors" | "wtc-v1" (module doc; MODEL_INITS)
     f: float = 0.7                   # share of the 59^2 pairs in training
     r: float | None = None           # authors: keep-probability of a 2-var row (1.0); wtc-v1: 2-var share (0.25)
     no_right: tuple[str, ...] | None = None   # None: the variant's (authors a, b; wtc-v1 a, b, c)
@@ -122,6 +128,8 @@ class AssignAddStudy:
         if not (self.lr > 0 and self.weight_decay >= 0 and 0 < self.phase_jump <= 1):
             raise StudyError(f"need lr > 0, weight_decay >= 0, 0 < phase_jump <= 1; got {self.lr}, "
                              f"{self.weight_decay}, {self.phase_jump}")
+        if self.model_init not in MODEL_INITS:
+            raise StudyError(f"AssignAddStudy.model_init must be one of {', '.join(MODEL_INITS)}, got {self.model_init!r}")
         if self.variant not in VARIANTS:
             raise StudyError(f"AssignAddStudy.variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
         d_right, d_left, d_r, _ = _DEFAULTS[self.variant]
@@ -166,9 +174,28 @@ OUTPUTS = ("summary.json", "report.md", "assign_add.png")
 
 
 def make_model(cfg: AssignAddStudy) -> Transformer:
-    return Transformer(TransformerConfig(n_layers=2, d_model=cfg.d_model, n_heads=1, d_head=cfg.d_model,
-                                         d_mlp=cfg.d_mlp, d_vocab=VOCAB, n_ctx=SEQ_LEN, act_fn="relu",
-                                         normalization=None, mlp_layers=(1,), bias=False), seed=cfg.seed)
+    model = Transformer(TransformerConfig(n_layers=2, d_model=cfg.d_model, n_heads=1, d_head=cfg.d_model,
+                                          d_mlp=cfg.d_mlp, d_vocab=VOCAB, n_ctx=SEQ_LEN, act_fn="relu",
+                                          normalization=None, mlp_layers=(1,), bias=False), seed=cfg.seed)
+    if cfg.model_init == "authors":
+        _authors_init(model, cfg.seed)
+    return model
+
+
+@torch.no_grad()
+def _authors_init(model: Transformer, seed: int) -> None:
+    """The authors' HookedTransformer at init: every weight matrix N(0, (0.8 / sqrt(d_model))^2), and
+    59 outputs. The non-number outputs get zero weights and the fixed bias NEG: their softmax
+    probability is exactly 0 in float32, so they get no gradient, weight decay keeps their zero
+    weights at zero, and the model stays the authors' 59-way head throughout training."""
+    from wtc.studies.assign_add_authors import NEG
+
+    g = torch.Generator().manual_seed(seed)
+    std = 0.8 / math.sqrt(model.cfg.d_model)
+    for _, p in model.named_parameters():        # weights only: the model has no trained biases
+        p.normal_(0.0, std, generator=g)
+    model.unembed.W_U[:, P:] = 0.0
+    model.unembed.b_U[P:] = NEG
 
 
 def batch_at(task: AssignAdd, seed: int, step: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,7 +217,7 @@ def evaluate(model, pools: dict, grid_tokens) -> dict:
 
 
 # settings a training state must agree on besides its TrainConfig (lr, weight decay)
-_TRAIN_FIELDS = ("f", "r", "no_right", "no_left", "d_model", "d_mlp", "batch", "seed", "variant", "split_seed")
+_TRAIN_FIELDS = ("f", "r", "no_right", "no_left", "d_model", "d_mlp", "batch", "seed", "variant", "split_seed", "model_init")
 
 
 def met_targets(acc_0var_heldout: float, acc_2var_union_exhaustive: float) -> dict:
@@ -444,7 +471,7 @@ def run(cfg: AssignAddStudy | None, out_dir, progress: bool = True) -> dict:
             "acc_0var_heldout": final["0var_heldout"], "acc_2var_union": final["2var_union"],
             "acc_2var_union_exhaustive": union["acc_2var_union_exhaustive"], "union_exhaustive": union,
             "targets": TARGETS, "targets_met": met_targets(final["0var_heldout"], union["acc_2var_union_exhaustive"]),
-            "variant": cfg.variant, "authors": authors,
+            "variant": cfg.variant, "model_init": cfg.model_init, "authors": authors,
             "pools": {k: final[k] for k in pools},
             "l1_prev_token_rate": final["l1_prev_token_rate"],
             "l2_value_routing_rate": final["l2_value_routing_rate"],

@@ -100,7 +100,8 @@ def _probe_lines(s: dict) -> list[str]:
 
 def markdown(out: Path, s: dict) -> None:
     cfg = s["config"]
-    lines = [f"# Assign-and-Add study ({cfg.get('variant', 'wtc-v1')} task, seed {cfg['seed']}, f = {cfg['f']}, "
+    lines = [f"# Assign-and-Add study ({cfg.get('variant', 'wtc-v1')} task, {cfg.get('model_init', 'wtc-v1')} init, "
+             f"seed {cfg['seed']}, f = {cfg['f']}, "
              f"r = {cfg['r']}, {s['steps']} steps, "
              f"{s['seconds']} s)", "",
              f"- 0-var held-out pairs: **{_fmt(s['acc_0var_heldout'])}** (first >= 0.99 at step "
