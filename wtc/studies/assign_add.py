@@ -178,24 +178,10 @@ def make_model(cfg: AssignAddStudy) -> Transformer:
                                           d_mlp=cfg.d_mlp, d_vocab=VOCAB, n_ctx=SEQ_LEN, act_fn="relu",
                                           normalization=None, mlp_layers=(1,), bias=False), seed=cfg.seed)
     if cfg.model_init == "authors":
-        _authors_init(model, cfg.seed)
+        from wtc.studies.assign_add_authors import authors_init
+
+        authors_init(model, cfg.seed)
     return model
-
-
-@torch.no_grad()
-def _authors_init(model: Transformer, seed: int) -> None:
-    """The authors' HookedTransformer at init: every weight matrix N(0, (0.8 / sqrt(d_model))^2), and
-    59 outputs. The non-number outputs get zero weights and the fixed bias NEG: their softmax
-    probability is exactly 0 in float32, so they get no gradient, weight decay keeps their zero
-    weights at zero, and the model stays the authors' 59-way head throughout training."""
-    from wtc.studies.assign_add_authors import NEG
-
-    g = torch.Generator().manual_seed(seed)
-    std = 0.8 / math.sqrt(model.cfg.d_model)
-    for _, p in model.named_parameters():        # weights only: the model has no trained biases
-        p.normal_(0.0, std, generator=g)
-    model.unembed.W_U[:, P:] = 0.0
-    model.unembed.b_U[P:] = NEG
 
 
 def batch_at(task: AssignAdd, seed: int, step: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,6 +14,7 @@ and its three categories, and the sampled pools.
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -107,5 +108,19 @@ def pool_accuracy(model, pools: dict) -> dict:
     return {k: float((predictions(model, x) == np.asarray(y)).mean()) for k, (x, y) in pools.items()}
 
 
+@torch.no_grad()
+def authors_init(model: Transformer, seed: int) -> None:
+    """The authors' HookedTransformer at init: every weight matrix N(0, (0.8 / sqrt(d_model))^2), and
+    59 outputs. The non-number outputs get zero weights and the fixed bias NEG: their softmax
+    probability is exactly 0 in float32, so they get no gradient, weight decay keeps their zero
+    weights at zero, and the model stays the authors' 59-way head throughout training."""
+    g = torch.Generator().manual_seed(seed)
+    std = 0.8 / math.sqrt(model.cfg.d_model)
+    for _, p in model.named_parameters():        # weights only: the model has no trained biases
+        p.normal_(0.0, std, generator=g)
+    model.unembed.W_U[:, P:] = 0.0
+    model.unembed.b_U[P:] = NEG
+
+
 __all__ = ["DEFAULT_DIR", "checkpoints", "load_checkpoint", "authors_task", "predictions", "exhaustive_accuracy",
-           "pool_accuracy", "config"]
+           "pool_accuracy", "config", "authors_init"]
