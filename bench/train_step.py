@@ -30,8 +30,11 @@ def time_steps(task, config: DTConfig, mode: str, steps: int, device: str = "cpu
                phase: str = "hard") -> tuple[float, float]:
     """(steps/s, compile-or-warmup seconds) of Attempt.train_step under `mode` (eager, compile,
     triton) in `phase` (hard: tau fixed; anneal: tau changes every step)."""
-    with kernels_env("triton" if mode == "triton" else "reference"):
+    # the Attempt is built under the reference path: it measures the untrained model's ranges on
+    # the CPU before moving to the device, where WTC_KERNELS=triton would refuse CPU tensors
+    with kernels_env("reference"):
         run = Attempt(task, config, seed=0, attempt=0, device=device)
+    with kernels_env("triton" if mode == "triton" else "reference"):
         # hard-phase steps by default: tau is fixed there. During annealing tau changes every step, and
         # a Python float in the graph makes torch.compile recompile each step (it falls back to eager).
         if phase == "hard":

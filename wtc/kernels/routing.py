@@ -105,12 +105,12 @@ def _logits(proj, enc_k, rel_ptr, abs_ptr, rh, scale, content, seed, stream, i, 
 def _probs(zq_ptr, zk_ptr, w_ptr, u_ptr, rel_ptr, abs_ptr, scale_ptr, content_ptr, lse_ptr, seed,
            stream, rh, r, i, j, T, L, P, n_bins, inv_tau, NOISE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Soft probabilities (BT, BL) of any head instance, recomputed from its saved log-sum-exp."""
-    _, _, proj = _query_proj(zq_ptr, w_ptr, u_ptr, stream, rh, i, T, n_bins, BLOCK_N)
+    _enc_q, _live_q, proj = _query_proj(zq_ptr, w_ptr, u_ptr, stream, rh, i, T, n_bins, BLOCK_N)
     zk = tl.load(zk_ptr + stream * L + j, mask=j < L, other=0.0)
-    enc_k, _ = _ple(zk, n_bins, BLOCK_N)
+    enc_k, _live_k = _ple(zk, n_bins, BLOCK_N)
     scale = tl.load(scale_ptr + rh)
     content = tl.load(content_ptr + r)
-    _, z, valid = _logits(proj, enc_k, rel_ptr, abs_ptr, rh, scale, content, seed, stream, i, j, T, L, P, NOISE)
+    _pre, z, valid = _logits(proj, enc_k, rel_ptr, abs_ptr, rh, scale, content, seed, stream, i, j, T, L, P, NOISE)
     lse = tl.load(lse_ptr + stream * T + i, mask=i < T, other=0.0)
     return tl.where(valid, tl.exp(z * inv_tau - lse[:, None]), 0.0)
 
@@ -125,7 +125,7 @@ def _route_fwd(zq_ptr, zk_ptr, val_ptr, w_ptr, u_ptr, rel_ptr, abs_ptr, scale_pt
     r = stream // (B * H)
     rh = r * H + stream % H
     i = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    _, _, proj = _query_proj(zq_ptr, w_ptr, u_ptr, stream, rh, i, T, n_bins, BLOCK_N)
+    _enc_q, _live_q, proj = _query_proj(zq_ptr, w_ptr, u_ptr, stream, rh, i, T, n_bins, BLOCK_N)
     scale = tl.load(scale_ptr + rh)
     content = tl.load(content_ptr + r)
     m = tl.full((BLOCK_T,), float("-inf"), tl.float32)    # running max of z / tau
@@ -138,9 +138,9 @@ def _route_fwd(zq_ptr, zk_ptr, val_ptr, w_ptr, u_ptr, rel_ptr, abs_ptr, scale_pt
     for j0 in range(0, j_end, BLOCK_L):
         j = j0 + tl.arange(0, BLOCK_L)
         zk = tl.load(zk_ptr + stream * L + j, mask=j < L, other=0.0)
-        enc_k, _ = _ple(zk, n_bins, BLOCK_N)
+        enc_k, _live_k = _ple(zk, n_bins, BLOCK_N)
         v = tl.load(val_ptr + stream * L + j, mask=j < L, other=0.0)
-        _, z, valid = _logits(proj, enc_k, rel_ptr, abs_ptr, rh, scale, content, seed, stream, i, j, T, L, P, NOISE)
+        _pre, z, valid = _logits(proj, enc_k, rel_ptr, abs_ptr, rh, scale, content, seed, stream, i, j, T, L, P, NOISE)
         if HARD:
             blk = tl.max(z, axis=1)
             arg = tl.argmax(z, axis=1, tie_break_left=True)                  # first maximum, like torch
