@@ -35,7 +35,7 @@ step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 
   if want native; then
     # a C++ exception crossing into Python (a shape error) must be a ValueError, with and without
-    # torch loaded first; if it crashes, rebuild without LTO and try again
+    # torch loaded first; if it crashes, say why (below)
     step "native: C++ errors reach Python as ValueError"
     diag() {
       for first in "" "import torch;"; do
@@ -49,11 +49,40 @@ except ValueError as e:
     print('ok (${first:-no torch}):', e)" || { echo "CRASHED (${first:-no torch}), status $?"; return 1; }
       done
     }
-    ldd "$($PY -c 'import wtc._C as C; print(C.__file__)')" | grep -E "gomp|stdc|gcc_s" || true
+    so=$($PY -c 'import wtc._C as C; print(C.__file__)')
+    ldd "$so" | grep -E "gomp|stdc|gcc_s" || true
     if ! diag; then
-      step "native: rebuild without LTO"
-      timeout 150 $PY -m pip install -q --no-build-isolation --no-deps --no-cache-dir -e . \
-          --config-settings=cmake.define.CMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF && diag
+      # say why: the build's compiler and flags, the module's dynamic section, a backtrace of the
+      # crash (cuda-gdb debugs host code too), and whether a bare pybind11 module that throws
+      # crashes the same way (then it is the toolchain, not wtc)
+      step "native: why it crashes"
+      env | grep -iE "^(CC|CXX|CFLAGS|CXXFLAGS|LDFLAGS|CMAKE[A-Z_]*)=" || echo "(no compiler variables set)"
+      grep -hE "^(CMAKE_CXX_COMPILER|CMAKE_CXX_FLAGS|CMAKE_CXX_FLAGS_RELEASE|CMAKE_SHARED_LINKER_FLAGS|CMAKE_MODULE_LINKER_FLAGS|pybind11_DIR|CMAKE_INTERPROCEDURAL_OPTIMIZATION):" build/*/CMakeCache.txt
+      $PY -c "import pybind11, numpy; print('pybind11', pybind11.__version__, 'numpy', numpy.__version__)"
+      readelf -d "$so" | grep -E "NEEDED|FLAGS" || true
+      cat > /tmp/native_diag.py <<'PYEOF'
+import numpy as np, wtc._C as C
+z = np.zeros
+args = [z(s, np.float32) for s in ((1, 2, 3), (1, 2, 4), (1, 2, 5), (1, 3), (1, 3), (1, 2, 2), (1, 2), (1, 4), (1, 4))]
+try:
+    C.route_hard(*args, 1)
+except ValueError as e:
+    print("ok:", e)
+PYEOF
+      timeout 90 cuda-gdb -q -batch -ex run -ex bt --args $PY /tmp/native_diag.py 2>&1 | grep -vE "^\[(New|Thread|Detaching)" | tail -30
+      printf '%s\n' '#include <pybind11/pybind11.h>' '#include <stdexcept>' \
+        'int boom(int x) { if (x > 0) throw pybind11::value_error("boom"); return x; }' \
+        'PYBIND11_MODULE(bare_throw, m) { m.def("boom", &boom); }' > /tmp/bare_throw.cpp
+      for extra in "" "-static-libstdc++" "-fopenmp"; do
+        g++ -O2 -shared -fPIC -std=c++17 $extra $($PY -m pybind11 --includes) /tmp/bare_throw.cpp \
+            -o /tmp/bare_throw$($PY -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))') \
+          && (cd /tmp && timeout 30 $PY -c "
+import bare_throw
+try:
+    bare_throw.boom(1)
+except ValueError as e:
+    print('bare pybind11 module (${extra:-plain}): ValueError', e)") || echo "bare pybind11 module (${extra:-plain}): FAILED (build, or crashed: status $?)"
+      done
     fi
   fi
 
@@ -61,7 +90,7 @@ except ValueError as e:
     step "tests (GPU paths included, Triton kernels compiled, no interpreter), one file at a time"
     for f in tests/test_kernels.py tests/test_backend.py tests/test_dt_model.py tests/test_ablate.py tests/test_native.py; do
       echo "--- $f"
-      timeout 120 $PY -m pytest -q -m "not slow" -p no:cacheprovider -x -q "$f" 2>&1 | tail -25
+      timeout 120 $PY -m pytest -q -m "not slow" -p no:cacheprovider -q "$f" 2>&1 | grep -vE "site-packages|<frozen" | tail -40
     done
   fi
 

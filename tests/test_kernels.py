@@ -99,13 +99,17 @@ def test_route_matches_reference(rng, shape, mode):
     if overlap:
         assert close(o_rows, ref_o, o32)
     names = ["zq", "zk", "val", "W", "u", "rel", "abs", "scale"]
+    scale = max(float(g.abs().max()) for g in ref_grads if g is not None) if any(
+        g is not None for g in ref_grads) else 1.0
     for name, g, r, r32 in zip(names, grads, ref_grads, grads32):
         if r is None:                  # hard eval: no gradient reaches the scores
             assert g is None or float(g.abs().max()) == 0.0, name
             continue
         assert g is not None, name
         if float(r.abs().max()) == 0.0:
-            assert float(g.abs().max()) == 0.0, name
+            # exactly zero in the reference (e.g. one visible key: the softmax is 1 whatever the
+            # score); the kernel's fp32 may leave rounding (1.4e-9 on an H200, 0 under the interpreter)
+            assert float(g.abs().max()) <= TOL * scale, name
         else:
             assert close(g, r, r32), name
 
