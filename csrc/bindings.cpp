@@ -1,12 +1,13 @@
 // wtc._C: CPU kernels (OpenMP). Arrays cross as numpy buffers; shapes are checked here so a
-// caller gets a ValueError naming the argument instead of a crash.
+// caller gets a ValueError naming the argument instead of a crash. Messages are built with
+// std::to_string, not iostreams: a toolchain that links libstdc++ statically (the GPU machine's
+// /opt/gcc) crashed formatting an integer into a string stream inside the module (2026-12-04).
 #include <omp.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,17 +26,15 @@ namespace {
 
 void expect_dims(const py::array& a, int nd, const char* name, const char* shape) {
   if (a.ndim() != nd) {
-    std::ostringstream msg;
-    msg << name << " must have shape " << shape << ", got " << a.ndim() << " dimensions";
-    throw py::value_error(msg.str());
+    throw py::value_error(std::string(name) + " must have shape " + shape + ", got " + std::to_string(a.ndim()) +
+                          " dimensions");
   }
 }
 
 void expect_dim(int64_t got, int64_t want, const char* name, int axis) {
   if (got != want) {
-    std::ostringstream msg;
-    msg << name << ": size " << got << " on axis " << axis << ", expected " << want;
-    throw py::value_error(msg.str());
+    throw py::value_error(std::string(name) + ": size " + std::to_string(got) + " on axis " + std::to_string(axis) +
+                          ", expected " + std::to_string(want));
   }
 }
 
@@ -85,9 +84,7 @@ template <class T>
 void expect_finite(const T* data, int64_t n, const char* name) {
   for (int64_t i = 0; i < n; ++i)
     if (!std::isfinite(data[i])) {
-      std::ostringstream msg;
-      msg << name << " holds a non-finite value at flat index " << i;
-      throw py::value_error(msg.str());
+      throw py::value_error(std::string(name) + " holds a non-finite value at flat index " + std::to_string(i));
     }
 }
 
@@ -235,9 +232,8 @@ double* state_buffer(py::array& a, int nd, int64_t D, const char* name) {
     throw py::value_error(std::string(name) + " (accumulator state) must be float64, got dtype " +
                           std::string(py::str(a.dtype())));
   if (a.ndim() != nd || a.shape(0) != D || (nd == 2 && a.shape(1) != D)) {
-    std::ostringstream msg;
-    msg << name << " (accumulator state) must have shape " << (nd == 1 ? "(D,)" : "(D, D)") << " with D = " << D;
-    throw py::value_error(msg.str());
+    throw py::value_error(std::string(name) + " (accumulator state) must have shape " + (nd == 1 ? "(D,)" : "(D, D)") +
+                          " with D = " + std::to_string(D));
   }
   if (!(a.flags() & py::array::c_style)) throw py::value_error(std::string(name) + " (accumulator state) must be C-contiguous");
   if (!a.writeable()) throw py::value_error(std::string(name) + " (accumulator state) must be writeable");
@@ -247,11 +243,10 @@ double* state_buffer(py::array& a, int nd, int64_t D, const char* name) {
 template <class T>
 [[noreturn]] void nonfinite_error(const wtc::RowView<T>& v, int64_t bad, const char* what, bool three_d) {
   const int64_t r = bad / v.D, d = bad % v.D;
-  std::ostringstream msg;
-  msg << what << " hold NaN/inf at ";
-  if (three_d) msg << "(sample " << r / v.K << ", output " << r % v.K << ", column " << d << ")";
-  else msg << "(row " << r << ", column " << d << ")";
-  throw py::value_error(msg.str());
+  const std::string at = three_d ? "(sample " + std::to_string(r / v.K) + ", output " + std::to_string(r % v.K) +
+                                       ", column " + std::to_string(d) + ")"
+                                 : "(row " + std::to_string(r) + ", column " + std::to_string(d) + ")";
+  throw py::value_error(std::string(what) + " hold NaN/inf at " + at);
 }
 
 template <class TH, class TJ>
