@@ -489,7 +489,7 @@ def test_generic_rows_is_chosen_where_it_applies(rng):
     names = [n for n, _ in model.named_parameters()]
     g = _methods(model, tokens, lambda out: out[0], names)
     assert g.method == {n: "rows" for n in names}               # the tied head included
-    assert g.checked == set(names)                              # each agreed with the naive loop
+    assert {n for n, _ in g.checked} == set(names)              # each agreed with the naive loop
 
 
 class Awkward(nn.Module):
@@ -603,6 +603,44 @@ def test_gpt2_architecture_scans_exactly(rng):
     _generic_vs_naive(model, tokens, names, readout, None)
 
 
+def test_generic_skips_embedding_rows_the_tokens_never_look_up(rng):
+    """Rows of tokens absent from the scan's tokens (and positions past their length) change no
+    embedding output: their copies start at the tied head (GPT-2's wte) or keep the clean logits
+    (wpe, an untied embedding). Every weight still equals the naive loop."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_embd=8, n_layer=1, n_head=2, vocab_size=40, n_positions=10, n_inner=12)
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    model = transformers.GPT2LMHeadModel(cfg).double().eval()
+    tokens = torch.randint(0, 12, (2, 6), generator=rng)          # ids 12-39 never looked up
+    readout = lambda out: out.logits                             # noqa: E731
+    names = ["transformer.wte.weight", "transformer.wpe.weight"]
+    res = _generic_vs_naive(model, tokens, names, readout, None)
+    g = G.LAST()
+    assert g.method == {n: "rows" for n in names}
+    head = g._uses["transformer.wte.weight"][1]                    # the tied head's call: absent rows start there
+    assert type(head.module).__name__ == "Linear"
+    assert f"transformer.wte.weight@{head.start}" in g._sizes
+    assert ("transformer.wte.weight", head.start) in g.checked and ("transformer.wpe.weight", None) in g.checked
+    assert res.total_kl["transformer.wpe.weight"][6:].abs().max() == 0      # positions 6-9 are never read
+    absent = res.total_kl["transformer.wte.weight"][12:]
+    assert (absent > 0).any()                                    # through the head, not zero
+
+    class Untied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lin, self.head = nn.Embedding(30, 4), nn.Linear(4, 4), nn.Linear(4, 30)
+
+        def forward(self, ids):
+            return self.head(torch.tanh(self.lin(self.emb(ids)))) * 1.0
+
+    untied = Untied().double().eval()
+    res = _generic_vs_naive(untied, tokens, ["emb.weight"], lambda out: out + 0.0, None)
+    present = torch.zeros(30, dtype=torch.bool)
+    present[tokens.unique()] = True
+    kl = res.total_kl["emb.weight"]
+    assert kl[~present].abs().max() == 0 and (kl[present] > 0).all()
+
+
 class Aliased(nn.Module):
     """A Linear weight also read through a tensor sharing its memory (invisible to a trace and to
     torch.func): only the naive loop sees both uses, and the first batch's check must show it."""
@@ -661,6 +699,6 @@ def test_generic_rows_reuses_the_clean_prefix_exactly(rng, force):
     names = [n for n, _ in model.named_parameters()]
     g = _methods(model, tokens, readout, names)
     assert g.method == {n: "rows" for n in names}
-    prefix = {n: [type(c.module).__name__ for c in g._prefix_calls(n)] for n in ["b.weight", "head.bias"]}
+    prefix = {n: [type(c.module).__name__ for c in g._prefix_calls(g._uses[n][0])] for n in ["b.weight", "head.bias"]}
     assert prefix == {"b.weight": ["Linear", "Embedding", "Linear"], "head.bias": ["Linear", "Embedding", "Linear", "Linear"]}
     _generic_vs_naive(model, tokens, names, readout, force)

@@ -18,7 +18,10 @@ Three methods, each exact (copy k's logits are the model's with weight k zeroed,
   parameter's first use, and that first call itself (its input is computed before any use, so
   it is the same in every copy), return their clean outputs (kept from one clean pass per
   parameter, batch-major tensors tiled to the copies), so a weight in the last block of a model
-  costs its block's rest and the head, not a forward. Used where a traced clean pass shows that
+  costs its block's rest and the head, not a forward. An embedding row that the scan's ids never
+  look up (a token absent from them, a position past their length) changes no embedding output:
+  its copies start at the parameter's next use (GPT-2's tied head: the head's cost, not a
+  forward) or, with none, are the clean logits (KL exactly 0, no forward at all). Used where a traced clean pass shows that
   every use of the parameter is the forward of
   such a module (its own class's forward, no hooks of the caller's on it, a batch-major input),
   where the model and readout keep batch rows independent (a probe: the clean tokens between two
@@ -142,11 +145,13 @@ def _input_of(args, kwargs):
 
 
 class _Call:
-    """One module call of the traced clean pass: its order (start, end) and nesting."""
-    __slots__ = ("module", "call", "start", "end", "parent", "children")
+    """One module call of the traced clean pass: its order (start, end), nesting, and for an
+    embedding's call the ids it looked up (sorted, unique)."""
+    __slots__ = ("module", "call", "start", "end", "parent", "children", "ids")
 
     def __init__(self, module, call, start, parent):
         self.module, self.call, self.start, self.end, self.parent, self.children = module, call, start, None, parent, []
+        self.ids = None
 
 
 def _tileable(out) -> bool:
@@ -276,8 +281,8 @@ class Generic:
         self._cap = 1                                      # copies per forward the activation budget allows
         self._sizes: dict[str, _Sizes] = {}                # parameter -> its search for copies per forward
         self._repeated = {}
-        self._prefix = {}                                  # parameter -> clean outputs of its prefix calls (the last one)
-        self._first_use = {}
+        self._prefix = {}                                  # (parameter, first live use) -> clean outputs of its prefix calls
+        self._uses = {}                                    # parameter -> the module calls using it, in order
         self._hooked = set()
         self._timing = {}                                  # parameter -> {method: seconds per weight}
         global LAST
@@ -406,6 +411,7 @@ class Generic:
         hooked = {id(m) for m in self.model.modules() if has_hooks(m)}     # the caller's hooks, before ours
         stack, batch_dims, widest, clock, calls = [], defaultdict(set), [0], [0], defaultdict(int)
         owner_ids = {id(m) for pairs in owners.values() for m, _ in pairs}
+        embeddings = {id(m) for pairs in owners.values() for m, leaf in pairs if _kind(m, leaf) == "embedding.weight"}
 
         def pre(module, args, kwargs):
             node = _Call(module, calls[id(module)], clock[0], stack[-1] if stack else None)
@@ -418,6 +424,8 @@ class Generic:
                 try:
                     x = _input_of(args, kwargs)
                     batch_dims[id(module)].add(x.shape[0] if isinstance(x, torch.Tensor) and x.ndim else None)
+                    if id(module) in embeddings and isinstance(x, torch.Tensor) and not x.is_floating_point():
+                        node.ids = torch.unique(x.detach())
                 except _NotRows:
                     batch_dims[id(module)].add(None)
 
@@ -439,7 +447,7 @@ class Generic:
         finally:
             for h in handles:
                 h.remove()
-        self._owners, self._first_use = {}, {}
+        self._owners, self._uses = {}, {}
         for name, pairs in owners.items():
             modules = {id(m): m for m, _ in pairs}
             rules = [(m, _kind(m, leaf)) for m, leaf in pairs]
@@ -450,18 +458,34 @@ class Generic:
                           next(k for m, k in rules if m is top.module)) for top, func in uses))
             self._owners[name] = rules if ok else None
             if ok and uses:
-                self._first_use[name] = min((top for top, _ in uses), key=lambda n: n.start)
+                self._uses[name] = sorted({id(top): top for top, _ in uses}.values(), key=lambda n: n.start)
         self._hooked = hooked
         # a copy's live activations: a few of the widest module outputs (floats), and its logits
         per_copy = 4 * max(widest[0], self.clean.numel())
         self._cap = max(1, self.budget // per_copy)
 
-    def _prefix_calls(self, name) -> list:
-        """The module calls whose outputs a scan of `name` can reuse from a clean pass: the first
-        call of the module using the parameter (its input is computed before any use, so it is the
-        same in every copy) and every call that ended before it, outermost first (not those of
-        modules carrying the caller's hooks, whose effects would run twice)."""
-        first = self._first_use.get(name)
+    def _live_use(self, name, param, idx):
+        """The first use of `name` whose output changes when one of the weights idx is zeroed, or
+        None when no use does. An embedding call none of whose ids is a row of these weights
+        returns its clean output in every copy (a token absent from the scan's tokens, a position
+        past their length): it is skipped, and the copies start at the next use (the head, where
+        the embedding is tied to it) or, with none, keep the clean logits."""
+        uses = self._uses.get(name, [])
+        rows = None
+        for node in uses:
+            if node.ids is None:
+                return node
+            if rows is None:
+                rows = torch.unique(idx // param.shape[1])
+            if bool(torch.isin(rows, node.ids.to(rows.device)).any()):
+                return node
+        return None
+
+    def _prefix_calls(self, first) -> list:
+        """The module calls whose outputs copies starting at use `first` can reuse from a clean
+        pass: that call (its input is computed before it, so it is the same in every copy) and
+        every call that ended before it, outermost first (not those of modules carrying the
+        caller's hooks, whose effects would run twice)."""
         if first is None:
             return []
         chosen = [first]
@@ -478,12 +502,12 @@ class Generic:
             return [node]
         return [n for child in node.children for n in self._clean_subtree(child)]
 
-    def _capture(self, name) -> "_Prefix":
-        """The clean outputs of _prefix_calls(name) (those that are tensors or tuples / lists of
+    def _capture(self, first) -> "_Prefix":
+        """The clean outputs of _prefix_calls(first) (those that are tensors or tuples / lists of
         them; others are recomputed), and which of their tensors anything outside the prefix reads
         (a torch function, metadata included, called while no prefix call runs): only those are
         tiled to the copies; the rest are handed back as they are, as nothing that runs reads them."""
-        nodes = self._prefix_calls(name)
+        nodes = self._prefix_calls(first)
         wanted = {(id(n.module), n.call) for n in nodes}
         owner = (id(nodes[0].module), nodes[0].call) if nodes else None
         modules = {id(n.module): n.module for n in nodes}
@@ -550,28 +574,33 @@ class Generic:
 
     # ------------------------------------------------------------------ rows: running it
     def _rows_checked(self, name, param, idx) -> torch.Tensor:
-        out = self._rows_batched(name, param, idx)
-        if name not in self.checked and self.force != "rows":
+        first = self._live_use(name, param, idx)
+        out = self._rows_batched(name, param, idx, first)
+        regime = (name, None if first is None else first.start)
+        if regime not in self.checked and self.force != "rows":
             # the largest weight of the first batch against the naive loop: any use the trace
             # missed, or a layout the hooks misread, shows there first
             k = int(param.detach().reshape(-1)[idx].abs().argmax())
             want = self._naive(param, idx[k:k + 1])[0]
             if not self._agree(out[k], want):
                 raise _Disagrees(name)
-            self.checked.add(name)
+            self.checked.add(regime)
         return out
 
-    def _rows_batched(self, name, param, idx) -> torch.Tensor:
+    def _rows_batched(self, name, param, idx, first) -> torch.Tensor:
         n = len(idx)
+        if first is None:                                 # no use changes: the clean logits, exactly
+            return self.clean.reshape(1, -1, self.V).expand(n, -1, -1).clone()
         out = None
         pos = 0
-        # each parameter searches on its own: reusing the prefix makes a late layer's copies far
-        # cheaper than an early one's, and cheap copies batch further
-        sizes = self._sizes.setdefault(name, _Sizes(self._cap))
+        # each parameter searches on its own, and apart for each first live use: reusing the prefix
+        # makes a late layer's copies far cheaper than an early one's, and cheap copies batch further
+        key = name if first is self._uses[name][0] else f"{name}@{first.start}"
+        sizes = self._sizes.setdefault(key, _Sizes(self._cap))
         while pos < n:
             a, timed = sizes.next(n - pos, n)
             t0 = time.perf_counter()
-            logits = self._rows(name, param, idx[pos:pos + a])
+            logits = self._rows(name, param, idx[pos:pos + a], first)
             if timed:
                 sizes.record(a, self._elapsed(t0, logits))
             if a == n:
@@ -595,7 +624,7 @@ class Generic:
             return prefix.output(key, k, a) if k in calls else run(*args, **kwargs)
         return forward
 
-    def _rows(self, name, param, idx) -> torch.Tensor:
+    def _rows(self, name, param, idx, first) -> torch.Tensor:
         a = len(idx)
         flat = param.detach().reshape(-1)
         w = flat[idx]
@@ -658,10 +687,11 @@ class Generic:
         if tokens is None:
             tokens = self.tokens.repeat(a, 1) if a > 1 else self.tokens
             self._repeated = {a: tokens}                   # one size at a time: the last one used
-        prefix = self._prefix.get(name)
+        prefix = self._prefix.get((name, first.start))
         if prefix is None:                                # one parameter's at a time: a scan goes parameter by parameter
-            self._prefix = {}
-            prefix = self._prefix[name] = self._capture(name)
+            if any(k[0] != name for k in self._prefix):
+                self._prefix = {}
+            prefix = self._prefix[(name, first.start)] = self._capture(first)
         handles = [m.register_forward_hook(correct(kind, m), with_kwargs=True) for m, kind in self._owners[name]]
         patched = []
         try:
