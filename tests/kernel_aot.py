@@ -64,7 +64,10 @@ def source(rec: dict):
     signature, constants = {}, {}
     for p in fn.params:
         kind, payload = rec["args"][p.name]
-        if p.is_constexpr:
+        # as the launcher does: an integer argument equal to 1 is compiled as the constant 1
+        # unless the kernel says not to specialise it
+        one = kind == "scalar" and type(payload) is int and payload == 1 and not p.do_not_specialize
+        if p.is_constexpr or one:
             signature[p.name], constants[p.name] = "constexpr", payload
         else:
             signature[p.name] = payload if kind == "ptr" else _scalar_type(payload)

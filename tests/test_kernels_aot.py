@@ -55,10 +55,12 @@ def _launches(monkeypatch) -> list[dict]:
     def backward(*outs):
         sum((o * torch.randn(o.shape, generator=g)).sum() for o in outs if o is not None and o.requires_grad).backward()
 
-    R, B, H, T, pad, N = 1, 2, 2, 5, 3, 5
-    L = T + pad
-    for hard, st, noise, overlap in [(False, False, False, False), (False, False, True, True),
-                                     (True, True, True, False), (True, False, False, False)]:
+    modes = [(False, False, False, False), (False, False, True, True), (True, True, True, False),
+             (True, False, False, False)]
+    # a general shape, and the degenerate one (sizes of 1 are compiled as constants, as launched)
+    for (R, B, H, T, pad, N), (hard, st, noise, overlap) in [((1, 2, 2, 5, 3, 5), m) for m in modes] + \
+            [((2, 1, 1, 1, 0, 1), m) for m in modes if not m[3]]:
+        L = T + pad
         leaves = [t.requires_grad_() for t in (u01(R, B, H, T), u01(R, B, H, L), f(R, B, H, L), 0.3 * f(R, H, N, N),
                                                0.3 * f(R, H, N), f(R, H, L), f(R, H, L), u01(R, H) + 0.5)]
         out, o_rows = kernels.route(*leaves, torch.ones(R), pad=pad, tau=0.7, hard=hard, straight_through=st,
