@@ -108,7 +108,8 @@ except ValueError as e:
 
   if want ablation; then
     step "bench: per-weight scan on the GPU (torch path) vs the naive loop"
-    timeout 90 $PY -m bench.ablation --device cuda --naive 16 --sample 2048
+    # the wtc section: its model and tokens go to the GPU (the generic section's models stay on the CPU)
+    timeout 120 $PY -m bench.ablation --device cuda --naive 16 --sample 2048 --section wtc
     cp bench/results/ablation_cuda.csv "$OUT/" 2>/dev/null || true
   fi
 
