@@ -574,7 +574,35 @@ class Generic:
 
     # ------------------------------------------------------------------ rows: running it
     def _rows_checked(self, name, param, idx) -> torch.Tensor:
-        first = self._live_use(name, param, idx)
+        groups = self._by_live_use(name, param, idx)
+        if len(groups) == 1:
+            first, _ = groups[0]
+            return self._rows_regime(name, param, idx, first)
+        out = None
+        for first, where in groups:                       # each regime batched apart, results in idx's order
+            part = self._rows_regime(name, param, idx[where], first)
+            if out is None:
+                out = part.new_empty((len(idx), *part.shape[1:]))
+            out[where] = part
+        return out
+
+    def _by_live_use(self, name, param, idx) -> list:
+        """idx split by the first use that changes (_live_use): [(first, positions in idx)]; one
+        group, all of idx, unless an embedding call leaves some of these weights' rows unread."""
+        uses = self._uses.get(name, [])
+        if not uses or uses[0].ids is None:
+            return [(uses[0] if uses else None, slice(None))]
+        rows = idx // param.shape[1]
+        firsts = {}
+        for row in torch.unique(rows).tolist():
+            first = self._live_use(name, param, torch.tensor([row * param.shape[1]], device=idx.device))
+            firsts.setdefault(None if first is None else first.start, (first, []))[1].append(row)
+        if len(firsts) == 1:
+            return [(next(iter(firsts.values()))[0], slice(None))]
+        return [(first, torch.isin(rows, torch.tensor(members, device=rows.device)).nonzero().flatten())
+                for first, members in firsts.values()]
+
+    def _rows_regime(self, name, param, idx, first) -> torch.Tensor:
         out = self._rows_batched(name, param, idx, first)
         regime = (name, None if first is None else first.start)
         if regime not in self.checked and self.force != "rows":
