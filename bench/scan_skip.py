@@ -10,7 +10,7 @@ import ablation as A
 from wtc.scan import scan, generic as G
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
 orig = G.Generic._live_use
-def no_skip(self, name, param, idx):
+def no_skip(self, name, row):
     uses = self._uses.get(name, [])
     return uses[0] if uses else None
 g = torch.Generator().manual_seed(0)

@@ -21,9 +21,8 @@ Three methods, each exact (copy k's logits are the model's with weight k zeroed,
   costs its block's rest and the head, not a forward. An embedding row that the scan's ids never
   look up (a token absent from them, a position past their length) changes no embedding output:
   its copies start at the parameter's next use (GPT-2's tied head: the head's cost, not a
-  forward) or, with none, are the clean logits (KL exactly 0, no forward at all). Used where a traced clean pass shows that
-  every use of the parameter is the forward of
-  such a module (its own class's forward, no hooks of the caller's on it, a batch-major input),
+  forward) or, with none, are the clean logits (KL exactly 0, no forward at all). Used where a
+  traced clean pass shows that every use of the parameter is the forward of such a module (its own class's forward, no hooks of the caller's on it, a batch-major input),
   where the model and readout keep batch rows independent (a probe: the clean tokens between two
   other sequences give the clean logits), and where the first batch of the parameter agrees with
   the naive loop on its largest weight; otherwise the parameter falls back.
@@ -464,20 +463,14 @@ class Generic:
         per_copy = 4 * max(widest[0], self.clean.numel())
         self._cap = max(1, self.budget // per_copy)
 
-    def _live_use(self, name, param, idx):
-        """The first use of `name` whose output changes when one of the weights idx is zeroed, or
-        None when no use does. An embedding call none of whose ids is a row of these weights
-        returns its clean output in every copy (a token absent from the scan's tokens, a position
-        past their length): it is skipped, and the copies start at the next use (the head, where
-        the embedding is tied to it) or, with none, keep the clean logits."""
-        uses = self._uses.get(name, [])
-        rows = None
-        for node in uses:
-            if node.ids is None:
-                return node
-            if rows is None:
-                rows = torch.unique(idx // param.shape[1])
-            if bool(torch.isin(rows, node.ids.to(rows.device)).any()):
+    def _live_use(self, name, row: int):
+        """The first use of `name` whose output changes when a weight of row `row` (of an embedding)
+        is zeroed, or None when no use does. An embedding call that never looks the row up (a token
+        absent from the scan's tokens, a position past their length) returns its clean output in
+        every copy: it is skipped, and the copies start at the next use (the head, where the
+        embedding is tied to it) or, with none, keep the clean logits."""
+        for node in self._uses.get(name, []):
+            if node.ids is None or bool((node.ids == row).any()):
                 return node
         return None
 
@@ -595,7 +588,7 @@ class Generic:
         rows = idx // param.shape[1]
         firsts = {}
         for row in torch.unique(rows).tolist():
-            first = self._live_use(name, param, torch.tensor([row * param.shape[1]], device=idx.device))
+            first = self._live_use(name, row)
             firsts.setdefault(None if first is None else first.start, (first, []))[1].append(row)
         if len(firsts) == 1:
             return [(next(iter(firsts.values()))[0], slice(None))]
