@@ -7,10 +7,13 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "dt_isa.h"
 #include "dt_mlp.h"
 #include "dt_route.h"
 #include "gramian.h"
@@ -187,13 +190,16 @@ py::tuple importance_positions(farr kl, double mass) {
 
 // ---- ACE Gramians (gramian.cpp) --------------------------------------------------------------
 
-int gramian_kernel_id(const std::string& kernel) {
-  if (kernel == "auto") return wtc::kGramianAuto;
-  if (kernel == "portable") return wtc::kGramianPortable;
-  if (kernel == "avx2") return wtc::kGramianAvx2;
-  if (kernel == "avx512") return wtc::kGramianAvx512;
-  throw py::value_error("kernel must be auto, portable, avx2 or avx512, got '" + kernel + "'");
+// An instruction-set name (the Gramian's kernel= and the DT kernels' WTC_NATIVE_ISA share them).
+int isa_id(const std::string& name, const std::string& what) {
+  if (name == "auto") return wtc::kGramianAuto;
+  if (name == "portable") return wtc::kGramianPortable;
+  if (name == "avx2") return wtc::kGramianAvx2;
+  if (name == "avx512") return wtc::kGramianAvx512;
+  throw py::value_error(what + " must be auto, portable, avx2 or avx512, got '" + name + "'");
 }
+
+int gramian_kernel_id(const std::string& kernel) { return isa_id(kernel, "kernel"); }
 
 int gramian_kernel_checked(const std::string& kernel) {
   const int resolved = wtc::gramian_kernel_resolve(gramian_kernel_id(kernel));
@@ -289,6 +295,57 @@ int64_t gramian_update(py::array h, py::array J, py::array mean, py::array m2, p
 }
 
 
+// ---- which instruction set the DT kernels run (dt_isa.h)
+// WTC_NATIVE_ISA is read once, when the module loads. A value that is not an ISA name, or names one
+// this CPU cannot run, is kept as an error that every DT op (and dt_isa()) raises: the kernels never
+// run another ISA than the one asked for. set_dt_isa() replaces the choice (and clears the error).
+std::string& dt_isa_error() {
+  static std::string error;
+  return error;
+}
+
+// The ISAs this CPU runs the DT kernels in, widest first.
+std::vector<std::string> dt_isas() {
+  std::vector<std::string> out;
+  for (int k : {wtc::kDtIsaAvx512, wtc::kDtIsaAvx2, wtc::kDtIsaPortable})
+    if (wtc::gramian_kernel_resolve(k) >= 0) out.emplace_back(wtc::gramian_kernel_name(k));
+  return out;
+}
+
+std::string dt_isas_text() {
+  std::string out;
+  for (const auto& name : dt_isas()) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+// The resolved ISA for `name`, or a ValueError naming `what` asked for it.
+int dt_isa_choose(const std::string& name, const std::string& what) {
+  const int resolved = wtc::dt_isa_set(isa_id(name, what));
+  if (resolved < 0)
+    throw py::value_error(what + " asks for '" + name + "', which this CPU cannot run (it runs: " + dt_isas_text() + ")");
+  return resolved;
+}
+
+void dt_isa_from_env() {
+  const char* env = std::getenv("WTC_NATIVE_ISA");
+  std::string name = env == nullptr ? "" : env;
+  name.erase(0, name.find_first_not_of(" \t"));
+  name.erase(name.find_last_not_of(" \t") + 1);
+  for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (name.empty()) name = "auto";
+  try {
+    dt_isa_choose(name, "WTC_NATIVE_ISA");
+  } catch (const py::value_error& e) {
+    dt_isa_error() = e.what();
+  }
+}
+
+// The ISA the DT kernels run; raises the WTC_NATIVE_ISA error when there is one.
+int dt_isa_checked() {
+  if (!dt_isa_error().empty()) throw py::value_error(dt_isa_error());
+  return wtc::dt_isa();
+}
+
 // ---- fused DT routing (dt_route.cpp): shapes checked here, names in the errors as in Python
 struct DtRouteArgs {
   farr zq, zk, val, W, u, rel, abs_, scale, content;
@@ -341,6 +398,7 @@ DtRouteArgs dt_route_args(farr zq, farr zk, farr val, farr W, farr u, farr rel, 
 py::tuple dt_route_forward(farr zq, farr zk, farr val, farr W, farr u, farr rel, farr abs_, farr scale,
                            farr content, int pad, double tau, bool hard, int64_t seed, bool overlap,
                            bool entropy, int threads) {
+  dt_isa_checked();
   DtRouteArgs a = dt_route_args(zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, seed);
   if (overlap && hard) throw py::value_error("route: overlaps are defined for soft routing only (hard=False)");
   const auto& s = a.s;
@@ -358,6 +416,7 @@ py::tuple dt_route_forward(farr zq, farr zk, farr val, farr W, farr u, farr rel,
 py::tuple dt_route_backward(farr zq, farr zk, farr val, farr W, farr u, farr rel, farr abs_, farr scale,
                             farr content, int pad, double tau, bool hard, int64_t seed, farr dout,
                             py::object c, bool score_grads, int threads) {
+  dt_isa_checked();
   DtRouteArgs a = dt_route_args(zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, seed);
   const auto& s = a.s;
   expect_dims(dout, 4, "dout", "(R, B, H, T)");
@@ -445,6 +504,7 @@ DtMlpArgs<T> dt_mlp_args(tarr<T> x, tarr<T> W1, tarr<T> b1, tarr<T> W2, tarr<T> 
 template <typename T>
 py::array_t<T> dt_mlp_forward(tarr<T> x, tarr<T> W1, tarr<T> b1, tarr<T> W2, tarr<T> b2, tarr<T> skip, int act,
                               py::object W_mid, py::object b_mid, int threads) {
+  dt_isa_checked();
   DtMlpArgs<T> a = dt_mlp_args<T>(x, W1, b1, W2, b2, skip, act, W_mid, b_mid);
   py::array_t<T> y({a.s.R, a.s.n, a.s.M});
   {
@@ -457,6 +517,7 @@ py::array_t<T> dt_mlp_forward(tarr<T> x, tarr<T> W1, tarr<T> b1, tarr<T> W2, tar
 template <typename T>
 py::tuple dt_mlp_backward(tarr<T> x, tarr<T> W1, tarr<T> b1, tarr<T> W2, tarr<T> b2, tarr<T> skip, int act,
                           py::object W_mid, py::object b_mid, tarr<T> dy, int threads) {
+  dt_isa_checked();
   DtMlpArgs<T> a = dt_mlp_args<T>(x, W1, b1, W2, b2, skip, act, W_mid, b_mid);
   const auto& s = a.s;
   expect_dims(dy, 3, "dy", "(R, n, M)");
@@ -531,6 +592,23 @@ PYBIND11_MODULE(_C, m) {
   m.def("gramian_kernel", [](const std::string& kernel) {
           return std::string(wtc::gramian_kernel_name(gramian_kernel_checked(kernel)));
         }, py::arg("kernel") = "auto", "The Gramian micro-kernel `kernel` resolves to on this CPU.");
+  dt_isa_from_env();
+  m.def("dt_isa", []() { return std::string(wtc::gramian_kernel_name(dt_isa_checked())); },
+        "The instruction set the DT kernels (dt_route_*, dt_mlp_*) run: avx512, avx2 or portable; chosen when the "
+        "module loads from the CPU and WTC_NATIVE_ISA (auto|avx512|avx2|portable). Raises ValueError when "
+        "WTC_NATIVE_ISA is not a name or asks for an ISA this CPU cannot run (every DT op raises it too).");
+  m.def("set_dt_isa", [](const std::string& isa) {
+          const int resolved = dt_isa_choose(isa, "isa");
+          dt_isa_error().clear();
+          return std::string(wtc::gramian_kernel_name(resolved));
+        }, py::arg("isa"),
+        "Make the DT kernels run `isa` (auto|avx512|avx2|portable) from now on, replacing WTC_NATIVE_ISA's "
+        "choice; returns the ISA it resolved to. ValueError when this CPU cannot run it.");
+  m.def("dt_isas", []() {
+          py::list out;
+          for (const auto& name : dt_isas()) out.append(name);
+          return out;
+        }, "The instruction sets this CPU runs the DT kernels in, widest first.");
   m.def("num_threads", []() { return omp_get_max_threads(); },
         "OpenMP threads the kernels may use.");
   m.def("set_num_threads", [](int n) { omp_set_num_threads(n); }, py::arg("n"));

@@ -1,5 +1,6 @@
 #include "dt_mlp.h"
 
+#include "dt_isa.h"
 #include "flush_denormals.h"
 
 #include <omp.h>
@@ -11,9 +12,9 @@
 namespace wtc {
 namespace {
 
-#define WTC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-// helpers are forced inline so each clone compiles them for its own target (a call would reach a
-// baseline-x86-64 copy: measured 15x slower on the SiLU units)
+// helpers are forced inline so each ISA's copy of the entry points (bottom of this file, dt_isa.h)
+// compiles them for its own target (a call would reach a baseline-x86-64 copy: measured 15x slower
+// on the SiLU units)
 #define WTC_INLINE inline __attribute__((always_inline))
 
 constexpr int64_t NB = 64;   // rows per block (the vectorised axis); a last partial block is zero-padded
@@ -304,42 +305,68 @@ WTC_INLINE void backward_pair_t(const DtMlpShapes& s, const T* x, const DtMlpPar
   g.db2[rm] = db2;
 }
 
-// target_clones does not apply to templates: one cloned entry point per type, the body inlined
-WTC_CLONES void forward_pair(const DtMlpShapes& s, const float* x, const DtMlpParamsT<float>& p, float* y, int64_t r,
-                             int64_t m, Block<float>& b) { forward_pair_t(s, x, p, y, r, m, b); }
-WTC_CLONES void forward_pair(const DtMlpShapes& s, const double* x, const DtMlpParamsT<double>& p, double* y,
-                             int64_t r, int64_t m, Block<double>& b) { forward_pair_t(s, x, p, y, r, m, b); }
-WTC_CLONES void backward_pair(const DtMlpShapes& s, const float* x, const DtMlpParamsT<float>& p, const float* dy,
-                              const DtMlpGradsT<float>& g, int64_t r, int64_t m, Block<float>& b) {
-  backward_pair_t(s, x, p, dy, g, r, m, b);
-}
-WTC_CLONES void backward_pair(const DtMlpShapes& s, const double* x, const DtMlpParamsT<double>& p, const double* dy,
-                              const DtMlpGradsT<double>& g, int64_t r, int64_t m, Block<double>& b) {
-  backward_pair_t(s, x, p, dy, g, r, m, b);
+// ---- one copy of the entry points per instruction set (dt_isa.h), for float and double
+template <typename T>
+struct MlpFns {
+  void (*forward_pair)(const DtMlpShapes&, const T*, const DtMlpParamsT<T>&, T*, int64_t, int64_t, Block<T>&);
+  void (*backward_pair)(const DtMlpShapes&, const T*, const DtMlpParamsT<T>&, const T*, const DtMlpGradsT<T>&,
+                        int64_t, int64_t, Block<T>&);
+};
+
+#define WTC_MLP_COPY(ISA, TARGET)                                                                                 \
+  template <typename T>                                                                                           \
+  TARGET void forward_pair_##ISA(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p, T* y, int64_t r,     \
+                                 int64_t m, Block<T>& b) {                                                        \
+    forward_pair_t(s, x, p, y, r, m, b);                                                                          \
+  }                                                                                                               \
+  template <typename T>                                                                                           \
+  TARGET void backward_pair_##ISA(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p, const T* dy,        \
+                                  const DtMlpGradsT<T>& g, int64_t r, int64_t m, Block<T>& b) {                   \
+    backward_pair_t(s, x, p, dy, g, r, m, b);                                                                     \
+  }
+
+WTC_MLP_COPY(portable, )
+#ifdef WTC_DT_DISPATCH
+WTC_MLP_COPY(avx2, WTC_DT_TARGET("arch=x86-64-v3"))
+WTC_MLP_COPY(avx512, WTC_DT_TARGET("arch=x86-64-v4"))
+#endif
+
+template <typename T>
+MlpFns<T> mlp_fns() {
+#ifdef WTC_DT_DISPATCH
+  switch (dt_isa()) {
+    case kDtIsaAvx512: return {forward_pair_avx512<T>, backward_pair_avx512<T>};
+    case kDtIsaAvx2: return {forward_pair_avx2<T>, backward_pair_avx2<T>};
+    default: break;
+  }
+#endif
+  return {forward_pair_portable<T>, backward_pair_portable<T>};
 }
 
 }  // namespace
 
 template <typename T>
 void dt_mlp_forward(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p, T* y, int threads) {
+  const MlpFns<T> fns = mlp_fns<T>();
 #pragma omp parallel num_threads(std::max(1, threads))
   {
     FlushDenormals ftz;
     Block<T> b(s);
 #pragma omp for schedule(static)
-    for (int64_t rm = 0; rm < s.R * s.M; ++rm) forward_pair(s, x, p, y, rm / s.M, rm % s.M, b);
+    for (int64_t rm = 0; rm < s.R * s.M; ++rm) fns.forward_pair(s, x, p, y, rm / s.M, rm % s.M, b);
   }
 }
 
 template <typename T>
 void dt_mlp_backward(const DtMlpShapes& s, const T* x, const DtMlpParamsT<T>& p, const T* dy,
                      const DtMlpGradsT<T>& g, int threads) {
+  const MlpFns<T> fns = mlp_fns<T>();
 #pragma omp parallel num_threads(std::max(1, threads))
   {
     FlushDenormals ftz;
     Block<T> b(s);
 #pragma omp for schedule(static)
-    for (int64_t rm = 0; rm < s.R * s.M; ++rm) backward_pair(s, x, p, dy, g, rm / s.M, rm % s.M, b);
+    for (int64_t rm = 0; rm < s.R * s.M; ++rm) fns.backward_pair(s, x, p, dy, g, rm / s.M, rm % s.M, b);
   }
 }
 

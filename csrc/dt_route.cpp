@@ -7,14 +7,15 @@
 #include <limits>
 #include <vector>
 
+#include "dt_isa.h"
 #include "flush_denormals.h"
 #include "noise.h"
 
 namespace wtc {
 namespace {
 
-#define WTC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-// helpers are forced inline so each clone compiles them for its own target
+// helpers are forced inline so each ISA's copy of the entry points (bottom of this file, dt_isa.h)
+// compiles them for its own target
 #define WTC_INLINE inline __attribute__((always_inline))
 
 // exp(x) for the softmax (x = z / tau - max <= 0), branch-free so loops over keys vectorise:
@@ -376,15 +377,15 @@ WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
   }
 }
 
-WTC_CLONES void forward_seq(const DtRouteShapes& s, const DtRouteInputs& in, int64_t rb, Unit& u, float* out,
-                            float* o_rows, float* ent) {
+WTC_INLINE void forward_seq_impl(const DtRouteShapes& s, const DtRouteInputs& in, int64_t rb, Unit& u, float* out,
+                                 float* o_rows, float* ent) {
   if (s.N == 16) forward_unit<16>(s, in, rb, u, out, o_rows, ent);
   else forward_unit<0>(s, in, rb, u, out, o_rows, ent);
 }
 
-WTC_CLONES void backward_seq(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
-                             const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r, int64_t b,
-                             Unit& u, Back& bk) {
+WTC_INLINE void backward_seq_impl(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
+                                  const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r, int64_t b,
+                                  Unit& u, Back& bk) {
   if (s.N == 16) backward_unit<16>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
   else backward_unit<0>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
 }
@@ -469,8 +470,8 @@ WTC_INLINE void lanes_recompute(const DtRouteShapes& s, const DtRouteInputs& in,
   }
 }
 
-WTC_CLONES void lanes_forward(const DtRouteShapes& s, const DtRouteInputs& in, int64_t r, int64_t b0, int64_t nb,
-                              Lanes& w, float* out, float* o_rows, float* ent) {
+WTC_INLINE void lanes_forward_impl(const DtRouteShapes& s, const DtRouteInputs& in, int64_t r, int64_t b0, int64_t nb,
+                                   Lanes& w, float* out, float* o_rows, float* ent) {
   const int64_t H = s.H, T = s.T, L = s.L, P = s.pad;
   lanes_recompute(s, in, r, b0, nb, w);
   for (int64_t h = 0; h < H; ++h) {
@@ -523,9 +524,9 @@ WTC_CLONES void lanes_forward(const DtRouteShapes& s, const DtRouteInputs& in, i
 
 // One block of sequences of a position-only replica: dval, dzq = dzk = 0 written; the replica's
 // abs / rel / scale gradients accumulated per lane in w (summed over lanes by the caller).
-WTC_CLONES void lanes_backward(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
-                               const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r, int64_t b0,
-                               int64_t nb, Lanes& w) {
+WTC_INLINE void lanes_backward_impl(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
+                                    const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r, int64_t b0,
+                                    int64_t nb, Lanes& w) {
   const int64_t H = s.H, T = s.T, L = s.L, P = s.pad;
   const float itau = in.inv_tau;
   lanes_recompute(s, in, r, b0, nb, w);
@@ -601,11 +602,57 @@ WTC_CLONES void lanes_backward(const DtRouteShapes& s, const DtRouteInputs& in, 
   }
 }
 
+// ---- one copy of the entry points per instruction set (dt_isa.h), called through RouteFns
+#define WTC_FWD_SEQ_ARGS const DtRouteShapes &s, const DtRouteInputs &in, int64_t rb, Unit &u, float *out, \
+                         float *o_rows, float *ent
+#define WTC_BWD_SEQ_ARGS const DtRouteShapes &s, const DtRouteInputs &in, const float *dout, const float *cgrad, \
+                         bool score_grads, const DtRouteGrads &gr, int64_t r, int64_t b, Unit &u, Back &bk
+#define WTC_LANES_FWD_ARGS const DtRouteShapes &s, const DtRouteInputs &in, int64_t r, int64_t b0, int64_t nb, \
+                           Lanes &w, float *out, float *o_rows, float *ent
+#define WTC_LANES_BWD_ARGS const DtRouteShapes &s, const DtRouteInputs &in, const float *dout, const float *cgrad, \
+                           bool score_grads, const DtRouteGrads &gr, int64_t r, int64_t b0, int64_t nb, Lanes &w
+
+struct RouteFns {
+  void (*forward_seq)(WTC_FWD_SEQ_ARGS);
+  void (*backward_seq)(WTC_BWD_SEQ_ARGS);
+  void (*lanes_forward)(WTC_LANES_FWD_ARGS);
+  void (*lanes_backward)(WTC_LANES_BWD_ARGS);
+};
+
+#define WTC_ROUTE_COPY(ISA, TARGET)                                                                              \
+  TARGET void forward_seq_##ISA(WTC_FWD_SEQ_ARGS) { forward_seq_impl(s, in, rb, u, out, o_rows, ent); }          \
+  TARGET void backward_seq_##ISA(WTC_BWD_SEQ_ARGS) {                                                             \
+    backward_seq_impl(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);                                         \
+  }                                                                                                              \
+  TARGET void lanes_forward_##ISA(WTC_LANES_FWD_ARGS) { lanes_forward_impl(s, in, r, b0, nb, w, out, o_rows, ent); } \
+  TARGET void lanes_backward_##ISA(WTC_LANES_BWD_ARGS) {                                                         \
+    lanes_backward_impl(s, in, dout, cgrad, score_grads, gr, r, b0, nb, w);                                      \
+  }                                                                                                              \
+  constexpr RouteFns route_##ISA{forward_seq_##ISA, backward_seq_##ISA, lanes_forward_##ISA, lanes_backward_##ISA};
+
+WTC_ROUTE_COPY(portable, )
+#ifdef WTC_DT_DISPATCH
+WTC_ROUTE_COPY(avx2, WTC_DT_TARGET("arch=x86-64-v3"))
+WTC_ROUTE_COPY(avx512, WTC_DT_TARGET("arch=x86-64-v4"))
+#endif
+
+const RouteFns& route_fns() {
+#ifdef WTC_DT_DISPATCH
+  switch (dt_isa()) {
+    case kDtIsaAvx512: return route_avx512;
+    case kDtIsaAvx2: return route_avx2;
+    default: break;
+  }
+#endif
+  return route_portable;
+}
+
 }  // namespace
 
 void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* out, float* o_rows, float* ent,
                       int threads) {
   const int64_t blocks = (s.B + LANES - 1) / LANES;
+  const RouteFns& fns = route_fns();
 #pragma omp parallel num_threads(std::max(1, threads))
   {
     FlushDenormals ftz;
@@ -615,9 +662,9 @@ void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* ou
     for (int64_t rk = 0; rk < s.R * blocks; ++rk) {   // (replica, block of 16 sequences)
       const int64_t r = rk / blocks, b0 = (rk % blocks) * LANES, nb = std::min(LANES, s.B - b0);
       if (in.content[r] == 0.0f) {
-        lanes_forward(s, in, r, b0, nb, w, out, o_rows, ent);
+        fns.lanes_forward(s, in, r, b0, nb, w, out, o_rows, ent);
       } else {
-        for (int64_t b = b0; b < b0 + nb; ++b) forward_seq(s, in, r * s.B + b, u, out, o_rows, ent);
+        for (int64_t b = b0; b < b0 + nb; ++b) fns.forward_seq(s, in, r * s.B + b, u, out, o_rows, ent);
       }
     }
   }
@@ -626,6 +673,7 @@ void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* ou
 void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout, const float* cgrad,
                        bool score_grads, const DtRouteGrads& gr, int threads) {
   const int64_t H = s.H, L = s.L, N = s.N;
+  const RouteFns& fns = route_fns();
 #pragma omp parallel num_threads(std::max(1, threads))
   {
     FlushDenormals ftz;
@@ -647,7 +695,7 @@ void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const fl
         std::fill(w.acc_rel.begin(), w.acc_rel.end(), 0.0f);
         std::fill(w.acc_scale.begin(), w.acc_scale.end(), 0.0f);
         for (int64_t b0 = 0; b0 < s.B; b0 += LANES)
-          lanes_backward(s, in, dout, cgrad, score_grads, gr, r, b0, std::min(LANES, s.B - b0), w);
+          fns.lanes_backward(s, in, dout, cgrad, score_grads, gr, r, b0, std::min(LANES, s.B - b0), w);
         if (score_grads)
           for (int64_t h = 0; h < H; ++h) {
             float sc = 0.0f;
@@ -665,7 +713,7 @@ void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const fl
           }
         continue;
       }
-      for (int64_t b = 0; b < s.B; ++b) backward_seq(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
+      for (int64_t b = 0; b < s.B; ++b) fns.backward_seq(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
       if (score_grads)
         for (int64_t h = 0; h < H; ++h)
           for (int64_t k = 0; k < L; ++k) {

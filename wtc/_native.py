@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import importlib
 
+from wtc.errors import BackendError
+
 
 @functools.lru_cache(maxsize=None)
 def _load():
@@ -26,3 +28,27 @@ def cpu_module():
 def import_error() -> str:
     """Why wtc._C did not import ("" when it did)."""
     return _load()[1]
+
+
+def dt_isa() -> str:
+    """The instruction set the DT's native kernels (dt.route, dt.mlp_bank) run: "avx512", "avx2" or
+    "portable", chosen when wtc._C loads from what the CPU runs and WTC_NATIVE_ISA
+    (auto | avx512 | avx2 | portable; unset = auto, the widest). A WTC_NATIVE_ISA this CPU cannot run
+    is an error (BackendError), never a silent fallback: a run that asked for the AVX2 path must not
+    measure another one. Raises BackendError too when wtc._C is not built."""
+    mod = cpu_module()
+    if mod is None:
+        raise BackendError(f"the native DT kernels need wtc._C, which is not importable: {import_error()}")
+    try:
+        return mod.dt_isa()
+    except ValueError as exc:
+        raise BackendError(str(exc)) from None
+
+
+def dt_isa_report() -> str:
+    """dt_isa() for a report line, never raising: "avx512 (CPU runs avx512, avx2, portable)", or the error."""
+    try:
+        isa = dt_isa()
+    except BackendError as exc:
+        return f"error: {exc}"
+    return f"{isa} (CPU runs {', '.join(cpu_module().dt_isas())})"

@@ -26,6 +26,9 @@ WTC_KERNELS overrides:
   native     wtc._C for every op that has it where the input fits (CPU, float32 where the table says
              so; no size threshold), a BackendError when wtc._C is not built; the reference
              everywhere else (never Triton: this setting tests the CPU build).
+WTC_NATIVE_ISA (auto | avx512 | avx2 | portable): the instruction set of the native DT kernels
+  (dt.route, dt.mlp_bank), read when wtc._C loads; one this CPU cannot run is a BackendError when
+  they run (wtc._native.dt_isa), and `wtc backends` shows the choice.
 An input that does not fit a backend (a CUDA tensor for native, float64 for a float32 kernel) gets
 the reference; a float64 input keeps its precision.
 
@@ -204,7 +207,8 @@ def backends() -> list[Backend]:
     if cpu is None:
         native = Backend("cpu-native", False, False, f"wtc._C failed to import: {_native.import_error()}")
     else:
-        native = Backend("cpu-native", True, True, f"OpenMP, {cpu.num_threads()} threads", ops("native"))
+        native = Backend("cpu-native", True, True, f"OpenMP, {cpu.num_threads()} threads, DT kernels "
+                         f"{_native.dt_isa_report()}", ops("native"))
     return [native, _triton_backend(has_gpu, ops("triton"))]
 
 

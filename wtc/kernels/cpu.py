@@ -12,13 +12,23 @@ Same signatures and results (to float32 rounding) as the torch references in wtc
 oracle (tests/test_fused_step.py). float32, and float64 for the sub-MLP bank (the precision pass's
 L-BFGS: 3.4x the torch float64 step, measured below); wtc.backend.choose decides when they run (ops
 "dt.route", "dt.mlp_bank"). Threads: torch's intra-op count at the call (DTConfig.threads while training); the
-result does not depend on it.
+result does not depend on it. Instruction set: the kernels' AVX-512 / AVX2 / portable copy, chosen
+when wtc._C loads from the CPU and WTC_NATIVE_ISA (wtc._native.dt_isa; one it cannot run: BackendError).
 """
 from __future__ import annotations
 
 import torch
 
+from wtc import _native
 from wtc.backend import require_native
+
+
+def _module(who: str):
+    """wtc._C for `who`, with its DT kernels' instruction set valid (a BackendError otherwise: not
+    built, or WTC_NATIVE_ISA asks for an ISA this CPU cannot run)."""
+    C = require_native(who)
+    _native.dt_isa()
+    return C
 
 
 def _np(t: torch.Tensor):
@@ -29,7 +39,7 @@ class _Route(torch.autograd.Function):
     @staticmethod
     def forward(ctx, zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, straight_through, seed, overlap,
                 entropy):
-        C = require_native("the native route op")
+        C = _module("the native route op")
         inputs = [t.detach().to(torch.float32).contiguous() for t in (zq, zk, val, W, u, rel, abs_, scale, content)]
         seed = -1 if seed is None else int(seed)
         out, o_rows, ent = C.dt_route_forward(*[t.numpy() for t in inputs], pad, tau, hard, seed, overlap,
@@ -44,7 +54,7 @@ class _Route(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, d_overlap, d_entropy):
-        C = require_native("the native route op")
+        C = _module("the native route op")
         inputs = ctx.saved_tensors
         pad, tau, hard, straight_through, seed, overlap = ctx.config
         H = inputs[0].shape[2]
@@ -93,7 +103,7 @@ class _MlpBank(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, W1, b1, W2, b2, skip, W_mid, b_mid, act):
-        C = require_native("the native sub-MLP op")
+        C = _module("the native sub-MLP op")
         dt = torch.float64 if x.dtype == torch.float64 else torch.float32
         inputs = [t.detach().to(dt).contiguous() for t in (x, W1, b1, W2, b2, skip)]
         mid = [None if t is None else t.detach().to(dt).contiguous() for t in (W_mid, b_mid)]
@@ -106,7 +116,7 @@ class _MlpBank(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        C = require_native("the native sub-MLP op")
+        C = _module("the native sub-MLP op")
         saved = ctx.saved_tensors
         inputs, mid = saved[:6], (saved[6:] if ctx.deep else (None, None))
         op = C.dt_mlp_backward_f64 if ctx.dt == torch.float64 else C.dt_mlp_backward

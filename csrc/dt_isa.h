@@ -1,0 +1,58 @@
+// The instruction set the DT's native kernels (dt_route.cpp, dt_mlp.cpp) run. Each file compiles
+// its hot entry points three times, explicitly: for x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA)
+// and the build's baseline ("portable"), and calls them through a table of function pointers
+// picked by dt_isa() once per op call (the kernels' loops run inside the chosen copy).
+//
+// Why explicit copies instead of GCC's target_clones: target_clones picks by CPU alone, once, in an
+// ifunc resolver nobody can query or override; here the choice can be read (wtc._C.dt_isa, `wtc
+// backends`) and forced (WTC_NATIVE_ISA, read when wtc._C loads), so an AVX-512 machine can run
+// what an AVX2-only or older CPU runs (bench/cpu_isa.py) and tests can compare every copy.
+//
+// Asking for an ISA the CPU lacks is an error, not a silent fallback (see bindings.cpp): a timing or
+// a test that believes it measured the AVX2 path must not have measured another one.
+// Whether the CPU runs an ISA is the Gramian kernels' check (gramian_kernel_resolve): one
+// implementation of that test, the same numbering.
+#pragma once
+#include <atomic>
+
+#include "gramian.h"
+
+namespace wtc {
+
+enum DtIsa : int {
+  kDtIsaAuto = kGramianAuto,
+  kDtIsaPortable = kGramianPortable,
+  kDtIsaAvx2 = kGramianAvx2,
+  kDtIsaAvx512 = kGramianAvx512,
+};
+
+// The x86-64-v3 / v4 copies exist only where GCC's per-function target attribute does (x86-64 GCC,
+// as gramian.cpp); elsewhere every ISA but portable is reported as not run by this CPU.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define WTC_DT_DISPATCH 1
+#define WTC_DT_TARGET(arch) __attribute__((target(arch)))
+#else
+#define WTC_DT_TARGET(arch)
+#endif
+
+// The resolved ISA (never kDtIsaAuto once read); 0 = not chosen yet.
+inline std::atomic<int>& dt_isa_slot() {
+  static std::atomic<int> slot{kDtIsaAuto};
+  return slot;
+}
+
+// Choose the ISA `want` (kDtIsaAuto: the widest this CPU runs). Returns the resolved ISA, or -1
+// (nothing changed) when the CPU cannot run the one asked for.
+inline int dt_isa_set(int want) {
+  const int resolved = gramian_kernel_resolve(want);
+  if (resolved >= 0) dt_isa_slot().store(resolved);
+  return resolved;
+}
+
+// The ISA the DT kernels run now: the one chosen, else the widest the CPU runs.
+inline int dt_isa() {
+  const int now = dt_isa_slot().load();
+  return now != kDtIsaAuto ? now : dt_isa_set(kDtIsaAuto);
+}
+
+}  // namespace wtc
