@@ -229,7 +229,9 @@ class Program:
 
     def __call__(self, x) -> np.ndarray:
         from wtc.arguments import real_array
+        from wtc.tasks.limits import plain_numbers
 
+        x = plain_numbers(x, f"the input of the program for {self.task!r}", ProgramInputError)   # no text ('nan')
         x = real_array(x, f"the input of the program for {self.task!r}", ProgramInputError)
         if x.ndim == 2 and self.n_inputs == 1:
             x = x[:, :, None]

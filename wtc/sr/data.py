@@ -16,6 +16,7 @@ import numpy as np
 from wtc.sr.enumeration import off_distribution_points
 from wtc.sr.noise_level import estimate_sigma, group_rows
 from wtc.errors import SRError
+from wtc.tasks.limits import plain_numbers
 
 # the builtin enumeration is sized for the 1-3 inputs of a Discrete Transformer's sub-MLPs; up to
 # 10 are accepted (scikit-learn style use), searched as deep in total, so shallower per input
@@ -60,9 +61,9 @@ def check_inputs(X, y, names=None, max_inputs: int = MAX_INPUTS) -> tuple[np.nda
             raise SRError(f"{what} must be a numeric array: {e}") from None
         if a.dtype.kind == "c" or (a.dtype == object and any(isinstance(u, complex) for u in a.ravel()[:1000])):
             raise SRError(f"{what} is complex (Complex data not supported); symbolic regression fits real numbers")
+    X, y = plain_numbers(X, "X", SRError), plain_numbers(y, "y", SRError)   # text, dates, masks (lists too)
     for what, v in (("X", X), ("y", y)):
-        kind = getattr(getattr(v, "dtype", None), "kind", "")
-        if kind in "mMUSV" and kind:
+        if getattr(getattr(v, "dtype", None), "kind", "") == "V":
             raise SRError(f"{what} must be numeric, got an array of dtype {v.dtype}")
     try:
         X = np.asarray(X, dtype=np.float64)
@@ -98,6 +99,11 @@ def check_inputs(X, y, names=None, max_inputs: int = MAX_INPUTS) -> tuple[np.nda
     if bad_x.any():
         r, c = np.argwhere(bad_x)[0]
         raise SRError(f"X contains {int(bad_x.sum())} non-finite values (NaN/inf), first at row {r}, column {c}")
+    tiny = (X != 0) & (np.abs(X) < np.finfo(np.float64).tiny)
+    if tiny.any():      # a formula in such inputs needs coefficients past float64's max (1/2.2e-308)
+        r, c = np.argwhere(tiny)[0]
+        raise SRError(f"X holds subnormal values (|x| < 2.2e-308, e.g. {X[r, c]:.3g} at row {r}, column {c}): too "
+                      "small for float64 arithmetic (a formula's coefficients would overflow); rescale X")
     bad_y = ~np.isfinite(y)
     if bad_y.any():
         raise SRError(f"y contains {int(bad_y.sum())} non-finite values (NaN/inf), first at row "
@@ -131,9 +137,26 @@ def check_names(names, k: int) -> tuple:
         if s in RESERVED_NAMES or s.startswith("_"):
             raise SRError(f"variable name {s!r} is reserved (a function, constant or module name that "
                           "formulas are printed with, or a leading underscore); rename the variable")
+        if _sympy_binds(s):
+            raise SRError(f"variable name {s!r} is reserved: sympy reads it as its own {s} (a function, "
+                          "constant or object, not a plain symbol), so equations would print it as that; "
+                          "rename the variable")
     if len(set(names)) != k:
         raise SRError(f"variable names must be distinct, got {names}")
     return names
+
+
+def _sympy_binds(name: str) -> bool:
+    """Whether sympy takes `name` as something other than a plain Symbol (gamma, beta, EulerGamma,
+    Catalan, Q, N, ...): the equation text is sympy's, so such a variable would read as sympy's object."""
+    import sympy
+
+    if hasattr(sympy, name):
+        return True
+    try:
+        return sympy.sympify(name) != sympy.Symbol(name)
+    except Exception:           # anything sympy cannot read as a symbol is no plain symbol either
+        return True
 
 
 def lattice_step(y: np.ndarray) -> float | None:

@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from wtc.errors import TaskError
-from wtc.tasks.limits import MAX_MAGNITUDE, without_bfloat16
+from wtc.tasks.limits import MAX_MAGNITUDE, plain_numbers
 
 MIN_HELDOUT = 16           # held-out sequences a verification needs to mean anything
 MIN_TRAIN = 32             # training sequences below which a fit is a lookup of a handful of rows
 
 
 def _as_array(a, what: str, name: str) -> np.ndarray:
-    a = without_bfloat16(a)
+    a = plain_numbers(a, f"task {name!r}: {what}", TaskError)
     try:
         complex_ = np.iscomplexobj(a)
     except (TypeError, ValueError) as exc:        # ragged lists
@@ -53,6 +53,23 @@ def _as_array(a, what: str, name: str) -> np.ndarray:
     if a.size == 0:
         raise TaskError(f"task {name!r}: {what} are empty (shape {a.shape}); record at least one value")
     return a
+
+
+def _check_float32_resolution(x: np.ndarray, valid: np.ndarray, output: str, name: str) -> None:
+    """Refuse records the Discrete Transformer, which trains in float32 (24-bit significand), cannot
+    tell apart: integer outputs past 2**24 (unit steps vanish: x + 10**9 came back as
+    `out = 1000000000`, NOT verified) and distinct input values that float32 merges."""
+    top = float(np.abs(valid).max(initial=0))
+    if output == "integer" and top >= 2**24:
+        raise TaskError(f"task {name!r}: integer outputs reach {top:.10g}, but float32 (what the Discrete Transformer "
+                        f"trains in) resolves unit steps only below 2**24 = {2**24}; subtract an offset (e.g. the "
+                        "outputs' minimum), or pass output='real' if a relative error of 1e-3 will do")
+    values = np.unique(x)
+    merged = np.flatnonzero(np.diff(values.astype(np.float32)) == 0)
+    if merged.size:
+        a, b = float(values[merged[0]]), float(values[merged[0] + 1])
+        raise TaskError(f"task {name!r}: the distinct inputs {a!r} and {b!r} are the same number in float32 (what the "
+                        "Discrete Transformer trains in: 24-bit significand); subtract an offset or rescale the inputs")
 
 
 def _keys(x: np.ndarray) -> list[bytes]:
@@ -126,6 +143,7 @@ def from_arrays(inputs, outputs, *, name: str = "data", output: str | None = Non
         raise TaskError(f"task {name!r}: output must be 'integer', 'real' or None, got {output!r}")
     if output == "integer" and not whole:
         raise TaskError(f"task {name!r}: output='integer' but the recorded outputs are not whole numbers")
+    _check_float32_resolution(x3, valid, output, name)
     table: dict[bytes, np.ndarray] = {}
     first: dict[bytes, int] = {}                  # each distinct input sequence once (duplicates are one)
     for k, key in enumerate(_keys(x3)):

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 
 from wtc.errors import TaskError
-from wtc.tasks.limits import MAX_MAGNITUDE, REAL_TOLERANCE, without_bfloat16  # noqa: F401  (REAL_TOLERANCE: re-exported)
+from wtc.tasks.limits import MAX_MAGNITUDE, REAL_TOLERANCE, plain_numbers  # noqa: F401  (REAL_TOLERANCE: re-exported)
 
 OUTPUT_KINDS = ("integer", "real")
 
@@ -116,7 +116,7 @@ class Task:
     def check_inputs(self, x, n: int | None = None, source: str = "inputs") -> np.ndarray:
         """Validate an input batch and return it as float64 (n, seq_len, n_inputs)."""
         label = f"task {self.name!r}: {source}"
-        x = without_bfloat16(x)
+        x = plain_numbers(x, label, TaskError)
         try:
             complex_ = np.iscomplexobj(x)
             if not complex_:
@@ -156,7 +156,7 @@ class Task:
         except (Exception, SystemExit) as exc:
             raise TaskError(f"task {self.name!r}: target(x) raised {type(exc).__name__}: {exc}") from exc
         label = f"task {self.name!r}: target"
-        y = without_bfloat16(y)
+        y = plain_numbers(y, label, TaskError)
         if np.iscomplexobj(y):
             raise TaskError(f"{label} is complex; targets must be real numbers")
         try:
