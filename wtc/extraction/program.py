@@ -1,6 +1,7 @@
 """Program: the extracted algorithm as standalone Python (stdlib math only), built as an AST.
 
-    def program(xs):          # xs: seq_len items (float, or tuple of n_inputs floats)
+    DOMAIN = {...}            # what it was verified on (wtc.extraction.domain)
+    def program(xs, check_domain=True):   # xs: seq_len items (float, or tuple of n_inputs floats)
         ...                   # one list per live variable, filled position by position
         return out            # seq_len outputs (float, or tuple of n_outputs floats)
 
@@ -12,7 +13,9 @@ outside is spliced in.
 from __future__ import annotations
 
 import ast
+import inspect
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +23,7 @@ import sympy as sp
 from sympy.printing.pycode import pycode
 
 from wtc.errors import WtcError
+from wtc.extraction.domain import Domain, DomainError, domain_statements
 from wtc.extraction.routing_rules import Rule
 
 POSITION = "t"
@@ -31,6 +35,21 @@ _ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, as
 
 class ProgramInputError(WtcError, ValueError):
     """A program was called on something that is not a batch of the task's sequences."""
+
+
+class ProgramDomainError(ProgramInputError):
+    """A program was called outside the domain it was read and verified on (Program.domain)."""
+
+
+class ProgramOutputError(WtcError, ArithmeticError):
+    """A program gave a non-finite output (overflow, division by zero) from finite inputs."""
+
+
+class ProgramDomainWarning(WtcError, UserWarning):
+    """A program ran outside its domain, or gave non-finite outputs, under domain="warn"."""
+
+
+DOMAIN_MODES = ("error", "warn", "ignore")
 
 
 @dataclass
@@ -148,12 +167,18 @@ def _extremum(src: str, p: dict) -> str:
 
 
 def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: list[str], lines: list[Line],
-                 outputs: list[sp.Expr], docstring: str = "") -> str:
-    """The whole program as Python source."""
+                 outputs: list[sp.Expr], docstring: str = "", domain: Domain | None = None) -> str:
+    """The whole program as Python source; with a domain, `program(xs, check_domain=True)` checks
+    its inputs against DOMAIN first."""
     variables = set(input_names) | {ln.name for ln in lines}
     body: list[ast.stmt] = []
     doc = docstring or f"{task_name}: extracted from a Discrete Transformer by wtc."
+    if domain is not None:
+        doc += ("\n\n    xs outside DOMAIN (the inputs it was verified on) raise ValueError;"
+                "\n    program(xs, check_domain=False) runs it anyway.\n    ")
     body.append(ast.Expr(ast.Constant(doc)))
+    if domain is not None:
+        body += _stmt("if check_domain:\n    _check_domain(xs)")
     body += _stmt("T = len(xs)")
     if n_inputs == 1:
         body += _stmt(f"{input_names[0]} = [float(v) for v in xs]")
@@ -189,10 +214,17 @@ def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: lis
                         iter=ast.Call(ast.Name("range", ast.Load()), [ast.Name("T", ast.Load())], []),
                         body=loop, orelse=[]))
     body += _stmt("return out")
-    func = ast.FunctionDef(name="program", args=ast.arguments(posonlyargs=[], args=[ast.arg("xs")], vararg=None,
-                                                              kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
+    args = [ast.arg("xs")] + ([ast.arg("check_domain")] if domain is not None else [])
+    defaults = [ast.Constant(True)] if domain is not None else []
+    func = ast.FunctionDef(name="program", args=ast.arguments(posonlyargs=[], args=args, vararg=None,
+                                                              kwonlyargs=[], kw_defaults=[], kwarg=None,
+                                                              defaults=defaults),
                            body=body, decorator_list=[], returns=None, type_params=[])
     module = [*_stmt("import math")]
+    if domain is not None:
+        if domain.n_inputs != n_inputs:
+            raise ValueError(f"the domain has {domain.n_inputs} channel(s), the program {n_inputs} input(s)")
+        module += domain_statements(domain)
     if any(ln.kind == "route" and ln.rule.kind == "window" and (ln.rule.params["var"] != ln.source or ln.source == POSITION)
            for ln in lines):
         module += ast.parse(WINDOW_HELPER).body
@@ -204,7 +236,11 @@ def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: lis
 @dataclass
 class Program:
     """An extracted program: `source` defines `def program(xs)`; calling the object runs it on a
-    batch (array (n, T[, n_inputs]) in, array (n, T[, n_outputs]) out)."""
+    batch (array (n, T[, n_inputs]) in, array (n, T[, n_outputs]) out).
+
+    `domain` (wtc.extraction.domain.Domain): the inputs it was read and verified on, recorded at
+    extraction and written into the source as DOMAIN (a Program built from such a source reads it
+    back); None for programs saved before domains were recorded."""
 
     task: str
     source: str
@@ -217,20 +253,41 @@ class Program:
     failures: list[str] = field(default_factory=list)   # which module broke, and why
     readings: list = field(default_factory=list)        # per-module evidence (wtc.extraction.reader)
     model: object = field(default=None, repr=False)     # the model it was read from, if any
+    domain: Domain | None = None
 
     def __post_init__(self) -> None:
         namespace: dict = {}
         exec(compile(self.source, f"<wtc program {self.task}>", "exec"), namespace)  # noqa: S102 - our own AST
         self._fn = namespace["program"]
+        if namespace.get("DOMAIN") is not None:   # the source is the record: one domain, not two
+            written = Domain.from_dict(namespace["DOMAIN"])
+            if self.domain is not None and self.domain != written:
+                raise DomainError(f"program for {self.task!r}: domain= differs from the DOMAIN its source records")
+            self.domain = written
+        if self.domain is not None and self.domain.n_inputs != self.n_inputs:
+            raise DomainError(f"program for {self.task!r}: its domain has {self.domain.n_inputs} channel(s), "
+                              f"the program {self.n_inputs} input(s)")
+        # Program checks the domain itself (vectorised, and under its switch): the source's own check off
+        self._unchecked = {"check_domain": False} if "check_domain" in inspect.signature(self._fn).parameters else {}
 
     def run(self, xs: list) -> list:
-        """One sequence, as the source defines it."""
+        """One sequence, as the source defines it (its domain check included)."""
         return self._fn(xs)
 
-    def __call__(self, x) -> np.ndarray:
+    def __call__(self, x, *, domain: str = "error") -> np.ndarray:
+        """Run on a batch (n, T[, n_inputs]).
+
+        domain: what to do with inputs outside `self.domain` (values or a length it was not
+        verified on) and with non-finite outputs from finite inputs (an overflow, a division by
+        zero): "error" (default) raises ProgramDomainError / ProgramOutputError naming the first
+        one (sequence, position, channel, value, the domain); "warn" issues one
+        ProgramDomainWarning for each and computes; "ignore" computes silently. A wrong channel
+        count, NaN / inf or text inputs are errors under every setting."""
         from wtc.arguments import real_array
         from wtc.tasks.limits import plain_numbers
 
+        if domain not in DOMAIN_MODES:
+            raise ProgramInputError(f"domain= must be one of {', '.join(map(repr, DOMAIN_MODES))}, got {domain!r}")
         x = plain_numbers(x, f"the input of the program for {self.task!r}", ProgramInputError)   # no text ('nan')
         x = real_array(x, f"the input of the program for {self.task!r}", ProgramInputError)
         if x.ndim == 2 and self.n_inputs == 1:
@@ -244,11 +301,26 @@ class Program:
                                     "programs take finite numbers")
         if x.shape[0] == 0:                 # the shape a non-empty batch has, with no rows
             return np.zeros((0, x.shape[1]) + ((self.n_outputs,) if self.n_outputs > 1 else ()))
+        outside = self.domain.violation(x) if self.domain is not None and domain != "ignore" else None
+        if outside is not None:
+            self._complain(domain, ProgramDomainError, f"the input of the program for {self.task!r} is outside the "
+                           f"domain it was verified on: {outside.message}")
         rows = []
         for seq in x:
             xs = seq[:, 0].tolist() if self.n_inputs == 1 else [tuple(r) for r in seq.tolist()]
-            rows.append(self._fn(xs))
-        return np.asarray(rows, dtype=np.float64)
+            rows.append(self._fn(xs, **self._unchecked))
+        out = np.asarray(rows, dtype=np.float64)
+        if domain != "ignore" and not np.all(np.isfinite(out)):
+            bad = tuple(int(i) for i in np.argwhere(~np.isfinite(out))[0])
+            self._complain(domain, ProgramOutputError, f"the program for {self.task!r} gave {out[bad]} at index "
+                           f"{bad} (sequence, position[, output]) from finite inputs")
+        return out
+
+    @staticmethod
+    def _complain(mode: str, error: type, message: str) -> None:
+        if mode == "error":
+            raise error(f"{message}; program(x, domain='warn') or domain='ignore' computes anyway")
+        warnings.warn(message, ProgramDomainWarning, stacklevel=3)
 
     @property
     def n_lines(self) -> int:

@@ -26,6 +26,7 @@ import sympy as sp
 from wtc import arguments
 from wtc import tasks as task_registry
 from wtc.extraction.compose import snap_output
+from wtc.extraction.domain import Domain
 from wtc.extraction.equivalence import immaterial_heads
 from wtc.extraction.formulas import (DECISION_SLACK, MAX_SR_POINTS, MIN_DECISION_AGREEMENT, ExtractionError,  # noqa: F401
                                       formula as _formula, sr_fit as _sr_fit)
@@ -453,9 +454,14 @@ class _Extraction:
         self.failures = failures
         immaterial = self._immaterial_misses(kept, outputs)
         self.failures = [f for f in self.failures if not any(f.startswith(f"{h}: pointer fits no") for h in immaterial)]
-        source = build_source(task.name, task.n_inputs, task.n_outputs, list(self.model.input_names), kept, outputs)
+        # the inputs it is read on (and verified on: the same task's draws) are its domain
+        domain = Domain.from_samples(self.x, list(self.model.input_names), task.seq_len, task.any_length)
+        self.readings.append(Reading("domain", "note", "", "extraction data", domain.describe(),
+                                     f"seen in {self.n} sequences; checked by program(x) and program.py", True))
+        source = build_source(task.name, task.n_inputs, task.n_outputs, list(self.model.input_names), kept, outputs,
+                              domain=domain)
         program = Program(task.name, source, task.seq_len, task.n_inputs, task.n_outputs, kept, outputs,
-                          failures=self.failures, readings=self.readings, model=self.model)
+                          failures=self.failures, readings=self.readings, model=self.model, domain=domain)
         # the program must reproduce the model it was read from (on the extraction data), up to the
         # network's own imprecision: a program may be exact where the network is only close (a
         # product on a grid, a relu kink), so compare with the raw output, not rounded decisions

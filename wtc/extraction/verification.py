@@ -70,6 +70,7 @@ def verify(program, task, n: int = 10000, seed: int | None = None, model=None) -
     seed = arguments.seed(seed)
     task, n = task.verification(n)        # a data task verifies on its held-out sequences
     x, y = task.batch(np.random.default_rng(seed), n)
+    _check_deterministic(task, x, y)
     pred = _run(program, x, task, n)
     score = task.score(pred, y)
     model = model if model is not None else getattr(program, "model", None)
@@ -92,11 +93,30 @@ def verify(program, task, n: int = 10000, seed: int | None = None, model=None) -
 
 
 LONGER_SEQUENCES = 2000   # sequences of the twice-as-long check
+RECHECKED_SEQUENCES = 256  # sequences of the draw whose targets are computed a second time
+
+
+def _check_deterministic(task, x: np.ndarray, y: np.ndarray) -> None:
+    """A target that keeps state or draws randomness scores every program as wrong; say so rather
+    than report 'NOT verified' (Task.fingerprint checks this once, at the task's first use only)."""
+    k = min(len(x), RECHECKED_SEQUENCES)
+    again = task.targets(x[:k])
+    same = (again == y[:k]) | (np.isnan(again) & np.isnan(y[:k]))
+    if not same.all():
+        i, t, o = (int(j) for j in np.argwhere(~same)[0])
+        raise VerificationError(f"task {task.name!r}: the target is not a function of its inputs: it changed between "
+                                f"two calls on the same {k} sequences (first at sequence {i}, position {t}: "
+                                f"{y[i, t, o]:g}, then {again[i, t, o]:g}); a target must not keep state or draw "
+                                "randomness, so no program can be verified against it")
 
 
 def _run(program, x: np.ndarray, task, n: int) -> np.ndarray:
+    from wtc.extraction.program import Program
+    # a wtc Program is scored on what it computes on the task's fresh draws, which may reach values
+    # its extraction sample did not (a held-out split, the edge of a range): scored, not refused
+    options = {"domain": "ignore"} if isinstance(program, Program) else {}
     try:
-        pred = program(x)
+        pred = program(x, **options)
     except Exception as exc:              # the program under test is the user's (or emitted) code
         raise VerificationError(f"the program raised {type(exc).__name__} on {n} fresh sequences of "
                                 f"{task.name!r}: {exc}") from exc
