@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import wtc
-from wtc.errors import SRError, TaskError
+from wtc.errors import SRError, TaskError, WtcError
 
 RNG = np.random.default_rng(0)
 X_REC = RNG.integers(0, 10, (200, 6))              # recorded inputs with enough distinct sequences
@@ -115,3 +115,82 @@ def test_from_arrays_refuses_integer_outputs_float32_cannot_resolve():
     wtc.Task.from_arrays(X_REC, X_REC + 2**23)               # exact in float32: accepted
     wtc.Task.from_arrays(X_REC, X_REC + 10**9, output="real")  # a relative tolerance: accepted
 
+
+
+# ----------------------------------------------------------------------------------- 4, 5. proposer
+def _alive(pid: int) -> bool:
+    """Whether pid runs (a killed orphan may stay a zombie where PID 1 does not reap: not running)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_proposer_command_gets_no_secret_and_its_own_directory(tmp_path, monkeypatch):
+    from wtc.explain.proposer import run_command
+    monkeypatch.setenv("WTC_PROBE5_SECRET", "hunter2")
+    monkeypatch.chdir(tmp_path)
+    out = run_command("""sh -c 'echo x > F; printf "[\\"%s\\", \\"%s\\", \\"%s\\", \\"%s\\"]" "$WTC_PROBE5_SECRET" "$HOME" "$PWD" "$(env | wc -l)"'""",
+                      ["ctx"], 10)
+    secret, home, cwd, n_env = out
+    assert secret == "" and home == cwd and cwd != str(tmp_path)
+    assert int(n_env) <= 5                      # PATH, HOME, LANG (and what sh itself sets: PWD, SHLVL)
+    assert not (tmp_path / "F").exists()
+    import os
+    assert not os.path.exists(cwd)              # its directory is removed after the call
+
+
+def test_proposer_children_die_with_it():
+    import time
+
+    from wtc.explain.proposer import run_command
+    t0 = time.monotonic()
+    pids = run_command("""sh -c 'p=""; for i in 1 2 3; do sleep 260 & p="$p $!"; done; printf "[\\"%s\\"]" "$p"'""",
+                       [], 20)
+    assert time.monotonic() - t0 < 10           # returned with the shell, not when the sleeps end
+    pids = [int(p) for p in pids[0].split()]
+    assert len(pids) == 3
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)
+
+
+def test_proposer_errors_are_one_line():
+    from wtc.explain.proposer import ProposerError, ProposerTimeout, run_command
+    with pytest.raises(ProposerTimeout, match=r"'sleep 30' timed out after 0.5 s"):
+        run_command("sleep 30", [], 0.5)
+    with pytest.raises(ProposerError, match=r"failed \(exit status 3\): oops"):
+        run_command("sh -c 'echo oops >&2; exit 3'", [], 10)
+    with pytest.raises(ProposerError, match="printed no JSON"):
+        run_command("echo hello", [], 10)
+    with pytest.raises(ProposerError, match="could not start"):
+        run_command("wtc-no-such-command-probe5", [], 10)
+
+
+def test_a_hung_proposer_is_given_up_after_its_first_timeout(capsys):
+    from test_explain import _text, planted_model
+
+    from wtc.explain.explainer import explain
+    model = planted_model()
+    search, slices = _text(8, 32, 0), [_text(4, 32, s) for s in range(1, 3)]
+    weights = [("blocks.0.mlp.W_out", (0, 5)), ("blocks.0.mlp.W_out", (0, 6)), ("blocks.0.mlp.W_out", (0, 7))]
+    res = explain(model, search, slices, weights=weights, proposer="sleep 30", proposer_timeout_s=0.5)
+    notes = [w.note for w in res["weights"]]
+    assert "timed out after 0.5 s" in notes[0]
+    assert all("not asked (it timed out earlier)" in n and "timed out after" not in n for n in notes[1:])
+    assert all(w.proposer == "grammar" and w.interpretable for w in res["weights"])   # the built-in search went on
+    s = res["summary"]
+    assert s["proposer_failures"] == 1 and "timed out after 0.5 s on weight 1 of 3" in s["proposer_gave_up"]
+    assert capsys.readouterr().out.count("was not asked again") == 1
+    with pytest.raises(WtcError, match="proposer_timeout_s"):
+        explain(model, search, slices, weights=weights[:1], proposer="sleep 30", proposer_timeout_s=0)
+
+
+def test_cli_explain_takes_a_proposer_timeout():
+    from wtc.cli import build_parser
+    args = build_parser().parse_args(["explain", "ckpt", "--out", "o", "--proposer", "x", "--proposer-timeout", "2.5"])
+    assert args.proposer_timeout == 2.5
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["explain", "ckpt", "--out", "o", "--proposer-timeout", "0"])

@@ -191,13 +191,16 @@ def _cmd_explain(args) -> int:
               f"{model.cfg.d_vocab}", file=sys.stderr)
         return 2
     s = explain_report.run(model, corpus, args.out, sample=args.sample, seed=args.seed, k=args.slices,
-                           proposer=args.proposer, progress=not args.quiet, label=str(args.checkpoint))
+                           proposer=args.proposer, progress=not args.quiet, label=str(args.checkpoint),
+                           proposer_timeout_s=args.proposer_timeout)
     print(f"{s['weights_scored']} weights scored: interpretable {s['interpretable_fraction']}, robust "
           f"{s['robust_fraction']}, reliability {s['reliability']} ({s['seconds']}s); wrote {args.out}/summary.json, "
           f"report.md, explanations.json")
     if s.get("proposer_failures"):
         print(f"wtc: warning: the proposer failed for {s['proposer_failures']} of {s['weights_sampled']} weights "
               f"(first: {s.get('proposer_error')}); those weights had only the built-in predicates", file=sys.stderr)
+    if s.get("proposer_gave_up"):
+        print(f"wtc: warning: {s['proposer_gave_up']}", file=sys.stderr)
     return 0
 
 
@@ -346,8 +349,14 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="directory for summary.json, report.md, explanations.json")
     ex.add_argument("--text", default=None, help="directory of text files (default: the Python stdlib sources)")
     ex.add_argument("--slices", type=_positive, default=10, help="disjoint held-out slices for robustness")
-    ex.add_argument("--proposer", default=None, help="shell command proposing predicate sources (JSON contexts "
-                                                     "on stdin, JSON list of sources on stdout); run sandboxed")
+    ex.add_argument("--proposer", default=None, help="command proposing predicate sources (JSON contexts on stdin, "
+                    "JSON list of sources on stdout). Contained, not jailed: it gets only PATH, LANG and HOME (a "
+                    "fresh temporary working directory, removed after), its own process group (killed when it "
+                    "returns), CPU / memory / file-size limits; it still runs as you, so it can read your files, "
+                    "write where you can by absolute path and use the network. Its predicates run in the AST sandbox")
+    ex.add_argument("--proposer-timeout", type=_seconds, default=60.0, metavar="SECONDS",
+                    help="seconds the proposer may take per weight (default 60); after its first timeout it is not "
+                         "asked again and the built-in search goes on alone")
     ex.add_argument("--seed", type=_seed, default=0)
     ex.add_argument("--quiet", action="store_true")
     ex.set_defaults(func=_cmd_explain)

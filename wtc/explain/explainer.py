@@ -17,9 +17,6 @@ intraclass correlation: 1 when slices agree on each weight, 0 when the score is 
 """
 from __future__ import annotations
 
-import json
-import shlex
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -32,6 +29,7 @@ from wtc.errors import ArgumentError, ArgumentTypeError, IndexOutOfRange, ScanEr
 from wtc.explain import predicate_search
 from wtc.explain import sandbox
 from wtc.explain.conditional import conditional_kl, is_local, is_matrix
+from wtc.explain.proposer import ProposerTimeout, run_command
 from wtc.scan.engine import scan
 from wtc.scan.inputs import as_tokens
 
@@ -123,15 +121,10 @@ def _context_text(tokens_row: np.ndarray, pos: int, width: int = 48) -> str:
 
 def _external(proposer, contexts: list[str], timeout_s: float) -> list[str]:
     """Candidate sources from a callable or a shell command (JSON list of contexts on stdin,
-    JSON list of sources on stdout)."""
-    if callable(proposer):
-        out = proposer(contexts)
-    else:
-        run = subprocess.run(shlex.split(proposer), input=json.dumps(contexts), capture_output=True, text=True,
-                             timeout=timeout_s)
-        if run.returncode != 0:
-            raise RuntimeError(f"proposer {proposer!r} failed ({run.returncode}): {run.stderr[-500:]}")
-        out = json.loads(run.stdout)
+    JSON list of sources on stdout; run contained: wtc.explain.proposer)."""
+    if not callable(proposer):
+        return run_command(proposer, contexts, timeout_s)
+    out = proposer(contexts)
     if not isinstance(out, (list, tuple)) or not all(isinstance(s, str) for s in out):
         raise TypeError(f"a proposer must return a list of predicate sources, got {type(out).__name__}")
     return list(out)
@@ -205,6 +198,7 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
     scanned = scan(model, search, params=sorted(chosen), weights=chosen, keep_positions=True, progress=False)
     out: list[Explanation] = []
     failures: list[str] = []                 # what the external proposer raised, one per failed call
+    gave_up = None                           # why the proposer is no longer asked (its first timeout)
     for name, index in tqdm(weights, disable=not progress, desc="explain", unit="w"):
         kl = scanned.position_kl(name, index).reshape(search.shape)         # (n, T) exact
         total = float(kl.sum())
@@ -220,7 +214,9 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
         flat = np.argsort(-kl_np, axis=None)[:20]
         ex.examples = [_context_text(search_np[i // kl_np.shape[1]], int(i % kl_np.shape[1]))
                        for i in flat[:5]]
-        if proposer is not None:
+        if proposer is not None and gave_up is not None:
+            ex.note += "external proposer not asked (it timed out earlier); "
+        elif proposer is not None:
             ctx = [_context_text(search_np[i // kl_np.shape[1]], int(i % kl_np.shape[1])) for i in flat]
             try:
                 sources = _external(proposer, ctx, proposer_timeout_s)
@@ -228,6 +224,11 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
                 ex.note += f"external proposer failed: {type(exc).__name__}: {exc}; "
                 failures.append(f"{type(exc).__name__}: {exc}")
                 sources = []
+                if isinstance(exc, ProposerTimeout):     # a hung proposer would cost its timeout on every weight
+                    gave_up = (f"the proposer timed out after {proposer_timeout_s:g} s on weight {len(out)} of "
+                               f"{len(weights)} and was not asked again; the built-in search went on alone")
+                    if progress:
+                        tqdm.write(f"explain: {gave_up}")
             for src in sources:
                 try:
                     sandbox.check_source(src)
@@ -265,7 +266,8 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
     summary.update(seconds=round(time.perf_counter() - t0, 1), threshold=threshold, max_coverage=max_coverage,
                    slices=len(slices), search_positions=int(search.numel()))
     if proposer is not None:                 # said in the summary, not only in each weight's note
-        summary.update(proposer_failures=len(failures), proposer_error=failures[0][:300] if failures else None)
+        summary.update(proposer_failures=len(failures), proposer_error=failures[0][:300] if failures else None,
+                       proposer_gave_up=gave_up)
     return {"weights": out, "summary": summary}
 
 

@@ -31,13 +31,15 @@ def heldout_sets(corpus: Corpus, ctx: int, n_search: int = 32, n_slice: int = 16
 
 def run(model, corpus: Corpus, out, sample: int = 100, seed: int = 0, ctx: int | None = None, k: int = 10,
         n_search: int = 32, n_slice: int = 16, params=None, proposer=None, progress: bool = True,
-        label: str = "model") -> dict:
+        label: str = "model", proposer_timeout_s: float = 60.0) -> dict:
     """Explain `sample` weights of `model`; writes out/{summary.json, explanations.json, report.md}
     and returns the summary (with the examples). A finished out/ with the same settings is reused."""
     out = Path(out)
     ctx = ctx or model.cfg.n_ctx
     settings = {"sample": sample, "seed": seed, "ctx": ctx, "k": k, "n_search": n_search, "n_slice": n_slice,
                 "params": params, "corpus_sha256": corpus.manifest()["sha256"], "external_proposer": proposer is not None}
+    if proposer is not None:
+        settings["proposer_timeout_s"] = proposer_timeout_s
     done = out / "summary.json"
     if done.exists():
         old = json.loads(done.read_text())
@@ -46,7 +48,7 @@ def run(model, corpus: Corpus, out, sample: int = 100, seed: int = 0, ctx: int |
     t0 = time.perf_counter()
     sets = heldout_sets(corpus, ctx, n_search, n_slice, k, seed)
     result = explain(model, sets.search, sets.slices, sample=sample, params=params, seed=seed, proposer=proposer,
-                     progress=progress)
+                     progress=progress, proposer_timeout_s=proposer_timeout_s)
     data = to_json(result)
     out.mkdir(parents=True, exist_ok=True)
     (out / "explanations.json").write_text(json.dumps(data["weights"], indent=1))
@@ -75,7 +77,10 @@ def markdown(s: dict, label: str) -> str:
              f"(every one of {s['slices']} slices): {_fmt(s['robust_fraction'])}; reliability (between-weight "
              f"share of score variance): {_fmt(s['reliability'])}; mean held-out score {_fmt(s['mean_heldout_score'])}",
              f"- search set {s['search_positions']} positions; coverage gate 0 < p(f) <= {s['max_coverage']}; "
-             f"{s['seconds']} s", "", "## Best-explained weights", ""]
+             f"{s['seconds']} s"]
+    if s.get("proposer_gave_up"):
+        lines.append(f"- external proposer: {s['proposer_gave_up']}")
+    lines += ["", "## Best-explained weights", ""]
     for e in s["examples"]:
         lines += [f"### {e['param']}{e['index']}: held-out score {_fmt(e['heldout_score'])} "
                   f"({'robust' if e['robust'] else 'interpretable' if e['interpretable'] else 'not interpretable'})",
