@@ -194,3 +194,37 @@ def test_cli_explain_takes_a_proposer_timeout():
     assert args.proposer_timeout == 2.5
     with pytest.raises(SystemExit):
         build_parser().parse_args(["explain", "ckpt", "--out", "o", "--proposer-timeout", "0"])
+
+
+# ----------------------------------------------------------------------------------- 6. limits, empty scans
+@pytest.mark.parametrize("memory_bytes", [0, -1, 1.5, True, "1"])
+def test_sandbox_refuses_memory_limits_that_are_not_positive_integers(memory_bytes):
+    from wtc.errors import ArgumentError
+    from wtc.explain import sandbox
+    with pytest.raises(ArgumentError, match=r"memory_bytes must be a positive integer"):
+        sandbox.evaluate("def predicate(tokens, pos):\n    return True", [["a"]], memory_bytes=memory_bytes)
+
+
+def test_sandbox_takes_a_numpy_integer_memory_limit():
+    from wtc.explain import sandbox
+    out = sandbox.evaluate("def predicate(tokens, pos):\n    return tokens[pos] == 'a'", [["a", "b"]],
+                           memory_bytes=np.int64(1 << 30))
+    assert out.tolist() == [True, False]
+
+
+def test_scan_of_a_model_without_weight_matrices_is_an_error():
+    from wtc.errors import ScanError
+    from wtc.scan import scan
+
+    class BiasOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = torch.nn.Parameter(torch.arange(1.0, 6.0))
+
+        def forward(self, tokens):
+            return torch.zeros(tokens.shape + (5,)) + self.b
+
+    tokens = torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(ScanError, match=r"no weight matrices to scan .*: b\); name the parameters"):
+        scan(BiasOnly(), tokens, progress=False)
+    assert scan(BiasOnly(), tokens, params="b", progress=False).summary()["weights_scanned"] == 5

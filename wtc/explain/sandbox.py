@@ -247,6 +247,11 @@ def evaluate(source: str, contexts: Sequence[Sequence[str]],
             or timeout_s > MAX_TIMEOUT_S):
         # an untrusted predicate always runs under a finite limit (inf would disable the CPU rlimit)
         raise PredicateRejected(f"timeout_s must be positive and at most {MAX_TIMEOUT_S:g} seconds, got {timeout_s!r}")
+    if isinstance(memory_bytes, (bool, np.bool_)) or not isinstance(memory_bytes, (int, np.integer)):
+        raise ArgumentTypeError(f"memory_bytes must be a positive integer (bytes), got {memory_bytes!r}")
+    if memory_bytes <= 0:      # 0 or less would leave the child no room, or wrap into no limit at all
+        raise ArgumentError(f"memory_bytes must be a positive integer (bytes), got {memory_bytes!r}")
+    memory_bytes = int(memory_bytes)
     ctx = [list(c) for c in contexts]
     for ci, c in enumerate(ctx):
         bad = next((t for t in c if not isinstance(t, str)), None)

@@ -68,7 +68,12 @@ def _checked(readout):
 def _select_params(model: nn.Module, params) -> dict[str, nn.Parameter]:
     named = dict(model.named_parameters())
     if params is None:
-        return {n: p for n, p in named.items() if p.ndim >= 2}
+        chosen = {n: p for n, p in named.items() if p.ndim >= 2}
+        if not chosen:       # else a scan of nothing reports weights_scanned: 0 as if it had looked
+            raise ScanError(f"the model has no weight matrices to scan (no parameter with >= 2 dimensions; it has "
+                            f"{len(named)} parameter(s)" + (f": {', '.join(list(named)[:6])}" if named else "")
+                            + "); name the parameters to scan with params=")
+        return chosen
     if not isinstance(params, str) and not isinstance(params, (list, tuple, set, frozenset)):
         raise ScanError(f"params must be None, a name / pattern or a list of them, got {type(params).__name__}")
     patterns = [params] if isinstance(params, str) else list(params)
