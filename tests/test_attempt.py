@@ -71,16 +71,20 @@ def test_ladder_rungs_climb_the_configs():
     assert seen[1].label == DTConfig().rung(1)[0]
 
 
-def test_ladder_budget_covers_the_longest_wave(capsys):
-    # waves of 1: after 0 (2 s) and 1 (5 s), 7 s spent + longest 5 s > 11 s: rung 2 does not start
+def test_ladder_budget_covers_half_the_longest_wave(capsys):
+    # waves of 1: after 0 (2 s) and 1 (5 s), 7 s spent + half the longest 2.5 s > 9 s: rung 2 does not start
     fake = FakeRungs([0] * 6, seconds=[2, 5, 1, 1, 1, 1])
-    _, ran = _climb(fake, 1, budget_s=11, max_attempts=None)
+    _, ran = _climb(fake, 1, budget_s=9, max_attempts=None)
     assert ran == [0, 1]
-    # the first wave always runs (its training stops at the deadline), and says so when it overran
+    # ... while 7 + 2.5 <= 10 s lets rung 2 start (its attempts keep the deadline themselves)
+    fake = FakeRungs([0] * 6, seconds=[2, 5, 1, 1, 1, 1])
+    _, ran = _climb(fake, 1, budget_s=10, max_attempts=None)
+    assert ran[:3] == [0, 1, 2]
+    # the first wave always runs (its attempts stop at the deadline), and says so when it used the budget
     fake = FakeRungs([0] * 4, seconds=[30, 1, 1, 1])
     _, ran = _climb(fake, 2, budget_s=3, max_attempts=None, name="demo", progress=True)
     assert ran == [0, 1] and fake.waves == [[0, 1]]
-    assert "ran over the 3s budget" in capsys.readouterr().out
+    assert "used the 3s budget" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="never ends"):
         _climb(FakeRungs([0]), 1, max_attempts=None)
 
@@ -200,7 +204,7 @@ def _precision_run(monkeypatch):
     run.model.freeze()
     calls, ratios = [], []
 
-    def fake_polish(model, x, y, valid, iters):
+    def fake_polish(model, x, y, valid, iters, until=None):
         calls.append((model.R, x.dtype, iters))
         return torch.full((model.R,), ratios.pop(0), dtype=torch.float64)
 

@@ -169,11 +169,11 @@ def test_records_rebuild_the_same_task(tmp_path):
 def test_data_task_rungs_run_in_workers_with_the_sequential_result():
     """A data task's rungs go to worker processes (both cores busy) and give the model that
     training them one after another in this process gives."""
-    from wtc.dt.workers import RECORDS, task_reference
+    from wtc.dt.workers import RECORDS, job_task
 
     x, y = recorded(n=100)
     task = Task.from_arrays(x, y)
-    assert task_reference(task) == RECORDS
+    assert job_task(task, 0).ref == RECORDS
     cfg = wtc.DTConfig(n_heads=1, n_mlps=1, mlp_hidden=8, steps=30, hard_steps=5, polish_iters=5, replicas=2,
                        max_attempts=2, batch_size=16, eval_sequences=64, precision_iters=0)
     parallel, _ = wtc.train(task, cfg.replace(workers=2), progress=False)

@@ -7,11 +7,12 @@ sums, counts and means; a second layer of sub-MLPs for chained operators; pointe
 layers; then the same again with new seeds) until a program verifies or the budget is spent. The result
 is the verified program, or an honest failure with the best attempt's evidence.
 
-Rungs run in waves of DTConfig.workers (one per core by default) in worker processes
-(wtc.dt.workers; built-in tasks only, user tasks run here one rung after another); a worker
-trains, reads and verifies its rung (DiscoverJob) and hands back the attempt record and its best
-reading, the program serialised (save_rung / load_rung). The winner is the sequential loop's:
-the first attempt in index order whose program verifies, else the best reading (wtc.dt.ladder).
+The configuration is resolved once (plan: the probe of what the target reads sizes the first
+rung). Rungs run in waves of DTConfig.workers (one per core by default) in worker processes
+(wtc.dt.workers), every kind of task: built-in tasks by name, data tasks from their records,
+callable tasks from a pool drawn here (wtc.tasks.pool). A rung's work is wtc.discover_job
+(DiscoverJob: train, read, verify, within the deadline). The winner is the sequential loop's: the
+first attempt in index order whose program verifies, else the best reading (wtc.dt.ladder).
 """
 from __future__ import annotations
 
@@ -23,24 +24,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import sympy as sp
 
 from wtc import arguments
 from wtc import tasks as task_registry
-from wtc.tasks import TaskError, probe
-from wtc.dt.attempt import Attempt, load_result, rank_key, run_attempt, save_result, take_replica
+from wtc.discover_job import (REPLICAS_TO_READ, VERIFY_SEQUENCES, RungResult, plain_json,  # noqa: F401 (re-exported)
+                              program_from_dict, program_to_dict)
 from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
-from wtc.dt.ladder import check_budget, climb
-from wtc.dt.workers import milestone, run_wave, task_reference, worker_count
-from wtc.errors import CheckpointError, WtcError
-from wtc.extraction import Line, Program, Reading, Verification, extract, verify
-from wtc.extraction.reader import ExtractionError
-from wtc.extraction.routing_rules import Rule
+from wtc.dt.ladder import READ_SHARE, Deadline, check_budget, climb, margin_s
+from wtc.dt.workers import JobTask, job_task, run_wave, worker_count
+from wtc.errors import WtcError
+from wtc.extraction import verify
+from wtc.tasks import TaskError, probe
+from wtc.tasks.task import REAL_TOLERANCE
 
 DEFAULT_BUDGET_S = 600.0
-REPLICAS_TO_READ = 3
 PERIODS = (2, 3, 4, 5, 6)   # periodic units when the probe sees oscillation: every residue mod 2..6
-JOB = "wtc.discovery:DiscoverJob"
+JOB = "wtc.discover_job:DiscoverJob"
+SIZED_FIELDS = ("n_heads", "n_agg_heads", "mlp_periods", "mlp_inputs")   # what sized_for may grow
 
 
 class DiscoveryError(WtcError, ValueError):
@@ -57,6 +57,8 @@ class Discovery:
     seconds: float
     attempts: list[dict] = field(default_factory=list)
     dependence: object | None = None        # what the target was found to read (wtc.tasks.probe), if probed
+    cut: list[dict] = field(default_factory=list)   # attempts stopped at the budget before they finished
+    budget_s: float | None = None
 
     @property
     def solved(self) -> bool:
@@ -73,7 +75,18 @@ class Discovery:
                 "failures": self.program.failures if self.program else ["no model was trained"],
                 "depends_on": self.dependence.describe() if self.dependence is not None else None,
                 "diagnosis": None if self.solved else self.diagnosis(),
+                "budget_s": self.budget_s, "budget_cut": self.budget_notes(),
+                "domain": self.program.domain.to_dict() if getattr(self.program, "domain", None) else None,
                 "attempts": self.attempts}
+
+    def budget_notes(self) -> list[str]:
+        """What the budget cut short, in plain lines (empty when nothing was)."""
+        notes = [f"attempt {a['attempt']} ({a['label']}): training stopped at the budget at step {a['stopped_at_step']}"
+                 for a in self.attempts if a.get("stopped_at_step") is not None]
+        notes += [f"attempt {a['attempt']} ({a['label']}): {a['cut']}" for a in self.attempts if a.get("cut")]
+        notes += [f"attempt {a['attempt']} ({a['label']}): stopped at the budget before it finished (no result)"
+                  for a in self.cut]
+        return notes
 
     def report(self, plot: str | None = None) -> str:
         """Markdown: verdict, program, per-module evidence, training dynamics."""
@@ -83,6 +96,12 @@ class Discovery:
                    f"({len(self.attempts)} attempt(s)). Best program: {self.verification or 'none'}")
         if self.dependence is not None:
             out += ["", f"Probed as a black box, the target reads {self.dependence.describe()}."]
+        if self.budget_notes():
+            out += ["", f"The {self.budget_s:g} s budget cut:", ""] + [f"- {n}" for n in self.budget_notes()]
+        domain = getattr(self.program, "domain", None)
+        if domain is not None:
+            out += ["", f"Read and verified on: {domain.describe()}. The program refuses other inputs by default "
+                    "(`program(x, domain='warn' | 'ignore')`; standalone: `program(xs, check_domain=False)`)."]
         if self.program is not None:
             if self.program.failures:
                 if self.verification is not None and self.verification.solved:
@@ -113,10 +132,10 @@ class Discovery:
         tolerance (real tasks) on fresh sequences; None without a model."""
         if self.model is None:
             return None
-        task, n = self.task.verification(n)
-        x, y = task.batch(np.random.default_rng(4242), n)
-        pred = task._as_3d(self.model.predict(x), "prediction")
-        hit = (np.round(pred) == y) if task.output == "integer" else (np.abs(pred - y) / (1 + np.abs(y)) <= 1e-3)
+        fresh = self.task.fresh_batch(n, 4242)
+        task, y = fresh.task, fresh.y
+        pred = task._as_3d(self.model.predict(fresh.x), "prediction")
+        hit = (np.round(pred) == y) if task.output == "integer" else (np.abs(pred - y) / (1 + np.abs(y)) <= REAL_TOLERANCE)
         return [float(v) for v in hit.all(axis=2).mean(axis=0)]
 
     def diagnosis(self) -> list[str]:
@@ -147,92 +166,169 @@ class Discovery:
             lines.append("No attempt learned the function; a larger budget (more attempts up the ladder) may help.")
         return lines
 
-    def save(self, directory) -> Path:
-        """program.py, report.md, training.png, model/ (checkpoint), summary.json."""
-        from wtc.dt import checkpoint
+    OUTPUTS = {"program.py": "file", "report.md": "file", "training.png": "file", "summary.json": "file",
+               "model": "directory"}
 
+    @classmethod
+    def check_directory(cls, directory) -> Path:
+        """The directory save() would write, checked before any work: DiscoveryError when it is not
+        a directory path, cannot be created, or holds one of the outputs as the wrong kind of entry."""
         if not isinstance(directory, (str, os.PathLike)) or not str(directory):
             raise DiscoveryError(f"save() takes a directory path, got {type(directory).__name__} {directory!r}")
         d = Path(directory)
         if d.exists() and not d.is_dir():
             raise DiscoveryError(f"save(): {str(d)!r} exists and is not a directory")
+        for name, kind in cls.OUTPUTS.items():
+            entry = d / name
+            if entry.is_symlink() or (entry.exists() and entry.is_dir() != (kind == "directory")):
+                raise DiscoveryError(f"save(): {str(entry)!r} is in the way: the output there is a {kind}; "
+                                     "move it or choose another directory")
         try:
             d.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DiscoveryError(f"save(): cannot create {str(d)!r}: {exc.strerror or exc}") from None
-        plot = None
-        if self.history is not None and len(self.history):
-            plot = self.history.plot(d / "training.png") and "training.png"
-        if self.program is not None:
-            (d / "program.py").write_text(self.program.source)
-        if self.model is not None:
-            checkpoint.save(self.model, d / "model", extra=getattr(self.model, "train_info", {}))
-        (d / "report.md").write_text(self.report(plot))
-        (d / "summary.json").write_text(json.dumps(self.summary(), indent=2, default=str))
         return d
+
+    def save(self, directory) -> Path:
+        """program.py, report.md, training.png, model/ (checkpoint), summary.json: written to a
+        scratch directory beside them first, then moved into place, so a failure leaves the old
+        outputs whole; outputs this result does not have (no program) are removed, not left stale."""
+        import shutil
+        import tempfile
+
+        from wtc.dt import checkpoint
+
+        d = self.check_directory(directory)
+        with tempfile.TemporaryDirectory(dir=d, prefix=".wtc-save-") as scratch:
+            new = Path(scratch)
+            plot = None
+            if self.history is not None and len(self.history):
+                plot = self.history.plot(new / "training.png") and "training.png"
+            if self.program is not None:
+                (new / "program.py").write_text(self.program.source)
+            if self.model is not None:
+                checkpoint.save(self.model, new / "model", extra=getattr(self.model, "train_info", {}))
+            (new / "report.md").write_text(self.report(plot))
+            (new / "summary.json").write_text(json.dumps(self.summary(), indent=2, default=str))
+            for name in self.OUTPUTS:
+                target = d / name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                elif target.exists():
+                    target.unlink()
+                if (new / name).exists():
+                    os.replace(new / name, target)
+        return d
+
+
+@dataclass(frozen=True)
+class Plan:
+    """discover's configuration, resolved once: the first rung's DTConfig (sized to what the probe
+    found where the given config left a field at its default), why it was sized so, the probe's
+    finding, rungs per wave, the attempt cap, and the task as the rungs' jobs get it."""
+
+    config: DTConfig
+    sizing: str
+    dependence: object | None
+    workers: int
+    max_attempts: int | None
+    job: JobTask
+
+
+def plan(task, seed: int, config: DTConfig | None) -> Plan:
+    """Probe the task (always: a given config keeps every field it sets, and the probe grows only
+    those it leaves at DTConfig's defaults), check the first rung's size, and settle how the jobs
+    get the task (a callable task's pool is drawn here)."""
+    if config is not None and not isinstance(config, DTConfig):
+        raise ConfigTypeError(f"config must be a wtc.DTConfig or None, got {type(config).__name__} {config!r}")
+    base = DTConfig() if config is None else config
+    try:
+        dep = probe.dependence(task, seed)
+    except TaskError:                       # a target that refuses mixed inputs: no probe, the given size
+        dep = None
+    sizing = ""
+    if dep is not None:
+        base, sizing = sized_for(base, dep)
+    base.check_size(task.seq_len, task.n_inputs)
+    cap = None if config is None else config.max_attempts
+    return Plan(base, sizing, dep, worker_count(base, cap=cap), cap, job_task(task, seed))
 
 
 def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool = True,
              config: DTConfig | None = None, *, prestarted=None) -> Discovery:
     """Train, extract and verify until a program verifies or the budget (default 600 s) is spent.
 
-    budget_s must be a finite positive number of seconds. A new wave of attempts starts only if
-    the time left covers the longest wave so far, and training stops when the budget is spent
-    (that attempt is finished and read as it stands; its record says stopped_at_step). A
-    given `config` also caps the attempts at its max_attempts; without one, attempts go on until
-    the budget is spent. prestarted: worker interpreters already started (wtc.worker_pool; the
-    CLI opens them before its own imports), used by the first wave.
+    budget_s must be a finite positive number of seconds; the call returns within it plus a margin
+    (5% or 10 s, whichever is larger) with the best program found so far. Training stops at 75%
+    of the budget (wtc.dt.ladder.READ_SHARE), finishing and reading replicas out at the budget,
+    and a new wave of attempts starts only while the time left covers half the longest wave;
+    whatever the budget cut is said in the attempts' records (stopped_at_step, cut) and the
+    report. A given `config` keeps the fields it sets and caps the attempts at its max_attempts;
+    without one, attempts go on until the budget is spent. A task defined by callables trains on a
+    pool drawn from them (wtc.tasks.pool: in worker processes too) and its programs are verified
+    here with its own callables. prestarted: worker interpreters already started
+    (wtc.worker_pool; the CLI opens them before its own imports), used by the first wave.
     """
+    started, t0 = time.time(), time.perf_counter()
     task = task_registry.get(task)
     budget = DEFAULT_BUDGET_S if budget_s is None else check_budget(budget_s)
     seed = arguments.seed(seed, error=ConfigError)
-    if config is not None and not isinstance(config, DTConfig):
-        raise ConfigTypeError(f"config must be a wtc.DTConfig or None, got {type(config).__name__} {config!r}")
-    try:
-        dep = probe.dependence(task, seed) if config is None else None
-    except TaskError:                       # a target that refuses mixed inputs: no probe, default size
-        dep = None
-    base = DTConfig() if config is None else config
-    if dep is not None:
-        base, why = sized_for(base, dep)
-        if progress and why:
-            print(f"{task.name}: the target reads {dep.describe()}: {why}", flush=True)
-    base.check_size(task.seq_len, task.n_inputs)
-    task_ref = task_reference(task)
-    t0 = time.perf_counter()
-    deadline = time.time() + budget
-
-    def solved(result) -> bool:
-        return result[0]["verified"]
+    p = plan(task, seed, config)
+    if progress and p.sizing:
+        print(f"{task.name}: the target reads {p.dependence.describe()}: {p.sizing}", flush=True)
+    deadline = Deadline.of(budget, started, READ_SHARE)
+    opts = {"progress": progress, "deadline": deadline.to_json()}
+    kill_at = started + budget + margin_s(budget) / 2
+    cut: list[dict] = []
 
     def wave(rungs):
         first = rungs[0].attempt == 0
-        results = run_wave(JOB, task, task_ref, rungs, seed, {"progress": progress, "deadline": deadline},
-                           solved=solved, prestarted=prestarted if first else None)
-        if progress:
-            used = True   # False after a verified attempt: later ones that ran alongside are dropped
-            for rung in rungs:
-                if rung.attempt not in results:
-                    print(f"{task.name} attempt {rung.attempt} ({rung.label}): stopped, an earlier attempt "
-                          f"verified", flush=True)
-                    continue
-                record = results[rung.attempt][0]
-                print(f"{task.name} attempt {rung.attempt} ({rung.label}): {record['replicas_solved']}/"
-                      f"{record['replicas']} replicas solved, program "
-                      f"{'verified' if record['verified'] else 'not verified'} ({record['seconds']:.0f}s)"
-                      + ("" if used else "; not used: an earlier attempt verified"), flush=True)
-                used = used and not record["verified"]
+        results = run_wave(JOB, p.job, rungs, seed, opts, solved=lambda r: r.verified,
+                           prestarted=prestarted if first else None, kill_at=kill_at)
+        if p.job.pooled:
+            results = {a: judged_here(r, task, seed) for a, r in results.items()}
+        decided = min((a for a, r in results.items() if r.verified), default=None)
+        for rung in rungs:
+            if rung.attempt in results:
+                record = results[rung.attempt].record
+                if progress:
+                    print(f"{task.name} attempt {rung.attempt} ({rung.label}): {record['replicas_solved']}/"
+                          f"{record['replicas']} replicas solved, program "
+                          f"{'verified' if record['verified'] else 'not verified'} ({record['seconds']:.0f}s)"
+                          + ("; not used: an earlier attempt verified" if decided is not None and rung.attempt > decided
+                             else "") + (f"; {record['cut']}" if record.get("cut") else ""), flush=True)
+            elif decided is None or rung.attempt < decided:
+                cut.append({"attempt": rung.attempt, "label": rung.label})
+                if progress:
+                    print(f"{task.name} attempt {rung.attempt} ({rung.label}): stopped at the {budget:g}s budget",
+                          flush=True)
+            elif progress:
+                print(f"{task.name} attempt {rung.attempt} ({rung.label}): stopped, an earlier attempt verified",
+                      flush=True)
         return results
 
-    cap = None if config is None else config.max_attempts
-    best, ran = climb(base, wave, workers=worker_count(base, task_ref, cap=cap), solved=solved,
-                      key=lambda r: r[1][0] if r[1] is not None else None, budget_s=budget, max_attempts=cap,
-                      name=task.name, progress=progress)
-    attempts = [record for _, (record, _) in ran]
-    if best is None:
-        return Discovery(task, None, None, None, None, time.perf_counter() - t0, attempts, dep)
-    _, program, model, history, ver = best[1]
-    return Discovery(task, program, model, history, ver, time.perf_counter() - t0, attempts, dep)
+    best, ran = climb(p.config, wave, workers=p.workers, solved=lambda r: r.verified, key=lambda r: r.key,
+                      budget_s=budget, max_attempts=p.max_attempts, name=task.name, progress=progress,
+                      clock=time.time, t0=started)
+    attempts = [result.record for _, result in ran]
+    found = None if best is None else best.best
+    if found is None:
+        return Discovery(task, None, None, None, None, time.perf_counter() - t0, attempts, p.dependence, cut, budget)
+    return Discovery(task, found.program, found.model, found.history, found.verification,
+                     time.perf_counter() - t0, attempts, p.dependence, cut, budget)
+
+
+def judged_here(result: RungResult, task, seed: int) -> RungResult:
+    """A pooled rung's best reading verified again here, with the task's own callables on fresh
+    draws (and at twice the length): the pool only chose which replica to read."""
+    best = result.best
+    if best is None or best.program is None:
+        return result
+    ver = verify(best.program, task, n=VERIFY_SEQUENCES,
+                 seed=int(np.random.default_rng([seed, result.record["attempt"], 7]).integers(2**31)))
+    record = {**result.record, "verified": bool(ver.solved and best.program.ok), "verified_on": "fresh draws here",
+              "holds_longer": [ver.holds_longer]}
+    return RungResult(record, dataclasses.replace(best, verification=ver))
 
 
 def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:
@@ -241,156 +337,25 @@ def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:
     prefix (instead of two rungs later), periodic sub-MLP units when the output oscillates in an
     input it reads (parity, residues, digit tables: no bounded stack of ReLUs has the kinks), and
     sub-MLPs that read as many inputs as interact (a one-layer model sums parts of at most
-    mlp_inputs inputs: a majority of five is no such sum). Returns (config, what changed and why,
-    or "")."""
+    mlp_inputs inputs: a majority of five is no such sum). Only fields the given config leaves at
+    DTConfig's defaults grow (SIZED_FIELDS): what a user set is kept. Returns (config, what changed
+    and why, or "")."""
+    default = DTConfig(n_layers=config.n_layers)
+    left = {f for f in SIZED_FIELDS if getattr(config, f) == getattr(default, f)}   # fields set by hand stay
     changes, why = {}, []
     routes = dep.pointer_routes
-    if routes > max(config.n_heads):
+    if "n_heads" in left and routes > max(config.n_heads):
         changes["n_heads"] = routes
         why.append(f"{routes} pointer heads, one per offset")
-    if any(dep.prefix) and max(config.n_agg_heads) == 0:
+    if "n_agg_heads" in left and any(dep.prefix) and max(config.n_agg_heads) == 0:
         changes["n_agg_heads"] = 2
         why.append("aggregate heads from the first attempt")
-    if dep.oscillating and not config.mlp_periods:
+    if "mlp_periods" in left and dep.oscillating and not config.mlp_periods:
         changes["mlp_periods"] = PERIODS
         why.append(f"periodic sub-MLP units (periods {', '.join(map(str, PERIODS))})")
-    if dep.order > max(config.mlp_inputs, 3):      # three: the ladder's second rung has them anyway
+    if "mlp_inputs" in left and dep.order > max(config.mlp_inputs, 3):      # three: the ladder's second rung has them anyway
         changes["mlp_inputs"] = dep.order
         why.append(f"{dep.order}-input sub-MLPs ({dep.order} inputs interact)")
     if not changes:
         return config, ""
     return config.replace(**changes), "starting with " + " and ".join(why)
-
-
-class DiscoverJob:
-    """discover's work on one rung (the job protocol of wtc.dt.workers): train the population, read
-    its best REPLICAS_TO_READ replicas as programs and verify each, stopping at the first that
-    verifies. Result: (record, best), best = (key, program, model, history, verification) of the
-    rung's best reading, or None when no replica could be read. opts: progress."""
-
-    @staticmethod
-    def result_path(opts: dict, attempt: int) -> None:
-        return None             # nothing is kept: discover does not resume
-
-    @staticmethod
-    def finished(task, rung, seed: int, opts: dict, path) -> None:
-        return None
-
-    @staticmethod
-    def run(task, rung, seed: int, opts: dict, path: Path | None):
-        started = time.perf_counter()
-        attempt = rung.attempt
-        run = Attempt(task, rung.config, seed, attempt)
-        milestone(opts, f"{task.name} attempt {attempt} ({rung.label}): training")
-        scores = run_attempt(run, opts.get("progress", False), deadline=opts.get("deadline"))
-        milestone(opts, f"{task.name} attempt {attempt}: {sum(bool(s['solved']) for s in scores)}/{len(scores)} "
-                        f"replicas solved ({time.perf_counter() - started:.0f}s); reading the best ones out")
-        order = sorted(range(len(scores)), key=lambda i: rank_key(task, scores[i]), reverse=True)
-        record = {"attempt": attempt, "label": rung.label, "replicas": len(scores),
-                  "replicas_solved": sum(bool(s["solved"]) for s in scores), "replicas_read": 0,
-                  "verified": False}
-        if "stopped_at_step" in run.history.final:
-            record["stopped_at_step"] = run.history.final["stopped_at_step"]
-        best = None
-        for r in order[:REPLICAS_TO_READ]:
-            model, history = take_replica(run, r)
-            try:
-                program = extract(model, task, seed=seed + attempt)
-            except ExtractionError as exc:       # reported, and the search goes on
-                record.setdefault("errors", []).append(f"replica {r}: {exc}")
-                continue
-            ver = verify(program, task, n=10000, seed=int(np.random.default_rng([seed, attempt, r]).integers(2**31)))
-            milestone(opts, f"{task.name} attempt {attempt}: replica {r} read ({program.n_lines} lines), "
-                            f"{'verified' if ver.solved and program.ok else 'not verified'}"
-                            f"{'' if ver.holds_longer is not False else ' (does not hold at twice the length)'} "
-                            f"({time.perf_counter() - started:.0f}s)")
-            record["replicas_read"] += 1
-            # a reading that also holds at twice the length beats one that fits the training length only
-            holds = ver.holds_longer is not False
-            record.setdefault("holds_longer", []).append(ver.holds_longer)
-            key = (ver.solved and program.ok, holds, program.ok, rank_key(task, scores[r]), -program.n_lines)
-            if best is None or key > best[0]:
-                best = (key, program, model, history, ver)
-            if ver.solved and program.ok:
-                record["verified"] = True
-                if holds:          # else the rung's next replicas may read as one that holds
-                    break
-        record["seconds"] = time.perf_counter() - started
-        if path is not None:
-            save_rung(path, (record, best), task, seed, attempt, rung.config)
-        return record, best
-
-    @staticmethod
-    def load(path: Path, task, rung, seed: int):
-        return load_rung(path, task, seed, rung.attempt, rung.config)
-
-
-# ---------------------------------------------------------------------- a rung's result on disk
-def plain_json(value):
-    """numpy scalars (in rule parameters and scores) as the Python numbers JSON knows."""
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot serialise {type(value).__name__}")
-
-
-def program_to_dict(program: Program) -> dict:
-    """Everything of a Program but its model; sympy expressions exactly (srepr)."""
-    lines = [{"name": ln.name, "kind": ln.kind, "source": ln.source, "comment": ln.comment,
-              "rule": dataclasses.asdict(ln.rule) if ln.rule is not None else None,
-              "expr": sp.srepr(ln.expr) if ln.expr is not None else None} for ln in program.lines]
-    return {"task": program.task, "source": program.source, "seq_len": program.seq_len,
-            "n_inputs": program.n_inputs, "n_outputs": program.n_outputs, "ok": program.ok,
-            "failures": list(program.failures), "outputs": [sp.srepr(e) for e in program.outputs],
-            "lines": lines, "readings": [dataclasses.asdict(r) for r in program.readings]}
-
-
-def _expression(text: str) -> sp.Expr:
-    """An srepr back to the expression, wtc.sr's own functions included: sympy's sympify reads
-    "Ge" as its relational GreaterThan (refused inside a Mul: `2*(x >= 5)` failed to load) and
-    "FloorDiv" and "In" as undefined functions."""
-    from wtc.sr.expr import Eq, FloorDiv, Ge, In
-    return sp.sympify(text, locals={"Ge": Ge, "Eq": Eq, "FloorDiv": FloorDiv, "In": In})
-
-
-def program_from_dict(d: dict, model=None) -> Program:
-    lines = [Line(ln["name"], ln["kind"], ln["source"], Rule(**ln["rule"]) if ln["rule"] else None,
-                  _expression(ln["expr"]) if ln["expr"] is not None else None, ln["comment"]) for ln in d["lines"]]
-    return Program(d["task"], d["source"], d["seq_len"], d["n_inputs"], d["n_outputs"], lines,
-                   [_expression(e) for e in d["outputs"]], ok=d["ok"], failures=list(d["failures"]),
-                   readings=[Reading(**r) for r in d["readings"]], model=model)
-
-
-def save_rung(path: Path, result, task, seed: int, attempt: int, config: DTConfig) -> None:
-    """A DiscoverJob result: <path>.json (record, key, program, verification) and the model and
-    history beside it (<path>_model, wtc.dt.attempt.save_result); the JSON is written last."""
-    record, best = result
-    meta = {"task": task.name, "task_sha256": task.fingerprint(), "seed": seed, "attempt": attempt,
-            "config": config.to_dict(), "record": record,
-            "best": None}
-    if best is not None:
-        key, program, model, history, ver = best
-        save_result(Path(f"{path}_model"), key[3], model, history)
-        meta["best"] = {"key": [key[0], key[1], key[2], list(key[3]), key[4]], "program": program_to_dict(program),
-                        "verification": dataclasses.asdict(ver)}
-    tmp = Path(f"{path}.json.tmp")
-    tmp.write_text(json.dumps(meta, default=plain_json))
-    os.replace(tmp, Path(f"{path}.json"))
-
-
-def load_rung(path: Path, task, seed: int, attempt: int, config: DTConfig):
-    """(record, best) written by save_rung for this task, seed, attempt and rung config."""
-    try:
-        meta = json.loads(Path(f"{path}.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"cannot read the result of {task.name} attempt {attempt}: {exc}") from exc
-    if (meta["task"], meta["seed"], meta["attempt"], meta["config"]) != (task.name, seed, attempt, config.to_dict()):
-        raise CheckpointError(f"{path}.json: result of another run ({meta['task']!r}, seed {meta['seed']}, "
-                              f"attempt {meta['attempt']})")
-    b = meta["best"]
-    if b is None:
-        return meta["record"], None
-    _, model, history = load_result(Path(f"{path}_model"), task, seed, attempt, config)
-    k = b["key"]
-    key = (k[0], k[1], k[2], tuple(k[3]), k[4])
-    program = program_from_dict(b["program"], model)
-    return meta["record"], (key, program, model, history, Verification(**b["verification"]))

@@ -4,8 +4,8 @@ starting up, instead of after it.
 `wtc discover TASK` spends its first seconds importing torch and probing the task, and only then
 starts a worker per rung, which imports torch again (about 3 s each on this 2-core machine, one
 after the other). A Prestarted pool, opened by the CLI before its own heavy imports, starts the
-workers' interpreters at once (`python -m wtc.dt.workers -`); each imports the jobs' modules and
-waits for its spec on stdin, which wtc.dt.workers.run_wave writes when the first wave starts. What
+workers' interpreters at once (`python -m wtc.dt.workers - MODULE...`); each imports the modules
+it is given (the caller's jobs: the CLI names wtc.discovery for discover) and waits for its spec on stdin, which wtc.dt.workers.run_wave writes when the first wave starts. What
 a rung computes does not change (the spec is the same; only when the interpreter started).
 
 Standard library only: importing this module must not import torch.
@@ -19,14 +19,15 @@ from pathlib import Path
 
 
 class Prestarted:
-    """n worker interpreters waiting for a spec; take() hands one out, close() stops the rest."""
+    """n worker interpreters waiting for a spec, each with `preload` (wtc module names) imported;
+    take() hands one out, close() stops the rest."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, preload: tuple[str, ...] = ()):
         self._dir = tempfile.TemporaryDirectory(prefix="wtc-workers-")
         self._idle: list[tuple[subprocess.Popen, object]] = []
         for i in range(n):
             log = open(Path(self._dir.name) / f"worker{i}.log", "w+")
-            proc = subprocess.Popen([sys.executable, "-m", "wtc.dt.workers", "-"], stdin=subprocess.PIPE,
+            proc = subprocess.Popen([sys.executable, "-m", "wtc.dt.workers", "-", *preload], stdin=subprocess.PIPE,
                                     stdout=log, stderr=subprocess.STDOUT, text=True)
             self._idle.append((proc, log))
 

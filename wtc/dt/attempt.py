@@ -21,6 +21,7 @@ from wtc.dt import checkpoint
 from wtc.dt.config import DTConfig
 from wtc.dt.finish import masked_mse, polish, refit_head
 from wtc.dt.history import History
+from wtc.dt.ladder import Deadline
 from wtc.dt.model import DiscreteTransformer
 from wtc.dt.refine import refine_pointers
 from wtc.dt.selection import Sampling, entropy
@@ -185,8 +186,10 @@ class Attempt:
         elif self.phase == "hard" and self.step >= cfg.steps + cfg.hard_steps:
             self.phase = "finish"
 
-    def finish(self) -> None:
-        """Freeze the discrete structure, refit the head exactly, polish the continuous parts."""
+    def finish(self, deadline: Deadline | None = None) -> None:
+        """Freeze the discrete structure, refit the head exactly, polish the continuous parts.
+        With a deadline, the L-BFGS polishes stop at its end (the polish is most of the finish)."""
+        end = None if deadline is None else deadline.end
         self.model.freeze()
         self.model.eval()
         x, y, valid = self.fit_data[:3]
@@ -198,15 +201,15 @@ class Attempt:
             self.snap_seconds = time.process_time() - started
             refit_head(self.model, x, y, valid)      # candidates were scored on a subset
         if self.config.polish_iters:
-            polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters)
+            polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters, until=end)
         if self.config.refine_steps and refine_pointers(self.model, x[:REFINE_SEQUENCES], y[:REFINE_SEQUENCES],
                                                         valid[:REFINE_SEQUENCES], steps=self.config.refine_steps):
             refit_head(self.model, x, y, valid)
             if self.config.polish_iters:
-                polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters)
+                polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters, until=end)
         self.phase = "done"
 
-    def precision_pass(self, scores: list[dict]) -> list[dict]:
+    def precision_pass(self, scores: list[dict], deadline: Deadline | None = None) -> list[dict]:
         """Float64 L-BFGS for the best nearly-solved replicas: float32 polish stalls around 3e-3
         relative error (measured on free_fall_height), float64 reaches below 1e-3.
 
@@ -223,8 +226,10 @@ class Attempt:
         sub = self.model.select_replicas(close).double()
         done = 0
         while done < self.config.precision_iters:   # in chunks: stop once one of them is solved
+            if deadline is not None and deadline.left() <= 0:
+                break
             step = min(PRECISION_CHUNK, self.config.precision_iters - done)
-            ratio = polish(sub, x, y, valid, iters=step)
+            ratio = polish(sub, x, y, valid, iters=step, until=None if deadline is None else deadline.end)
             done += step
             self.model.assign_replicas(close, copy.deepcopy(sub).float())   # .float() is in place
             scores = self.evaluate(self.config.eval_sequences)
@@ -280,12 +285,12 @@ class Attempt:
 
 # ---------------------------------------------------------------------- a whole attempt
 def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = None,
-                deadline: float | None = None) -> list[dict]:
+                deadline: Deadline | None = None) -> list[dict]:
     """Train one population to the end (resuming where `run` stands); fresh-data scores per replica.
 
-    deadline (time.time() seconds): training stops there, the state is saved to state_path (a
-    resume continues from it), and the population is finished and scored as it stands;
-    history.final["stopped_at_step"] says so."""
+    deadline: training stops at deadline.train_until, the state is saved to state_path (a resume
+    continues from it), and the population is finished and scored as it stands (the polish and
+    the precision pass stop at deadline.end); history.final["stopped_at_step"] says so."""
     cfg = run.config
     t_start = time.perf_counter()
     total = cfg.steps + cfg.hard_steps
@@ -300,16 +305,16 @@ def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = 
             bar.set_postfix(tau=f"{run.history.tau[-1]:.3g}", best_loss=f"{loss.min():.2e}", phase=run.phase)
         if state_path is not None and run.step % CHECKPOINT_EVERY == 0:
             run.save(state_path)
-        if deadline is not None and run.phase != "finish" and time.time() > deadline:
+        if deadline is not None and run.phase != "finish" and deadline.training_over():
             stopped = run.step
             if state_path is not None:
                 run.save(state_path)
             break
     bar.close()
-    run.finish()
+    run.finish(deadline)
     scores = run.evaluate(cfg.eval_sequences)
     if cfg.precision_iters and stopped is None:
-        scores = run.precision_pass(scores)
+        scores = run.precision_pass(scores, deadline)
     run.history.final = {"scores": scores}
     if run.snaps:
         run.history.final["snaps"] = [dataclasses.asdict(s) for s in run.snaps]
@@ -430,7 +435,8 @@ class TrainJob:
             run.restore(state)
         if opts.get("milestones"):        # in a worker: tqdm goes to its log, so say what runs
             print(f"[wtc] {task.name} attempt {rung.attempt} ({rung.label}): training from step {run.step}", flush=True)
-        result = best_replica(run, run_attempt(run, opts.get("progress", False), state, opts.get("deadline")))
+        result = best_replica(run, run_attempt(run, opts.get("progress", False), state,
+                                               Deadline.from_json(opts.get("deadline"))))
         if path is not None:
             save_result(path, *result)
         return result

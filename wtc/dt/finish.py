@@ -2,6 +2,8 @@
 polish of the continuous parts with the pointers pinned (used by wtc.dt.attempt)."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from wtc.dt.model import DiscreteTransformer
@@ -10,6 +12,7 @@ from wtc.dt.selection import EVAL
 # A replica whose mean squared error (normalised target units) is below this already fits the
 # polish batch to float32 noise (rms 1e-6 of the target's std); see polish().
 EXACT_FIT = 1e-12
+POLISH_CHUNK = 50    # L-BFGS iterations between looks at the clock when the polish has a deadline
 
 
 def masked_mse(pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -40,7 +43,7 @@ def refit_head(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, val
 
 
 def polish(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor,
-           iters: int) -> torch.Tensor:
+           iters: int, until: float | None = None) -> torch.Tensor:
     """Full-batch L-BFGS on the sub-MLPs and head of the frozen model, pointers pinned.
 
     Replicas are independent, so the objective is the sum of each replica's loss relative to its
@@ -52,6 +55,9 @@ def polish(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: 
     its answer, and the 200 iterations went to rounding noise of the exact ones and to the others,
     which are read only if the exact one fails (xor_pair rung 0: 8.3 s CPU of a 36 s attempt, every
     replica at 1e-15 after the head refit; parity_last2: 6 of 8).
+
+    until (time.time() seconds): the iterations run in chunks of POLISH_CHUNK and stop after the
+    chunk that passes it (L-BFGS keeps its curvature history across chunks).
     """
     params = [p for b in model.blocks if b.mlp is not None
               for p in b.mlp.parameters_of_map()] + [model.W_out, model.b_out]
@@ -70,7 +76,16 @@ def polish(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: 
             loss.backward()
             return loss
 
-        opt.step(closure)
+        if until is None:
+            opt.step(closure)
+        else:
+            done = 0
+            while done < iters and time.time() < until:
+                chunk = min(POLISH_CHUNK, iters - done)
+                for group in opt.param_groups:
+                    group["max_iter"], group["max_eval"] = chunk, chunk * 5 // 4
+                opt.step(closure)
+                done += chunk
     with torch.no_grad():
         end = masked_mse(model(x, EVAL)[0], y, valid)
         worse = ~(end <= start)

@@ -14,13 +14,12 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 
 from wtc import arguments
 from wtc import tasks as task_registry
 from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
-from wtc.dt.ladder import check_budget, climb
-from wtc.dt.workers import run_wave, task_reference, worker_count
+from wtc.dt.ladder import FINISH_SHARE, Deadline, check_budget, climb, margin_s
+from wtc.dt.workers import job_task, run_wave, worker_count
 from wtc.errors import TrainingError
 
 __all__ = ["train"]
@@ -37,10 +36,13 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
     config.workers. history holds that attempt's per-step curves of every replica (history.replica
     is the one returned) and history.final the fresh-data scores.
 
-    budget_s (None, or a finite positive number of seconds) bounds the wall time: a new wave of
-    attempts starts only if the time left covers the longest wave so far, and training stops when
-    the budget is spent (the attempt is then frozen, refit and scored as it stands;
-    model.train_info["stopped_at_step"] says where, and a resume continues its training).
+    budget_s (None, or a finite positive number of seconds) bounds the wall time: the call returns
+    within it plus a margin (5% or 10 s, whichever is larger). A new wave of attempts starts only
+    if the time left covers the longest wave so far; training stops when 90% of the budget is
+    spent, and the attempt is then frozen, refit (its polish cut at the budget) and scored as it
+    stands (model.train_info["stopped_at_step"] says where, and a resume continues its training).
+    A task defined by callables trains on a pool of sequences drawn from them (wtc.tasks.pool),
+    in worker processes too; its model is then scored here on fresh draws (history.final["fresh"]).
     checkpoint_dir keeps each attempt's training state and result there;
     resume=True continues a killed run from them, refusing files of another task, seed, attempt
     or DTConfig (CheckpointError naming the field).
@@ -61,24 +63,27 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
             raise ConfigError(f"checkpoint_dir {str(checkpoint_dir)!r} is a file, not a directory")
     elif resume:
         raise ConfigError("resume=True continues the checkpoints in checkpoint_dir: give checkpoint_dir")
-    task_ref = task_reference(task)
     seed = arguments.seed(seed, error=ConfigError)
     config.check_size(task.seq_len, task.n_inputs)
-    workers = worker_count(config, task_ref, cap=config.max_attempts)
+    started, t0 = time.time(), time.perf_counter()
+    jt = job_task(task, seed)
+    workers = worker_count(config, cap=config.max_attempts)
+    deadline = None if budget_s is None else Deadline.of(budget_s, started, FINISH_SHARE)
     opts = {"checkpoint_dir": str(checkpoint_dir) if checkpoint_dir is not None else None,
             "resume": bool(resume), "progress": bool(progress),
-            "deadline": None if budget_s is None else time.time() + budget_s}
-    t0 = time.perf_counter()
+            "deadline": None if deadline is None else deadline.to_json()}
+    kill_at = None if budget_s is None else started + budget_s + margin_s(budget_s) / 2
 
     def solved(result) -> bool:
         return bool(result[0][0])
 
     def wave(rungs):
-        results = run_wave(JOB, task, task_ref, rungs, seed, opts, solved=solved)
-        if progress and len(rungs) > 1 and task_ref is not None:   # in-process attempts report themselves
+        results = run_wave(JOB, jt, rungs, seed, opts, solved=solved, kill_at=kill_at)
+        if progress and len(rungs) > 1:   # in-process attempts report themselves
             for rung in rungs:
                 if rung.attempt not in results:
-                    print(f"{task.name} attempt {rung.attempt}: stopped, an earlier attempt solved it", flush=True)
+                    print(f"{task.name} attempt {rung.attempt}: stopped (an earlier attempt solved it, or the "
+                          f"budget ran out)", flush=True)
                     continue
                 key, _, history = results[rung.attempt]
                 print(f"{task.name} attempt {rung.attempt}: {'solved' if key[0] else 'not solved'} "
@@ -87,6 +92,9 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
 
     best, _ = climb(config, wave, workers=workers, solved=solved, key=lambda r: r[0], budget_s=budget_s,
                     max_attempts=config.max_attempts, name=task.name, progress=progress)
+    if best is None:
+        raise TrainingError(f"{task.name}: the {budget_s:g}s budget ran out before any attempt finished (it was "
+                            f"stopped at the budget); give a larger budget_s")
     _, model, history = best
     history.seconds = time.perf_counter() - t0
     stopped = (history.final or {}).get("stopped_at_step")
@@ -96,12 +104,10 @@ def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float |
             print(f"{task.name}: the {budget_s:g}s budget ran out at step {stopped} of "
                   f"{history.final['planned_steps']}: the model is partly trained"
                   + (" (resume=True continues it)" if checkpoint_dir is not None else ""), flush=True)
-    if task.heldout is not None:        # a data task: the score that is reported is the held-out one
-        held, n = task.verification(10000)
-        x, y = held.batch(np.random.default_rng([seed, 999]), n)
-        heldout = held.score(model.predict(x), y)
-        history.final = {**(history.final or {}), "heldout": heldout}
-        model.train_info = {**model.train_info, "score": heldout, "score_on": f"{n} held-out sequences",
+    if task.heldout is not None or jt.pooled:   # the score reported: held-out records, or fresh draws
+        fresh = task.score_fresh(model.predict, 10000, [seed, 999])
+        history.final = {**(history.final or {}), "heldout" if task.heldout is not None else "fresh": fresh.score}
+        model.train_info = {**model.train_info, "score": fresh.score, "score_on": fresh.describe(),
                             "train_score": model.train_info.get("score")}
     score = (history.final or {}).get("scores", [{}])[history.replica] if history.final else {}
     if score and not math.isfinite(score.get("max_abs_err", 0.0)):

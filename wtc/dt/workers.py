@@ -6,12 +6,14 @@ wtc.train and wtc.discover run rungs 0 and 1 at once (wtc.dt.ladder decides whic
 the winner as the sequential loop would). Workers are fresh interpreters (`python -m
 wtc.dt.workers SPEC`): no fork after OpenMP started, and no re-import of the user's main script
 (multiprocessing's spawn would re-run a script without a __main__ guard). They rebuild built-in
-tasks by name and data tasks (Task.from_arrays) from their records, written to the wave's scratch
-directory; tasks defined by the user's callables run in the calling process, one rung after
-another (a callable cannot be sent to a fresh interpreter without pickles, which wtc never loads).
+tasks by name, data tasks (Task.from_arrays) from their records, and tasks defined by the user's
+callables from a pool of sequences drawn here (wtc.tasks.pool: a callable cannot be sent to a
+fresh interpreter without pickles, which wtc never loads), each written to the wave's scratch
+directory. A callable task's jobs run on the pooled task in this process too (JobTask), so every
+number of workers trains on the same data.
 
-What a rung does is a job, named "module:Name" (an object in an importable wtc module, so a
-worker finds it by name and this module imports none of them):
+What a rung does is a job, named "module:Name" by its caller (an object in an importable wtc
+module, so a worker finds it by name and this module imports none of them):
     result_path(opts, attempt) -> Path | None   where the result is kept (None: nowhere)
     finished(task, rung, seed, opts, path)      a kept result to reuse (resume), else None
     run(task, rung, seed, opts, path)           do the work here; write the result to path if given
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -45,58 +48,80 @@ class WorkerError(WtcError, RuntimeError):
 
 
 RECORDS = "records:"   # a task reference to a data task's records (path follows, once written)
+POOL = "pool:"         # ... to a callable task's pool of drawn sequences (wtc.tasks.pool)
 
 
-def task_reference(task) -> str | None:
-    """What a worker rebuilds the task from: a built-in task's name, RECORDS for a data task, or
-    None (run in-process)."""
-    from wtc.tasks import builtin, data
+@dataclass(frozen=True)
+class JobTask:
+    """A task as the rungs' jobs see it. task: what they run on in this process (a callable task's
+    pooled stand-in); ref: what a worker rebuilds it from (a built-in task's name, RECORDS or
+    POOL; the path follows once the wave has written the file); pool: the drawn pool (POOL only)."""
+
+    task: object
+    ref: str
+    pool: object | None = None
+
+    @property
+    def pooled(self) -> bool:
+        return self.pool is not None
+
+
+def job_task(task, seed: int) -> JobTask:
+    """How the rungs of `task` get their task: by name, from records, or from a pool of sequences
+    drawn here from the user's callables (seeded by `seed`)."""
+    from wtc.tasks import builtin, data, pool
     if task.name in builtin.SUITE and builtin.make(task.name) is task:
-        return task.name
+        return JobTask(task, task.name)
     if data.has_records(task):
-        return RECORDS
-    return None
+        return JobTask(task, RECORDS)
+    drawn = pool.draw(task, seed)
+    return JobTask(drawn.task(), POOL, drawn)
 
 
 def _worker_task(ref: str):
     from wtc import tasks as task_registry
-    from wtc.tasks import data
+    from wtc.tasks import data, pool
     from wtc.tasks.task import Task
     if ref.startswith(RECORDS):
         inputs, outputs, options = data.read_records(Path(ref[len(RECORDS):]))
         return Task.from_arrays(inputs, outputs, **options)
+    if ref.startswith(POOL):
+        return pool.Pool.read(Path(ref[len(POOL):])).task()
     return task_registry.get(ref)
 
 
-def worker_count(config: DTConfig, task_ref: str | None, cap: int | None = None) -> int:
-    """Rungs per wave: config.workers, else one per core (at most cap); 1 for a task no worker can
-    rebuild."""
-    if task_ref is None:
-        return 1
+def worker_count(config: DTConfig, cap: int | None = None) -> int:
+    """Rungs per wave: config.workers, else one per core (at most cap)."""
     if config.workers is not None:
         return config.workers
     return max(1, min(cores(), cap if cap is not None else cores()))
 
 
 def _job(name: str):
-    module, _, attr = name.partition(":")
-    if not module.startswith("wtc.") or not attr:
+    """The job named "module:Name" (a wtc module); "module:" only imports the module."""
+    module, colon, attr = name.partition(":")
+    if not module.startswith("wtc.") or not colon:
         raise WorkerError(f"not a wtc job name: {name!r}")
-    return getattr(importlib.import_module(module), attr)
+    loaded = importlib.import_module(module)
+    return getattr(loaded, attr) if attr else None
 
 
-def run_wave(job_name: str, task, task_ref: str | None, rungs: list[Rung], seed: int, opts: dict,
-             solved: Callable[[object], bool] | None = None, prestarted=None) -> dict[int, object]:
-    """{attempt: result} for the rungs: each in its own worker when task_ref is a built-in task's
-    name and there are several, else one after another in this process.
+def run_wave(job_name: str, jt: JobTask, rungs: list[Rung], seed: int, opts: dict,
+             solved: Callable[[object], bool] | None = None, prestarted=None,
+             kill_at: float | None = None) -> dict[int, object]:
+    """{attempt: result} for the rungs: each in its own worker when there are several, else in
+    this process.
 
     With `solved`, the wave ends once its outcome is known: a rung solved (or failed) and every
     rung before it done. Rungs after that one are stopped and left out of the answer; the
     sequential loop would never have started them, and the ladder drops them anyway.
     prestarted: a wtc.worker_pool.Prestarted whose waiting interpreters take rungs first.
+    kill_at (time.time() seconds): workers still running then are killed and left out of the
+    answer (the budget's last resort: jobs stop at their own deadline first).
     """
     job = _job(job_name)
-    if task_ref is None or len(rungs) == 1:
+    task, task_ref = jt.task, jt.ref
+    if len(rungs) == 1:
         out = {}
         for rung in rungs:
             with torch_threads(rung.config.threads):
@@ -110,6 +135,9 @@ def run_wave(job_name: str, task, task_ref: str | None, rungs: list[Rung], seed:
             from wtc.tasks import data
             data.save_records(task, Path(scratch) / "records.npz")
             task_ref = RECORDS + str(Path(scratch) / "records.npz")
+        elif task_ref == POOL:
+            jt.pool.save(Path(scratch) / "pool.npz")
+            task_ref = POOL + str(Path(scratch) / "pool.npz")
         try:
             for rung in rungs:
                 if wave_decided(results, failures, {rung.attempt: None}, solved):
@@ -140,6 +168,8 @@ def run_wave(job_name: str, task, task_ref: str | None, rungs: list[Rung], seed:
                 pending[rung.attempt] = (rung, path, log, proc)
             relayed = {a: 0 for a in pending}
             while pending and not wave_decided(results, failures, pending, solved):
+                if kill_at is not None and time.time() > kill_at:
+                    break                      # the finally below kills what is still running
                 time.sleep(POLL_S)
                 for a in sorted(pending):
                     rung, path, log, proc = pending[a]
@@ -238,9 +268,10 @@ def main(spec: dict) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["-"]:   # prestarted (wtc.worker_pool): import the jobs' modules, then wait for the spec
+    if sys.argv[1:2] == ["-"]:   # prestarted (wtc.worker_pool): import the modules it was given, wait for the spec
         _exit_with_parent(os.getppid())
-        importlib.import_module("wtc.discovery")   # DiscoverJob (and wtc.dt.attempt for TrainJob), by name
+        for module in sys.argv[2:]:
+            _job(module + ":")
         text = sys.stdin.read()
         if not text:             # the parent closed the pool without a rung for this one
             os._exit(0)

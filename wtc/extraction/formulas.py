@@ -3,6 +3,10 @@
 decisions (used by wtc.extraction.reader)."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import time
+
 import numpy as np
 import sympy as sp
 
@@ -16,6 +20,35 @@ MAX_SR_POINTS = 3000
 
 class ExtractionError(WtcError, RuntimeError):
     """A step of the extraction could not run (not: could not find a rule or formula)."""
+
+
+class ExtractionTimeout(ExtractionError):
+    """The reading's deadline passed before every module was read (extract(..., deadline=))."""
+
+
+# time.time() by which the reading in progress must end (None: no limit); set by extract(deadline=)
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("wtc_extraction_deadline", default=None)
+
+
+@contextlib.contextmanager
+def reading_deadline(deadline: float | None):
+    """Every regression inside the block gets at most the time left before `deadline`."""
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _time_limit(time_limit: float | None) -> float | None:
+    """The regression's time limit under the reading's deadline; ExtractionTimeout once it passed."""
+    deadline = _DEADLINE.get()
+    if deadline is None:
+        return time_limit
+    left = deadline - time.time()
+    if left <= 0:
+        raise ExtractionTimeout("the time budget ran out while reading the model (extract's deadline)")
+    return left if time_limit is None else min(time_limit, left)
 
 
 def formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: float, widen=(1.0, 3.0, 10.0),
@@ -69,8 +102,9 @@ def sr_fit(X, y, names, tol_abs, widen, time_limit=None):
     rms = float(np.sqrt(np.mean(y**2))) + 1e-12
     fit = None
     for w in widen:
+        limit = _time_limit(time_limit)
         try:
-            fit = sr.fit(X, y, names=names, tol=min(1.0, w * tol_abs / rms), time_limit=time_limit)
+            fit = sr.fit(X, y, names=names, tol=min(1.0, w * tol_abs / rms), time_limit=limit)
         except (ValueError, OverflowError, ZeroDivisionError) as exc:
             if fit is not None:      # keep the last good answer; nothing wider will be simpler
                 break

@@ -1,0 +1,177 @@
+"""Discover on ordinary machines: callable tasks train in worker processes from a pool drawn in the
+parent (same result for any number of workers), and the budget is kept by every stage (training,
+the polish, reading replicas out, workers past the deadline), each checked with deadlines that
+have already passed (no timing in tests)."""
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import wtc
+from wtc.discover_job import DiscoverJob
+from wtc.discovery import Discovery, DiscoveryError, sized_for
+from wtc.dt import DTConfig
+from wtc.dt.attempt import Attempt, run_attempt
+from wtc.dt.finish import polish
+from wtc.dt.ladder import Deadline, Rung, margin_s
+from wtc.dt.workers import POOL, job_task, run_wave
+from wtc.errors import TaskError
+from wtc.extraction import extract
+from wtc.extraction.formulas import ExtractionTimeout
+from wtc.tasks import pool
+from wtc.tasks.probe import dependence
+
+TINY = DTConfig(n_layers=1, n_heads=1, n_mlps=1, mlp_hidden=8, steps=30, hard_steps=5, polish_iters=5,
+                replicas=2, max_attempts=2, batch_size=16, eval_sequences=64, precision_iters=0)
+
+
+def _prev_plus(x):
+    y = x.astype(float)
+    y[:, 1:] += x[:, :-1]
+    return y
+
+
+def callable_task(name="user_sum2"):
+    """Declared the way a user declares one: lambdas, not a built-in."""
+    return wtc.Task(name, lambda rng, n: rng.integers(0, 5, (n, 6)), _prev_plus, seq_len=6, any_length=True)
+
+
+def long_ago() -> Deadline:
+    now = time.time()
+    return Deadline(now - 100.0, now - 50.0)
+
+
+# ---------------------------------------------------------------------- the pool
+def test_pool_stands_for_the_callable_task(tmp_path):
+    task = callable_task()
+    jt = job_task(task, seed=3)
+    assert jt.ref == POOL and jt.pooled
+    pooled = jt.task
+    assert pooled.name == task.name and pooled.fingerprint() == task.fingerprint() and pooled.any_length
+    x, y = pooled.batch(np.random.default_rng(0), 50)
+    np.testing.assert_array_equal(y, task.targets(x))                       # the user's targets, recorded
+    check, n = pooled.verification(10000)
+    assert n == 10000 and check.at_length(12).seq_len == 12                 # readings are checked at 2T too
+    xl, yl = check.at_length(12).batch(np.random.default_rng(1), 20)
+    np.testing.assert_array_equal(yl, task.at_length(12).targets(xl))
+    jt.pool.save(tmp_path / "p.npz")
+    back = pool.Pool.read(tmp_path / "p.npz").task()                        # what a worker rebuilds
+    xb, yb = back.batch(np.random.default_rng(0), 50)
+    np.testing.assert_array_equal(xb, x)
+    np.testing.assert_array_equal(yb, y)
+    with pytest.raises(TaskError, match="pool"):
+        pooled.targets(np.full((1, 6), 7.0))                               # never drawn: not in the pool
+    assert job_task(task, seed=3).pool.train[0].tobytes() == jt.pool.train[0].tobytes()   # seeded
+
+
+def test_builtin_and_data_tasks_are_not_pooled():
+    assert job_task(wtc.tasks.get("prev2"), 0).ref == "prev2"
+
+
+def test_callable_task_rungs_run_in_workers_with_the_sequential_result():
+    """The rungs of a task declared with lambdas go to worker processes, and give the model that
+    training them one after another in this process gives (both train on the same pool)."""
+    task = callable_task()
+    parallel, hp = wtc.train(task, TINY.replace(workers=2), progress=False)
+    sequential, hs = wtc.train(task, TINY.replace(workers=1), progress=False)
+    assert parallel.train_info == sequential.train_info
+    for (k, a), (_, b) in zip(parallel.state_dict().items(), sequential.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert hp.final["fresh"] == hs.final["fresh"]             # scored here, on fresh draws of the user's task
+    assert parallel.train_info["score_on"] == "10000 fresh sequences"
+
+
+def test_discover_a_callable_task_gives_one_program_for_any_number_of_workers():
+    task = callable_task("user_sum2_d")
+    cfg = DTConfig(steps=300, hard_steps=60, replicas=4, max_attempts=2)
+    one = wtc.discover(task, config=cfg.replace(workers=1), budget_s=600, progress=False)
+    two = wtc.discover(task, config=cfg.replace(workers=2), budget_s=600, progress=False)
+    assert one.program is not None and two.program is not None
+    assert one.program.source == two.program.source
+    assert [a["label"] for a in one.attempts] == [a["label"] for a in two.attempts]
+    assert one.attempts[0].get("verified_on") == "fresh draws here"    # the verdict is the user's callables'
+    assert one.verification.n == 10000
+
+
+# ---------------------------------------------------------------------- the budget, stage by stage
+def test_training_stops_at_the_deadline_and_the_polish_too():
+    run = Attempt(wtc.tasks.get("prev2"), TINY, 0, 0)
+    scores = run_attempt(run, deadline=long_ago())
+    assert run.history.final["stopped_at_step"] == 1 and len(scores) == TINY.replicas
+    assert run.phase == "done"
+
+
+def test_polish_past_its_deadline_changes_nothing():
+    run = Attempt(wtc.tasks.get("prev2"), TINY, 0, 0)
+    run.model.freeze()
+    x, y, valid = run.fit_data[:3]
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    polish(run.model, x[:64], y[:64], valid[:64], iters=50, until=time.time() - 1)
+    for k, v in run.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_extract_past_its_deadline_raises_a_timeout():
+    model, _ = wtc.train("sum_last2", DTConfig(steps=200, hard_steps=40, replicas=2, max_attempts=1, workers=1),
+                         progress=False)
+    with pytest.raises(ExtractionTimeout, match="time budget"):
+        extract(model, "sum_last2", deadline=time.time() - 1)
+
+
+def test_a_rung_cut_before_reading_keeps_its_model_and_says_so():
+    task = wtc.tasks.get("prev2")
+    result = DiscoverJob.run(task, Rung(0, "as configured", TINY), 0, {"deadline": long_ago().to_json()}, None)
+    assert result.record["stopped_at_step"] == 1 and result.record["replicas_read"] == 0
+    assert "budget ran out before replica" in result.record["cut"]
+    assert result.best.program is None and result.best.model is not None and not result.verified
+    d = Discovery(task, None, result.best.model, result.best.history, None, 1.0, [result.record], budget_s=5.0)
+    assert any("training stopped at the budget at step 1" in n for n in d.budget_notes())
+    assert "budget cut" in d.report()
+
+
+def test_workers_past_the_last_resort_are_killed():
+    task = wtc.tasks.get("prev2")
+    rungs = [Rung(a, "r", TINY.replace(steps=100000)) for a in (0, 1)]
+    results = run_wave("wtc.dt.attempt:TrainJob", job_task(task, 0), rungs, 0, {}, kill_at=time.time() + 3)
+    assert results == {}                     # both were killed (each would train for minutes)
+
+
+def test_margin_is_five_percent_or_ten_seconds():
+    assert margin_s(60) == 10.0 and margin_s(600) == 30.0
+
+
+# ---------------------------------------------------------------------- one plan
+def test_a_given_config_keeps_its_fields_and_the_probe_still_runs():
+    w5 = dependence(wtc.Task("w5", lambda rng, n: rng.integers(0, 10, (n, 10)),
+                             lambda x: sum(np.pad(x, ((0, 0), (d, 0)))[:, :10] for d in range(5)), seq_len=10))
+    grown, why = sized_for(DTConfig(), w5)
+    assert max(grown.n_heads) == 4
+    kept, why = sized_for(DTConfig(n_heads=2), w5)        # set by hand: kept
+    assert kept.n_heads == (2,) and why == ""
+    d = wtc.discover("prev2", config=TINY.replace(max_attempts=1, workers=1), budget_s=60, progress=False)
+    assert d.dependence is not None                        # a config no longer switches the probe off
+
+
+# ---------------------------------------------------------------------- outputs checked before the work
+def test_save_refuses_an_output_in_the_way_and_removes_stale_ones(tmp_path):
+    (tmp_path / "model").write_text("not a directory")
+    with pytest.raises(DiscoveryError, match="in the way"):
+        Discovery.check_directory(tmp_path)
+    out = tmp_path / "fresh"
+    out.mkdir()
+    (out / "program.py").write_text("stale")
+    Discovery(wtc.tasks.get("prev2"), None, None, None, None, 0.0).save(out)
+    assert not (out / "program.py").exists() and (out / "summary.json").exists()
+    assert not [p for p in out.iterdir() if p.name.startswith(".wtc-save-")]
+
+
+def test_cli_discover_checks_out_before_the_work(tmp_path):
+    (tmp_path / "model").write_text("x")
+    r = subprocess.run([sys.executable, "-m", "wtc", "discover", "prev2", "--out", str(tmp_path)],
+                       capture_output=True, text=True, env={**os.environ, "WTC_DEBUG": ""})
+    assert r.returncode == 2 and "in the way" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "summary.json").exists()
