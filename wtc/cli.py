@@ -30,8 +30,6 @@ def _cmd_backends(args) -> int:
 
 
 def _cmd_train(args) -> int:
-    import numpy as np
-
     from wtc import tasks
     from wtc.dt import DTConfig, checkpoint
     from wtc.dt.train import train
@@ -43,17 +41,18 @@ def _cmd_train(args) -> int:
                                    ("max_attempts", args.attempts)) if v is not None}
     config = DTConfig(**overrides)
     out = Path(args.out) if args.out else None
+    if args.resume and (out / "checkpoints").exists() and not (out / "checkpoints").is_dir():   # one error, no note first
+        raise CLIError(f"--resume: {out}/checkpoints is a file, not a checkpoint directory; move it or give another --out")
     if args.resume and not (out / "checkpoints").is_dir():
         print(f"wtc: note: nothing to resume in {out}/checkpoints; starting afresh", file=sys.stderr)
     t0 = time.perf_counter()
     model, history = train(task, config, seed=args.seed, budget_s=args.budget, progress=not args.quiet,
                            checkpoint_dir=out / "checkpoints" if out else None, resume=args.resume)
     seconds = time.perf_counter() - t0
-    fresh, n = task.verification(10000)
-    x, y = fresh.batch(np.random.default_rng([args.seed, 999]), n)
-    score = task.score(model.predict(x), y)
+    fresh = task.score_fresh(model.predict, 10000, [args.seed, 999])
+    score = fresh.score
     metric = "accuracy" if task.output == "integer" else "max_rel_err"
-    print(f"{task.name}: {metric} = {score[metric]:.6g} on {n} fresh sequences "
+    print(f"{task.name}: {metric} = {score[metric]:.6g} on {fresh.describe()} "
           f"({'solved' if score['solved'] else 'NOT solved'}; {seconds:.1f}s, attempt {history.attempt}, "
           f"replica {history.replica})")
     live = model.structure()
@@ -83,8 +82,14 @@ def _cmd_discover(args) -> int:
         return 2
     task = tasks.get(args.task)
     # the first wave's workers import torch while this process does (wtc.worker_pool)
-    with Prestarted(cores() if cores() > 1 else 0) as ready:
-        from wtc.discovery import discover
+    with Prestarted(cores() if cores() > 1 else 0, preload=("wtc.discover_job",)) as ready:
+        from wtc.discovery import Discovery, DiscoveryError, discover
+
+        if args.out:           # before the work: an output in the way fails now, not after minutes
+            try:
+                Discovery.check_directory(args.out)
+            except DiscoveryError as exc:
+                raise CLIError(str(exc).replace("save(): ", "--out: ")) from None
 
         d = discover(task, seed=args.seed, budget_s=args.budget, progress=not args.quiet, prestarted=ready)
     print(d.program.source if d.program is not None else "(no program)")

@@ -29,7 +29,7 @@ from wtc.extraction.compose import snap_output
 from wtc.extraction.domain import Domain
 from wtc.extraction.equivalence import immaterial_heads
 from wtc.extraction.formulas import (DECISION_SLACK, MAX_SR_POINTS, MIN_DECISION_AGREEMENT, ExtractionError,  # noqa: F401
-                                      formula as _formula, sr_fit as _sr_fit)
+                                      ExtractionTimeout, formula as _formula, reading_deadline, sr_fit as _sr_fit)
 from wtc.extraction.program import POSITION, Line, Program, build_source
 from wtc.extraction.readout import head_weights, pad, read
 from wtc.extraction.routing_rules import fit_head, routed, rule_keys
@@ -89,8 +89,11 @@ def _route_name(rule, source: str, var: str) -> str:
     return f"{p['op']}{span}_{source}" if var == source else f"{source}_at_{p['op']}{span}_{var}"
 
 
-def extract(model, task, *, n: int = 2048, seed: int = 0) -> Program:
-    """Read `model` (a frozen single-replica DiscreteTransformer trained on `task`) as a Program."""
+def extract(model, task, *, n: int = 2048, seed: int = 0, deadline: float | None = None) -> Program:
+    """Read `model` (a frozen single-replica DiscreteTransformer trained on `task`) as a Program.
+
+    deadline (time.time() seconds, None: none): every symbolic regression gets at most the time
+    left, and ExtractionTimeout (an ExtractionError) is raised once it has passed."""
     from wtc.dt.model import DiscreteTransformer
 
     task = task_registry.get(task)
@@ -108,7 +111,8 @@ def extract(model, task, *, n: int = 2048, seed: int = 0) -> Program:
     if (model.seq_len, model.n_inputs, model.n_outputs) != (task.seq_len, task.n_inputs, task.n_outputs):
         raise ExtractionInputError(f"model shape (seq_len, n_inputs, n_outputs) = {(model.seq_len, model.n_inputs, model.n_outputs)}"
                          f" does not match task {task.name!r}: {(task.seq_len, task.n_inputs, task.n_outputs)}")
-    return _Extraction(model, task, n, seed).run()
+    with reading_deadline(deadline):
+        return _Extraction(model, task, n, seed).run()
 
 
 class _Extraction:

@@ -68,8 +68,8 @@ def verify(program, task, n: int = 10000, seed: int | None = None, model=None) -
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**32))
     seed = arguments.seed(seed)
-    task, n = task.verification(n)        # a data task verifies on its held-out sequences
-    x, y = task.batch(np.random.default_rng(seed), n)
+    fresh = task.fresh_batch(n, seed)     # a data task verifies on its held-out sequences
+    task, x, y, n = fresh.task, fresh.x, fresh.y, len(fresh.x)
     _check_deterministic(task, x, y)
     pred = _run(program, x, task, n)
     score = task.score(pred, y)

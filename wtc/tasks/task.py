@@ -278,6 +278,19 @@ class Task:
             out["solved"] = out["max_rel_err"] <= REAL_TOLERANCE
         return out
 
+    def fresh_batch(self, n: int, seed) -> "FreshBatch":
+        """n sequences to judge a model or program on: fresh draws (rng seeded by `seed`), or for a
+        data task its held-out records (all of them when n exceeds them). The one place that
+        decides what "fresh data" is: verify, train, the CLI and discover's diagnosis use it."""
+        task, n = self.verification(n)
+        x, y = task.batch(np.random.default_rng(seed), n)
+        return FreshBatch(task, x, y, heldout=task is not self)
+
+    def score_fresh(self, predict: Callable[[np.ndarray], np.ndarray], n: int, seed) -> "FreshScore":
+        """The task metric of predict(x) on fresh_batch(n, seed)."""
+        batch = self.fresh_batch(n, seed)
+        return FreshScore(batch.task.score(predict(batch.x), batch.y), len(batch.x), batch.heldout)
+
     def _as_3d(self, a, what: str) -> np.ndarray:
         try:
             complex_ = np.iscomplexobj(a)
@@ -347,6 +360,29 @@ class Task:
     def __repr__(self) -> str:
         return (f"Task({self.name!r}, seq_len={self.seq_len}, n_inputs={self.n_inputs}, "
                 f"n_outputs={self.n_outputs}, output={self.output!r}, valid_from={self.valid_from})")
+
+
+@dataclass(frozen=True)
+class FreshBatch:
+    """Sequences a model or program is judged on (Task.fresh_batch): task is the task they were
+    drawn from (a data task's held-out part, or the task itself), y its targets (n, T, n_outputs)."""
+
+    task: Task
+    x: np.ndarray
+    y: np.ndarray
+    heldout: bool
+
+
+@dataclass(frozen=True)
+class FreshScore:
+    """Task.score's figures on n fresh (or held-out) sequences."""
+
+    score: dict
+    n: int
+    heldout: bool
+
+    def describe(self) -> str:
+        return f"{self.n} {'held-out' if self.heldout else 'fresh'} sequences"
 
 
 def _check_magnitude(a: np.ndarray, label: str) -> None:
