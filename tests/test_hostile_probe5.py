@@ -228,3 +228,59 @@ def test_scan_of_a_model_without_weight_matrices_is_an_error():
     with pytest.raises(ScanError, match=r"no weight matrices to scan .*: b\); name the parameters"):
         scan(BiasOnly(), tokens, progress=False)
     assert scan(BiasOnly(), tokens, params="b", progress=False).summary()["weights_scanned"] == 5
+
+
+# ----------------------------------------------------------------------------------- 8. checkpoints
+def _saved_dt(directory):
+    from wtc.dt import DTConfig, DiscreteTransformer, checkpoint
+    checkpoint.save(DiscreteTransformer(DTConfig(), seq_len=4, replicas=2), directory)
+    return directory
+
+
+def _rewrite_meta(directory, **changes):
+    """Edit model.json and re-digest it, as a determined user would (the digest then passes)."""
+    import json
+
+    from wtc.checkpoint_io import meta_digest
+    f = directory / "model.json"
+    meta = {**json.loads(f.read_text()), **changes}
+    meta["_meta_sha256"] = meta_digest(meta)
+    f.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("field, value", [("replicas", -3), ("replicas", 0), ("seq_len", 2.5), ("n_outputs", True),
+                                          ("config", None), ("config", {"replicas": -3})])
+def test_an_edited_model_json_is_a_checkpoint_error_naming_the_field(tmp_path, field, value):
+    from wtc.dt import checkpoint
+    from wtc.errors import CheckpointError
+    d = _saved_dt(tmp_path / "m")
+    _rewrite_meta(d, **{field: value})
+    with pytest.raises(CheckpointError, match=f"model.json.*{field}" if field != "config" or value is None
+                       else "model.json.*replicas"):
+        checkpoint.load(d)
+
+
+@pytest.mark.parametrize("kind, what", [("dir", "a directory"), ("fifo", r"a FIFO \(named pipe\)"),
+                                        ("loop", "a symbolic link loop"), ("broken", "a broken symbolic link"),
+                                        ("missing", "checkpoint file missing")])
+def test_what_stands_in_place_of_model_json_is_named(tmp_path, kind, what):
+    import os
+
+    from wtc.dt import checkpoint
+    from wtc.errors import CheckpointError
+    d = _saved_dt(tmp_path / "m")
+    j = d / "model.json"
+    j.unlink()
+    {"dir": lambda: j.mkdir(), "fifo": lambda: os.mkfifo(j), "loop": lambda: os.symlink(j, j),
+     "broken": lambda: os.symlink(d / "nowhere", j), "missing": lambda: None}[kind]()
+    with pytest.raises(CheckpointError, match=what):
+        checkpoint.load(d)
+
+
+def test_train_resume_into_a_file_is_one_error(tmp_path, capsys):
+    from wtc.cli import main
+    (tmp_path / "checkpoints").write_text("not a directory")
+    assert main(["train", "parity_last2", "--out", str(tmp_path), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoints is a file, not a checkpoint directory" in err and "nothing to resume" not in err
+    assert err.count("\n") == 1

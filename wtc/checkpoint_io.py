@@ -174,6 +174,31 @@ def _json(f: Path) -> dict:
     return meta
 
 
+def _not_a_file(f: Path) -> str:
+    """Why `f` is not a checkpoint file: missing, or what stands in its place (a directory, a FIFO,
+    a symbolic link loop ...), so that the fix is not looked for in the wrong place."""
+    import errno
+    import stat
+
+    try:
+        st = os.lstat(f)
+    except FileNotFoundError:
+        return f"checkpoint file missing: {f}"
+    except OSError as exc:
+        return f"checkpoint file {f} cannot be read: {exc.strerror or exc}"
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            os.stat(f)
+        except OSError as exc:
+            what = "a symbolic link loop" if exc.errno == errno.ELOOP else "a broken symbolic link"
+            return f"checkpoint file {f} is {what}, not a file"
+        st = os.stat(f)
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
+    what = next((name for test, name in kinds if test(st.st_mode)), "something else")
+    return f"checkpoint file {f} is {what}, not a file"
+
+
 def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     path = stem(path)
     if not path.with_suffix(".safetensors").is_file():
@@ -186,7 +211,7 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     tfile, jfile = path.with_suffix(".safetensors"), path.with_suffix(".json")
     for f in (tfile, jfile):
         if not f.is_file() and not (f == jfile and path.with_suffix(".json.tmp").is_file()):
-            raise CheckpointError(f"checkpoint file missing: {f}")
+            raise CheckpointError(_not_a_file(f))
     try:
         with safe_open(str(tfile), framework="pt") as f:
             pair = (f.metadata() or {}).get(_PAIR)

@@ -27,12 +27,20 @@ def build_model(meta: dict, tensors: dict[str, torch.Tensor], prefix: str = ""):
 
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"unsupported checkpoint format {meta.get('format')!r} (expected {FORMAT!r})")
+    for key in ("seq_len", "n_inputs", "n_outputs", "replicas"):
+        # checked here, not by torch: replicas=-3 made a negative-size tensor (a RuntimeError), 0 the config's count
+        value = meta.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"checkpoint metadata (model.json): {key} must be a positive integer, got {value!r}")
+    if not isinstance(meta.get("config"), dict):
+        raise CheckpointError(f"checkpoint metadata (model.json): config must be a JSON object, got {meta.get('config')!r}")
     try:
         config = DTConfig.from_dict(meta["config"])
         model = DiscreteTransformer(config, seq_len=meta["seq_len"], n_inputs=meta["n_inputs"],
                                     n_outputs=meta["n_outputs"], replicas=meta["replicas"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint metadata does not describe a model: {exc}") from exc
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:      # ConfigError is a ValueError
+        raise CheckpointError(f"checkpoint metadata (model.json) does not describe a model: "
+                              f"{' '.join(str(exc).split())}") from exc
     state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     try:
         model.load_state_dict(state, strict=True)
