@@ -124,6 +124,22 @@ def test_standalone_source_refuses_what_it_was_not_verified_on(parity, xor):
     assert par.program([-1, -1, 2, 3], check_domain=False) == [-1.0, -4.0, 5.0, -7.0]
 
 
+def test_standalone_ranges_and_numpy_scalars():
+    real = Domain((ChannelDomain("x", low=-1.0, high=1.0),), (3,), any_length=False)
+    whole = Domain((ChannelDomain("x", low=0.0, high=99.0, integer=True),), (3,), any_length=False)
+    r, w = standalone(sum_program(real, 3)), standalone(sum_program(whole, 3))
+    assert r.program([-1, 0.25, np.float64(1.0)]) == [-1.0, -0.75, 1.25]
+    with pytest.raises(ValueError, match=r"xs\[1\], channel x = 1.5 is outside .*\(reals in \[-1, 1\]\)"):
+        r.program([0, 1.5, 0])
+    with pytest.raises(ValueError, match=r"xs\[2\], channel x = nan is outside"):
+        r.program([0, 0, float("nan")])
+    assert w.program([np.int64(3), 4, 99]) == [3.0, 7.0, 103.0]            # numpy scalars: the slow path
+    with pytest.raises(ValueError, match=r"xs\[0\], channel x = 2.5 is outside .*whole numbers in \[0, 99\]"):
+        w.program([2.5, 1, 1])
+    with pytest.raises(ValueError, match=r"xs\[0\], channel x = np.float64\(100.0\)|xs\[0\], channel x = 100.0"):
+        w.program([np.float64(100.0), 1, 1])
+
+
 def test_lengths_outside_the_domain(parity):
     fixed = Domain((ChannelDomain("x", values=(0.0, 1.0)),), (4,), any_length=False)
     program = sum_program(fixed)

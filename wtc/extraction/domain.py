@@ -170,6 +170,7 @@ def _check_domain(xs):
     if not DOMAIN["any_length"] and len(xs) not in DOMAIN["lengths"]:
         raise ValueError(f"xs has {len(xs)} items; this program was verified on sequences of length "
                          f"{DOMAIN['lengths'][0]} only")
+    sets = [None if c["values"] is None else set(c["values"]) for c in channels]
     for t, item in enumerate(xs):
         if k == 1:
             row = (item,)
@@ -177,23 +178,35 @@ def _check_domain(xs):
             names = ", ".join(c["name"] for c in channels)
             raise ValueError(f"xs[{t}] is {item!r}; expected a tuple of {k} numbers ({names})")
         else:
-            row = tuple(item)
-        for c, v in zip(channels, row):
-            try:
-                f = float(v) if not isinstance(v, (str, bytes)) else None
-            except (TypeError, ValueError):
-                f = None
-            if f is None:
-                raise ValueError(f"xs[{t}], channel {c['name']}: {v!r} is not a number")
-            if c["values"] is not None:
-                ok = f in c["values"]
-                want = "one of " + ", ".join(format(u, "g") for u in c["values"])
-            else:
-                ok = c["low"] <= f <= c["high"] and (not c["integer"] or f == int(f))
-                want = ("whole numbers" if c["integer"] else "reals") + f" in [{c['low']:g}, {c['high']:g}]"
-            if not ok:
-                raise ValueError(f"xs[{t}], channel {c['name']} = {v!r} is outside the domain this program "
-                                 f"was verified on ({want}); program(xs, check_domain=False) runs it anyway")
+            row = item
+        for c, values, v in zip(channels, sets, row):
+            if isinstance(v, (int, float)) and (v in values if values is not None else _in_range(v, c)):
+                continue                       # the common case, without conversions
+            _check_value(t, c, values, v)
+
+
+def _in_range(f, c):
+    return c["low"] <= f <= c["high"] and (not c["integer"] or f == int(f))
+
+
+def _check_value(t, c, values, v):
+    """The slow path: v converted to float (numpy scalars, fractions), then checked again."""
+    try:
+        f = float(v) if not isinstance(v, (str, bytes)) else None
+    except (TypeError, ValueError):
+        f = None
+    if f is None:
+        raise ValueError(f"xs[{t}], channel {c['name']}: {v!r} is not a number")
+    if values is not None:
+        if f in values:
+            return
+        want = "one of " + ", ".join(format(u, "g") for u in c["values"])
+    else:
+        if _in_range(f, c):
+            return
+        want = ("whole numbers" if c["integer"] else "reals") + f" in [{c['low']:g}, {c['high']:g}]"
+    raise ValueError(f"xs[{t}], channel {c['name']} = {v!r} is outside the domain this program was "
+                     f"verified on ({want}); program(xs, check_domain=False) runs it anyway")
 '''
 
 
