@@ -284,3 +284,18 @@ def test_train_resume_into_a_file_is_one_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "checkpoints is a file, not a checkpoint directory" in err and "nothing to resume" not in err
     assert err.count("\n") == 1
+
+
+# ----------------------------------------------------------------------------------- 9. ACE readouts
+@pytest.mark.parametrize("readout", [lambda o: o[:, -1] - o[:, -1].mean(0), lambda o: torch.softmax(o[:, -1], 0),
+                                     lambda o: o[:, -1][:3]])
+def test_ace_names_a_readout_that_mixes_the_batch(readout):
+    from wtc.ace import extract_core
+    from wtc.errors import AceError
+    from wtc.models.transformer import Transformer, TransformerConfig
+    m = Transformer(TransformerConfig(n_layers=1, d_model=8, n_heads=2, d_head=4, d_mlp=16, d_vocab=5, n_ctx=6), seed=0)
+    X = torch.randint(0, 5, (32, 4), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(AceError, match="the readout mixes the batch"):
+        extract_core(m, X, "blocks.0.hook_resid_post", readout=readout)
+    core = extract_core(m, X, "blocks.0.hook_resid_post", readout=lambda o: o[:, -1] - o[:, -1].mean(-1, keepdim=True))
+    assert core.rank >= 1                        # a per-row centring is fine

@@ -166,6 +166,29 @@ def activations_and_jacobians(model, inputs, layer: str, readout, position: int 
     return _select(act.detach(), position), J
 
 
+def _check_readout_per_row(model, inputs, readout, position) -> None:
+    """AceError when the readout mixes the batch (o - o.mean(0), a softmax over axis 0): ACE reads
+    each input's Jacobian from one backward over the batch, so row i of the readout must depend on
+    input i alone. Tested on one model output: the readout of its first rows alone must equal the
+    first rows of the readout of all of them (o - o.mean(0) read as "does not depend on the layer")."""
+    m = min(len(inputs), 4)
+    if m < 2:
+        return
+    with torch.no_grad():
+        out = _logits(model(inputs[:m]))
+        if not isinstance(out, torch.Tensor):
+            return
+        whole = _read(readout, out, position[:m] if _per_input(position) else position)
+        part = _read(readout, out[: m - 1], position[: m - 1] if _per_input(position) else position)
+    if whole.shape[1:] != part.shape[1:] or len(whole) != m or len(part) != m - 1:
+        raise AceError(f"the readout mixes the batch: it gave {tuple(whole.shape)} for {m} inputs and "
+                       f"{tuple(part.shape)} for {m - 1}; it must map each input's output on its own (row i from input i)")
+    a, b = whole[: m - 1].double(), part.double()
+    if not torch.allclose(a, b, rtol=1e-4, atol=1e-5 * (1 + float(a.abs().max()))):
+        raise AceError("the readout mixes the batch (its rows for the first inputs change when other inputs are in "
+                       "the batch, e.g. o - o.mean(0)); it must map each input's output on its own (row i from input i)")
+
+
 def _default_readout(position):
     if _is_all(position) or _per_input(position):
         return lambda out: out
@@ -220,6 +243,7 @@ def extract_core(model: nn.Module, inputs, layer: str, readout=None, energy: flo
     if len(inputs) == 0:
         raise AceError("inputs are empty")
     readout = readout or _default_readout(position)
+    _check_readout_per_row(model, inputs, readout, position)
     acc = None
     for start in range(0, len(inputs), chunk):
         H, J = activations_and_jacobians(model, inputs[start:start + chunk], layer, readout,
