@@ -299,3 +299,27 @@ def test_ace_names_a_readout_that_mixes_the_batch(readout):
         extract_core(m, X, "blocks.0.hook_resid_post", readout=readout)
     core = extract_core(m, X, "blocks.0.hook_resid_post", readout=lambda o: o[:, -1] - o[:, -1].mean(-1, keepdim=True))
     assert core.rank >= 1                        # a per-row centring is fine
+
+
+# ----------------------------------------------------------------------------------- 10. token files
+def test_token_files_that_are_not_arrays_are_one_line_errors_without_unsafe_advice(tmp_path):
+    import pickle
+    import warnings
+
+    from wtc.errors import ScanError
+    from wtc.models.io import load_tokens
+    (tmp_path / "text.npy").write_text("1 2 3\n4 5 6\n")
+    np.save(tmp_path / "objects.npy", np.array([[1, 2]], dtype=object))
+    (tmp_path / "raw.pt").write_bytes(pickle.dumps([[1, 2], [3, 4]], protocol=4))
+    cases = [("text.npy", "is not a .npy array file"), ("objects.npy", "holds an array of Python objects"),
+             ("raw.pt", "is not a tensor file wtc loads safely")]
+    for name, match in cases:
+        with warnings.catch_warnings(record=True) as caught, pytest.raises(ScanError, match=match) as err:
+            warnings.simplefilter("always")
+            load_tokens(tmp_path / name)
+        assert not caught, [str(w.message) for w in caught]
+        assert "\n" not in str(err.value) and "allow_pickle" not in str(err.value) and "weights_only=False" not in str(err.value)
+    torch.save(torch.tensor([[1, 2], [3, 4]]), tmp_path / "ok.pt")
+    np.save(tmp_path / "ok.npy", np.array([[1, 2], [3, 4]], dtype=np.int32))
+    for name in ("ok.pt", "ok.npy"):
+        assert load_tokens(tmp_path / name).tolist() == [[1, 2], [3, 4]]

@@ -78,8 +78,49 @@ def load_tokens(path) -> torch.Tensor:
         raise ScanError(f"{path}: token files are .npy or .pt, got {path.suffix!r}")
     if not path.is_file():
         raise ScanError(f"{path}: no such token file")
-    try:
-        tokens = np.load(path, allow_pickle=False) if path.suffix == ".npy" else torch.load(path, weights_only=True)
-    except Exception as exc:
-        raise ScanError(f"{path}: cannot read tokens: {exc}") from None
+    tokens = _read_npy(path) if path.suffix == ".npy" else _read_pt(path)
     return as_tokens(tokens, name=str(path))
+
+
+def _first_line(exc: Exception) -> str:
+    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+
+
+def _read_npy(path: Path):
+    """An .npy array, never unpickled. numpy's own errors advise allow_pickle=True (unsafe), so what is
+    wrong is said here: no NumPy header (a text file named .npy), or an object array (a pickle)."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as exc:
+        raise ScanError(f"{path}: cannot read tokens: {exc.strerror or exc}") from None
+    if magic != b"\x93NUMPY":
+        raise ScanError(f"{path} is not a .npy array file (no NumPy header: text or another format); write the "
+                        "tokens with numpy.save")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        if "pickle" in str(exc) or "Object arrays" in str(exc):
+            raise ScanError(f"{path} holds an array of Python objects, which wtc does not load (unpickling can run "
+                            "code); save an integer array") from None
+        raise ScanError(f"{path}: cannot read tokens: {_first_line(exc)}") from None
+    except Exception as exc:
+        raise ScanError(f"{path}: cannot read tokens: {_first_line(exc)}") from None
+
+
+def _read_pt(path: Path):
+    """A .pt tensor loaded with weights_only=True; a raw pickle (or objects past tensors) is refused
+    in one line, without torch's warning and its multi-line advice to load it unsafely."""
+    import pickle
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise ScanError(f"{path} is not a tensor file wtc loads safely (a raw pickle, or objects other than tensors "
+                        "and plain containers; wtc loads .pt with weights_only=True); save it with "
+                        "torch.save(tensor, path) or as .npy") from None
+    except Exception as exc:
+        raise ScanError(f"{path}: cannot read tokens: {_first_line(exc)}") from None
