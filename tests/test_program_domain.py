@@ -208,14 +208,17 @@ def test_domain_and_source_must_agree():
 
 # ---------------------------------------------------------------------- saved programs
 def test_saved_programs_keep_their_domain_and_old_ones_load_without(parity):
-    from wtc.discovery import plain_json, program_from_dict, program_to_dict
+    from wtc.discover_job import plain_json, program_from_dict, program_to_dict
 
     _, program = parity
     saved = json.loads(json.dumps(program_to_dict(program), default=plain_json))
+    assert Domain.from_dict(saved["domain"]) == program.domain
     back = program_from_dict(saved)
-    assert back.domain == program.domain                     # read back from the source's DOMAIN
+    assert back.domain == program.domain
+    del saved["domain"]
+    assert program_from_dict(saved).domain == program.domain  # also read back from the source's DOMAIN
     old = dict(saved, source=build_source(program.task, 1, 1, ["x"], program.lines, program.outputs))
-    old.pop("domain", None)                                  # a file written before domains
+    # a file written before domains: no 'domain' key, a source without DOMAIN
     legacy = program_from_dict(old)
     assert legacy.domain is None and "DOMAIN" not in legacy.source
     np.testing.assert_array_equal(legacy(np.array([[0.5, 1, 0, 2]])),
