@@ -13,7 +13,9 @@
 // Whether the CPU runs an ISA is the Gramian kernels' check (gramian_kernel_resolve): one
 // implementation of that test, the same numbering.
 #pragma once
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 
 #include "gramian.h"
 
@@ -34,6 +36,27 @@ enum DtIsa : int {
 #else
 #define WTC_DT_TARGET(arch)
 #endif
+
+// |x| clamped to lim (> 0) with integer operations on the bits; NaN stays NaN (its magnitude bits
+// lie above infinity's). Why not std::min / std::max or `x < lo ? lo : x`: under GCC's default
+// -ftrapping-math a float comparison blocks if-conversion of a loop on targets without mask
+// registers, so the exps of the softmax and of SiLU vectorised in the AVX-512 copy only and ran one
+// lane at a time in the AVX2 and portable copies (the sub-MLP forward 4.6x slower on AVX2 than on
+// AVX-512 in a real step, bench/cpu_isa.py). Integer compares cannot trap.
+inline __attribute__((always_inline)) float clamp_abs(float x, float lim) {
+  const uint32_t b = __builtin_bit_cast(uint32_t, x), mag = b & 0x7fffffffu;
+  const uint32_t capped = std::min(mag, __builtin_bit_cast(uint32_t, lim));
+  return __builtin_bit_cast(float, (b & 0x80000000u) | (mag > 0x7f800000u ? mag : capped));
+}
+
+// The same for double, the magnitude compared as a signed 64-bit integer (AVX2 has no unsigned one).
+inline __attribute__((always_inline)) double clamp_abs(double x, double lim) {
+  const uint64_t b = __builtin_bit_cast(uint64_t, x);
+  const int64_t mag = static_cast<int64_t>(b & 0x7fffffffffffffffull);
+  const int64_t capped = std::min(mag, __builtin_bit_cast(int64_t, lim));
+  return __builtin_bit_cast(double, (b & 0x8000000000000000ull) |
+                                        static_cast<uint64_t>(mag > 0x7ff0000000000000ll ? mag : capped));
+}
 
 // The resolved ISA (never kDtIsaAuto once read); 0 = not chosen yet.
 inline std::atomic<int>& dt_isa_slot() {

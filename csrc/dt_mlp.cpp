@@ -20,9 +20,10 @@ namespace {
 constexpr int64_t NB = 64;   // rows per block (the vectorised axis); a last partial block is zero-padded
 
 // exp(x), branch-free (Cephes' expf: range reduction by ln 2, degree-5 polynomial, within 2 ulp),
-// x clamped to [-87, 88] so 2^k stays a normal float.
+// x clamped to [-87, 87] so 2^k stays a normal float (clamp_abs, dt_isa.h: a float comparison would
+// keep the SiLU loops scalar on AVX2).
 WTC_INLINE float exp_f(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  x = clamp_abs(x, 87.0f);
   const float y = x * 1.44269504088896341f;
   const float kk = (y + 12582912.0f) - 12582912.0f;        // round to nearest
   float r = x - kk * 0.693359375f;
@@ -39,11 +40,14 @@ WTC_INLINE float exp_f(float x) {
 }
 
 // exp(x) in double, branch-free (Cody-Waite reduction by ln 2, Taylor series to r^13 on
-// |r| <= ln2 / 2: truncation below 1e-17 relative), x clamped to [-708, 709]; the float64 path of the
-// precision pass, where std::exp does not vectorise without fast-math.
+// |r| <= ln2 / 2: truncation below 1e-17 relative), x clamped to [-708, 708]; the float64 path of the
+// precision pass, where std::exp does not vectorise without fast-math. 2^k is built from the bits of
+// the rounding sum (k in its low mantissa bits): AVX2 has no double -> int64 conversion, and a cast
+// kept this loop scalar there.
 WTC_INLINE double exp_d(double x) {
-  x = x < -708.0 ? -708.0 : (x > 709.0 ? 709.0 : x);
-  const double kk = (x * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0;   // round to nearest
+  x = clamp_abs(x, 708.0);
+  const double shifted = x * 1.4426950408889634 + 6755399441055744.0;   // 1.5 * 2^52 + k
+  const double kk = shifted - 6755399441055744.0;                       // round to nearest
   double r = x - kk * 6.93145751953125e-1;
   r = r - kk * 1.42860682030941723212e-6;
   double q = 1.0 / 6227020800.0;                        // 1/13!
@@ -59,7 +63,8 @@ WTC_INLINE double exp_d(double x) {
   q = q * r + 1.0 / 6.0;
   q = q * r + 0.5;
   q = q * r * r + r + 1.0;
-  const int64_t bits = (static_cast<int64_t>(kk) + 1023) << 52;
+  const int64_t k = __builtin_bit_cast(int64_t, shifted) - __builtin_bit_cast(int64_t, 6755399441055744.0);
+  const int64_t bits = (k + 1023) << 52;
   return q * __builtin_bit_cast(double, bits);
 }
 

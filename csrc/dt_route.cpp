@@ -20,9 +20,10 @@ namespace {
 
 // exp(x) for the softmax (x = z / tau - max <= 0), branch-free so loops over keys vectorise:
 // Cephes' expf (range reduction by ln 2, degree-5 polynomial), within 2 ulp of expf; x below -87
-// gives exp(-87) ~ 1.6e-38 instead of a denormal, which no probability here can tell apart.
+// gives exp(-87) ~ 1.6e-38 instead of a denormal, which no probability here can tell apart. The
+// clamp is clamp_abs (dt_isa.h): a float comparison would keep this loop scalar on AVX2.
 WTC_INLINE float exp_neg(float x) {
-  x = x < -87.0f ? -87.0f : x;
+  x = clamp_abs(x, 87.0f);
   const float y = x * 1.44269504088896341f;
   const float k = (y + 12582912.0f) - 12582912.0f;        // round to nearest (1.5 * 2^23 trick)
   float r = x - k * 0.693359375f;

@@ -188,3 +188,35 @@ def test_an_isa_the_cpu_lacks_is_refused_naming_what_it_runs():
                           "    print(type(e).__name__, e)")
     assert done.stdout.strip() == (f"BackendError WTC_NATIVE_ISA asks for '{missing[0]}', which this CPU cannot "
                                    f"run (it runs: {', '.join(ISAS)})")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_mlp_bank_exp_clamp_far_in_both_tails_under_each_isa(rng, isa, dtype):
+    """Pre-activations far past the exp clamp (|pre| up to ~1000, csrc/dt_isa.h clamp_abs): SiLU still
+    matches the reference (its tails are 0 and the identity) and nothing overflows."""
+    from wtc.kernels import cpu
+
+    R, n, M, k, hidden = 2, 70, 3, 2, 8
+    f = lambda *s: torch.as_tensor(rng.standard_normal(s), dtype=torch.float64)  # noqa: E731
+    inputs = [300 * f(R, n, M, k), f(R, M, hidden, k), f(R, M, hidden), f(R, M, hidden), f(R, M), f(R, M, k)]
+    weight = torch.as_tensor(rng.standard_normal((R, n, M)))
+    y64, g64 = bank_run(bank_reference, inputs, "silu", weight, torch.float64)
+    y, grads = bank_run(cpu.mlp_bank, inputs, "silu", weight, dtype)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for name, g, r in zip(["y", "x", "W1", "b1", "W2", "b2", "skip"], [y, *grads], [y64, *g64]):
+        g, r = g.detach().double(), r.detach()
+        assert torch.isfinite(g).all(), name
+        assert float((g - r).abs().max()) <= tol * max(1.0, float(r.abs().max())), name
+
+
+def test_route_a_nan_score_stays_nan_under_each_isa(rng, isa):
+    """The softmax's exp clamp keeps NaN (it does not turn a NaN score into a finite probability)."""
+    from wtc.kernels import cpu
+
+    inputs = [x.float() for x in route_inputs(rng, 2, 3, 2, 5, 4, 16)]
+    inputs[5][0, 0, 2] = float("nan")      # rel of replica 0 (position-only), head 0
+    inputs[5][1, 1, 3] = float("nan")      # rel of replica 1 (content), head 1
+    out, _ = cpu.route(*inputs, pad=4, tau=0.8, hard=False, straight_through=False, seed=None)
+    # rel[i + pad - j] with pad 4 reaches every query of the head: each of its outputs is NaN
+    assert torch.isnan(out[0, :, 0]).all() and torch.isnan(out[1, :, 1]).all()
+    assert torch.isfinite(out[0, :, 1]).all() and torch.isfinite(out[1, :, 0]).all()
