@@ -57,8 +57,8 @@ def sum_program(domain: Domain | None, seq_len: int = 4) -> Program:
 # ---------------------------------------------------------------------- recorded at extraction
 def test_extraction_records_the_domain_seen(parity, xor):
     task, program = parity
-    assert program.domain == Domain((ChannelDomain("x", values=(0.0, 1.0)),), (task.seq_len, 2 * task.seq_len),
-                                    any_length=True)
+    assert program.domain == Domain((ChannelDomain("x", values=(0.0, 1.0), integer=True),),
+                                    (task.seq_len, 2 * task.seq_len), any_length=True)
     _, program2 = xor
     assert [ch.values for ch in program2.domain.channels] == [(0.0, 1.0), (0.0, 1.0)]
     assert [ch.name for ch in program2.domain.channels] == ["x0", "x1"]

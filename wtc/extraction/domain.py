@@ -26,8 +26,8 @@ class DomainError(WtcError, ValueError):
 
 @dataclass(frozen=True)
 class ChannelDomain:
-    """One input channel: a finite set of values (`values`), or a range [low, high] (whole numbers
-    only when `integer`)."""
+    """One input channel: a finite set of values (`values`), or a range [low, high]; `integer`: its
+    values are whole numbers (a range then admits whole numbers only)."""
 
     name: str
     values: tuple[float, ...] | None = None
@@ -85,7 +85,7 @@ class Domain:
             seen = np.unique(v)
             integer = bool(np.all(seen == np.round(seen)))
             if integer and len(seen) <= MAX_VALUES:
-                channels.append(ChannelDomain(name, values=tuple(float(s) + 0.0 for s in seen)))
+                channels.append(ChannelDomain(name, values=tuple(float(s) + 0.0 for s in seen), integer=True))
             else:
                 low, high = _outward(float(seen[0]), float(seen[-1]))
                 channels.append(ChannelDomain(name, low=low, high=high, integer=integer))
