@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import time
+
 import numpy as np
 import sympy as sp
 
@@ -93,6 +95,7 @@ class SRArgumentError(SRError, TypeError):
 def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEFAULT_MAX_COMPLEXITY,
         operators=None, time_limit: float | None = None, random_state: int | None = 0, **unknown) -> Fit:
     """Find the simplest formula y = f(X) within the tolerance. See ``wtc.sr`` for details."""
+    started = time.perf_counter()       # the time limit covers the whole fit, data preparation too
     no_unknown_keywords("wtc.sr.fit() has no argument", unknown, FIT_ARGUMENTS, SRArgumentError)
     X, y, names = check_inputs(X, y, names)
     check_options(max_complexity=max_complexity, time_limit=time_limit, random_state=random_state, tol=tol,
@@ -105,8 +108,9 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
         X, y = X / np.array([float(v) for v in scales[0]]), y / sy
     data = prepare(X, y, names, tol, rng)
     levels = search.op_levels(operators, data.integer)  # validates the operator names before any work
+    left = None if time_limit is None else max(time_limit - (time.perf_counter() - started), 1e-3)
     cands, log = search.run(data, max_complexity=int(max_complexity), operators=operators,
-                            time_limit=time_limit, rng=rng)
+                            time_limit=left, rng=rng)
     best = choose(cands, int(max_complexity))
     structured = ""
     if best.passes and data.sigma_method == "local-quadratic" and data.sigma > REL_FLOOR * data.y_rms:
@@ -168,7 +172,11 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
                 "this is the best trade-off found")
     if data.note:
         note = (note + "; " if note else "") + data.note
-    if log.timed_out:
+    total = time.perf_counter() - started
+    if time_limit is not None and total > time_limit * 1.05 + 0.5:
+        note = (note + "; " if note else "") + (f"time limit ({time_limit} s) overrun: the fit took {total:.1f} s "
+                                               f"(search {log.seconds:.1f} s)")
+    elif log.timed_out:
         note = (note + "; " if note else "") + f"time limit ({time_limit} s) reached: search incomplete"
     return Fit(
         expr=expr, equation=equation_str(expr), exact=exact, complexity=complexity,
@@ -177,7 +185,8 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
         tolerance=thr, noise=data.sigma if data.sigma_method != "tol" else data.sigma * TOL_FACTOR,
         noise_method=data.sigma_method, candidates=rows,
         names=names, operators=log.levels_tried[-1] if log.levels_tried else levels[0],
-        seconds=log.seconds, timed_out=log.timed_out, note=note, tree=tree,
+        seconds=total, timed_out=log.timed_out or (time_limit is not None and total > time_limit), note=note,
+        tree=tree,
     )
 
 

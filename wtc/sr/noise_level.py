@@ -14,6 +14,16 @@ from __future__ import annotations
 
 import numpy as np
 
+# Rows the neighbour searches look among: a query's distances to every row cost (queries x n), so
+# 10^6 rows took minutes; the nearest of 20000 random rows are near enough for a noise scale
+# (farther neighbours bias the local estimate upwards: a looser tolerance, the safe side).
+NEIGHBOUR_ROWS = 20000
+
+
+def _among(n: int, rng: np.random.Generator) -> np.ndarray | None:
+    """The rows a neighbour search looks among (sorted), or None for all of them."""
+    return None if n <= NEIGHBOUR_ROWS else np.sort(rng.choice(n, NEIGHBOUR_ROWS, replace=False))
+
 
 def group_rows(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Unique rows of X (G, k), the group index of every row (n,) and group counts (G,)."""
@@ -39,6 +49,9 @@ def _design(D: np.ndarray, quadratic: bool) -> np.ndarray:
 
 
 def local_sigma(X: np.ndarray, y: np.ndarray, rng: np.random.Generator, n_query: int = 400) -> float:
+    rows = _among(len(X), rng)
+    if rows is not None:
+        X, y = X[rows], y[rows]
     n, k = X.shape
     scale = X.std(axis=0)
     scale[scale == 0] = 1.0
@@ -84,7 +97,12 @@ STRUCTURE_Z = 5.0  # |correlation| * sqrt(n) of residuals with their k-th neighb
 
 
 def neighbour_index(X: np.ndarray, rng: np.random.Generator, k: int = 6, n_query: int = 400):
-    """(query rows (q,), their k nearest other rows (q, k), nearest first) in per-column scaled X."""
+    """(query rows (q,), their k nearest other rows (q, k), nearest first) in per-column scaled X
+    (among NEIGHBOUR_ROWS random rows when X has more; indices are X's own)."""
+    rows = _among(len(X), rng)
+    if rows is not None:
+        q, nb = neighbour_index(X[rows], rng, k, n_query)
+        return rows[q], rows[nb]
     n = len(X)
     scale = X.std(axis=0)
     scale[scale == 0] = 1.0
