@@ -43,10 +43,10 @@ def test_from_arrays_takes_a_masked_array_with_nothing_masked():
 
 def test_task_refuses_a_target_or_sample_of_strings():
     t = _task(lambda x: np.where(x > 0, "1", "0"))
-    with pytest.raises(TaskError, match=r"task 'probe5': target is not numeric: it holds text"):
+    with pytest.raises(TaskError, match=r"task 'probe5': target is not a numeric array: it holds text"):
         t.batch(0, 4)
     t = _task(lambda x: x, sample=lambda rng, n: rng.integers(0, 2, (n, 4)).astype(str))
-    with pytest.raises(TaskError, match=r"task 'probe5': sample is not numeric: it holds text"):
+    with pytest.raises(TaskError, match=r"task 'probe5': sample is not a numeric array: it holds text"):
         t.draw(0, 4)
 
 
@@ -57,7 +57,7 @@ def test_program_refuses_strings():
     from wtc.extraction.program import build_source
     prog = wtc.Program("demo", build_source("demo", 1, 1, ["x"], [], [sp.Symbol("x") * 2]), 2, 1, 1)
     for bad in (["nan", "inf"], [["nan", "inf"]], np.array([["1", "2"]], dtype=object)):
-        with pytest.raises(ProgramInputError, match="is not numeric: it holds text"):
+        with pytest.raises(ProgramInputError, match="is not a numeric array: it holds text"):
             prog(bad)
     np.testing.assert_array_equal(prog([[1.0, 2.0]]), [[2.0, 4.0]])
 
@@ -65,9 +65,9 @@ def test_program_refuses_strings():
 @pytest.mark.parametrize("X", [["1", "2"] * 5, np.array(["1", "2"] * 5, dtype=object), [b"1"] * 10])
 def test_sr_fit_refuses_lists_and_object_arrays_of_text(X):
     import wtc.sr as sr
-    with pytest.raises(SRError, match="X is not numeric: it holds text"):
+    with pytest.raises(SRError, match="X is not a numeric array: it holds text"):
         sr.fit(X, np.arange(10.0))
-    with pytest.raises(SRError, match="y is not numeric: it holds text"):
+    with pytest.raises(SRError, match="y is not a numeric array: it holds text"):
         sr.fit(np.arange(10.0), X)
 
 

@@ -41,8 +41,8 @@ def plain_numbers(a, what: str, error):
         except (TypeError, ValueError):            # ragged: the caller's own conversion names it
             return a
     if kind in ("M", "m"):
-        raise error(f"{what} is not numeric: it holds dates or durations ({np.asarray(a).dtype}); "
+        raise error(f"{what} is not a numeric array: it holds dates or durations ({np.asarray(a).dtype}); "
                     "convert them to numbers yourself (e.g. seconds since a start)")
     if kind in ("U", "S") or (kind == "O" and any(isinstance(v, (str, bytes)) for v in np.asarray(a).flat)):
-        raise error(f"{what} is not numeric: it holds text or bytes; convert them to numbers yourself")
+        raise error(f"{what} is not a numeric array: it holds text or bytes; convert them to numbers yourself")
     return a
