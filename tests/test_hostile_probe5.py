@@ -323,3 +323,14 @@ def test_token_files_that_are_not_arrays_are_one_line_errors_without_unsafe_advi
     np.save(tmp_path / "ok.npy", np.array([[1, 2], [3, 4]], dtype=np.int32))
     for name in ("ok.pt", "ok.npy"):
         assert load_tokens(tmp_path / name).tolist() == [[1, 2], [3, 4]]
+
+
+def test_sr_estimator_refuses_text_too():
+    from wtc.sr.estimator import SymbolicRegressor
+    x = np.arange(20.0).reshape(-1, 1)
+    with pytest.raises(SRError, match="X is not a numeric array: it holds text"):
+        SymbolicRegressor().fit(x.astype(str), 2 * x[:, 0])
+    fitted = SymbolicRegressor().fit(x, 2 * x[:, 0])
+    np.testing.assert_allclose(fitted.predict(np.array([[3.0]])), [6.0])
+    with pytest.raises(SRError, match="X is not a numeric array: it holds text"):
+        fitted.predict(np.array([["3"]]))

@@ -10,6 +10,7 @@ from wtc.arguments import no_unknown_keywords
 from wtc.sr.api import DEFAULT_MAX_COMPLEXITY, Fit, SRArgumentError, fit
 from wtc.errors import SRError
 from wtc.sr.data import SRDataTypeError
+from wtc.tasks.limits import plain_numbers
 
 
 class NotFittedError(WtcError, ValueError, AttributeError):
@@ -28,6 +29,7 @@ def _as_2d(X, what: str = "X") -> np.ndarray:
     """X as a 2-D float array; 1-D and scalar inputs are refused as scikit-learn does."""
     if hasattr(X, "tocsr") or hasattr(X, "todense"):
         raise SRError(f"{what} is a sparse matrix: sparse input is not supported, pass a dense array")
+    X = plain_numbers(X, what, SRError)       # text ('1' -> 1.0), dates, masked entries
     try:
         a = np.asarray(X)
     except (TypeError, ValueError) as e:
