@@ -43,8 +43,6 @@ def _cmd_train(args) -> int:
     out = Path(args.out) if args.out else None
     if args.resume and (out / "checkpoints").exists() and not (out / "checkpoints").is_dir():   # one error, no note first
         raise CLIError(f"--resume: {out}/checkpoints is a file, not a checkpoint directory; move it or give another --out")
-    if args.resume and (out / "checkpoints").exists() and not (out / "checkpoints").is_dir():   # one error, no note first
-        raise CLIError(f"--resume: {out}/checkpoints is a file, not a checkpoint directory; move it or give another --out")
     if args.resume and not (out / "checkpoints").is_dir():
         print(f"wtc: note: nothing to resume in {out}/checkpoints; starting afresh", file=sys.stderr)
     t0 = time.perf_counter()
