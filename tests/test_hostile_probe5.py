@@ -131,10 +131,11 @@ def test_proposer_command_gets_no_secret_and_its_own_directory(tmp_path, monkeyp
     from wtc.explain.proposer import run_command
     monkeypatch.setenv("WTC_PROBE5_SECRET", "hunter2")
     monkeypatch.chdir(tmp_path)
-    out = run_command("""sh -c 'echo x > F; printf "[\\"%s\\", \\"%s\\", \\"%s\\", \\"%s\\"]" "$WTC_PROBE5_SECRET" "$HOME" "$PWD" "$(env | wc -l)"'""",
+    out = run_command("""sh -c 'echo x > F; printf "[\\"%s\\", \\"%s\\", \\"%s\\", \\"%s\\", \\"%s\\"]" "$WTC_PROBE5_SECRET" "$HOME" "$PWD" "$(env | wc -l)" "$(cat "$PWD/F")"'""",
                       ["ctx"], 10)
-    secret, home, cwd, n_env = out
+    secret, home, cwd, n_env, written = out
     assert secret == "" and home == cwd and cwd != str(tmp_path)
+    assert written == "x"                       # the relative write landed in its own directory
     assert int(n_env) <= 5                      # PATH, HOME, LANG (and what sh itself sets: PWD, SHLVL)
     assert not (tmp_path / "F").exists()
     import os
@@ -334,3 +335,13 @@ def test_sr_estimator_refuses_text_too():
     np.testing.assert_allclose(fitted.predict(np.array([[3.0]])), [6.0])
     with pytest.raises(SRError, match="X is not a numeric array: it holds text"):
         fitted.predict(np.array([["3"]]))
+
+
+def test_the_report_says_the_proposer_was_given_up():
+    from wtc.explain.report import markdown
+    s = {"weights_sampled": 3, "weights_scored": 3, "threshold": 0.75, "interpretable_fraction": 1.0,
+         "slices": 2, "robust_fraction": 1.0, "reliability": None, "mean_heldout_score": 0.9, "search_positions": 256,
+         "max_coverage": 0.5, "seconds": 1.0, "examples": [],
+         "proposer_gave_up": "the proposer timed out after 0.5 s on weight 1 of 3 and was not asked again"}
+    assert "- external proposer: the proposer timed out after 0.5 s on weight 1 of 3" in markdown(s, "m")
+    assert "external proposer" not in markdown({**s, "proposer_gave_up": None}, "m")
