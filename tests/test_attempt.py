@@ -85,6 +85,11 @@ def test_ladder_budget_covers_half_the_longest_wave(capsys):
     _, ran = _climb(fake, 2, budget_s=3, max_attempts=None, name="demo", progress=True)
     assert ran == [0, 1] and fake.waves == [[0, 1]]
     assert "used the 3s budget" in capsys.readouterr().out
+    # every rung of the first wave cut at the budget (no result): the ladder still stops
+    fake = FakeRungs([0] * 4, seconds=[30, 1, 1, 1])
+    winner, ran = climb(DTConfig(), lambda rungs: fake(rungs) and {}, workers=2, solved=lambda r: False,
+                        key=lambda r: r, clock=fake.clock, budget_s=3)
+    assert winner is None and ran == [] and fake.waves == [[0, 1]]
     with pytest.raises(ConfigError, match="never ends"):
         _climb(FakeRungs([0]), 1, max_attempts=None)
 

@@ -105,7 +105,7 @@ def climb(config: DTConfig, run_wave: Callable[[list[Rung]], dict], *, workers: 
     best, best_key, ran = None, None, []
     first = 0
     while max_attempts is None or first < max_attempts:
-        if ran and budget_s is not None and clock() - t0 + NEW_WAVE_SHARE * longest > budget_s:
+        if first > 0 and budget_s is not None and clock() - t0 + NEW_WAVE_SHARE * longest > budget_s:
             break
         n = workers if max_attempts is None else min(workers, max_attempts - first)
         wave = [Rung(a, *config.rung(a)) for a in range(first, first + n)]
