@@ -175,3 +175,16 @@ def test_cli_discover_checks_out_before_the_work(tmp_path):
                        capture_output=True, text=True, env={**os.environ, "WTC_DEBUG": ""})
     assert r.returncode == 2 and "in the way" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_real_valued_records_are_not_refused_for_float32_rounding():
+    """Measurements with 17 significant digits round in float32 (two distinct values may become one):
+    that is their precision, not a lost unit step, so the task is taken (integers past 2**24 are not)."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, (4000, 10))
+    x[1, 0] = x[0, 0] + 1e-11                               # distinct in float64, equal in float32
+    task = wtc.Task.from_arrays(x, x * 2, name="measured")
+    assert task.output == "real"
+    with pytest.raises(TaskError, match="float32"):
+        wtc.Task.from_arrays(np.array([[2**30, 2**30 + 1]] * 60) + np.arange(60)[:, None] * 2**8,
+                             np.zeros((60, 2)), name="big_ints")
