@@ -308,7 +308,7 @@ std::string& dt_isa_error() {
 std::vector<std::string> dt_isas() {
   std::vector<std::string> out;
   for (int k : {wtc::kDtIsaAvx512, wtc::kDtIsaAvx2, wtc::kDtIsaPortable})
-    if (wtc::gramian_kernel_resolve(k) >= 0) out.emplace_back(wtc::gramian_kernel_name(k));
+    if (wtc::dt_isa_resolve(k) == k) out.emplace_back(wtc::gramian_kernel_name(k));
   return out;
 }
 

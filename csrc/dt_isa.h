@@ -11,7 +11,7 @@
 // Asking for an ISA the CPU lacks is an error, not a silent fallback (see bindings.cpp): a timing or
 // a test that believes it measured the AVX2 path must not have measured another one.
 // Whether the CPU runs an ISA is the Gramian kernels' check (gramian_kernel_resolve): one
-// implementation of that test, the same numbering.
+// implementation of that test, the same numbering (dt_isa_resolve adds what this build compiled).
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -28,9 +28,9 @@ enum DtIsa : int {
   kDtIsaAvx512 = kGramianAvx512,
 };
 
-// The x86-64-v3 / v4 copies exist only where GCC's per-function target attribute does (x86-64 GCC,
-// as gramian.cpp); elsewhere every ISA but portable is reported as not run by this CPU.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// The x86-64-v3 / v4 copies exist only where GCC knows those target names (x86-64 GCC 11 and later;
+// gramian.cpp also needs them); elsewhere every ISA but portable is reported as not run here.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
 #define WTC_DT_DISPATCH 1
 #define WTC_DT_TARGET(arch) __attribute__((target(arch)))
 #else
@@ -64,10 +64,19 @@ inline std::atomic<int>& dt_isa_slot() {
   return slot;
 }
 
-// Choose the ISA `want` (kDtIsaAuto: the widest this CPU runs). Returns the resolved ISA, or -1
-// (nothing changed) when the CPU cannot run the one asked for.
+// The ISA `want` resolves to (kDtIsaAuto: the widest this CPU runs), or -1 when the CPU, or this
+// build, cannot run it.
+inline int dt_isa_resolve(int want) {
+#ifdef WTC_DT_DISPATCH
+  return gramian_kernel_resolve(want);
+#else
+  return want == kDtIsaAuto || want == kDtIsaPortable ? static_cast<int>(kDtIsaPortable) : -1;
+#endif
+}
+
+// Choose the ISA `want`. Returns the resolved ISA, or -1 (nothing changed) when it cannot run.
 inline int dt_isa_set(int want) {
-  const int resolved = gramian_kernel_resolve(want);
+  const int resolved = dt_isa_resolve(want);
   if (resolved >= 0) dt_isa_slot().store(resolved);
   return resolved;
 }
