@@ -188,3 +188,16 @@ def test_real_valued_records_are_not_refused_for_float32_rounding():
     with pytest.raises(TaskError, match="float32"):
         wtc.Task.from_arrays(np.array([[2**30, 2**30 + 1]] * 60) + np.arange(60)[:, None] * 2**8,
                              np.zeros((60, 2)), name="big_ints")
+
+
+def test_snap_past_its_deadline_snaps_nothing():
+    from wtc.dt.snap import snap_heads
+    run = Attempt(wtc.tasks.get("prev2"), TINY, 0, 0)
+    run.model.freeze()
+    x, y, valid = run.fit_data[:3]
+    assert snap_heads(run.model, x[:64], y[:64], valid[:64], until=time.time() - 1) == []
+
+
+def test_finishing_stops_half_way_between_training_and_the_end():
+    d = Deadline.of(100.0, 1000.0, 0.25)
+    assert (d.train_until, d.finish_by, d.end) == (1075.0, 1087.5, 1100.0)

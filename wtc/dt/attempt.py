@@ -188,8 +188,8 @@ class Attempt:
 
     def finish(self, deadline: Deadline | None = None) -> None:
         """Freeze the discrete structure, refit the head exactly, polish the continuous parts.
-        With a deadline, the L-BFGS polishes stop at its end (the polish is most of the finish)."""
-        end = None if deadline is None else deadline.end
+        With a deadline, the snap and the L-BFGS polishes stop at its finish_by."""
+        end = None if deadline is None else deadline.finish_by
         self.model.freeze()
         self.model.eval()
         x, y, valid = self.fit_data[:3]
@@ -197,7 +197,7 @@ class Attempt:
         refit_head(self.model, x, y, valid)
         if self.config.snap:
             k, started = SNAP_SEQUENCES, time.process_time()
-            self.snaps = snap_heads(self.model, x[:k], y[:k], valid[:k])
+            self.snaps = snap_heads(self.model, x[:k], y[:k], valid[:k], until=end)
             self.snap_seconds = time.process_time() - started
             refit_head(self.model, x, y, valid)      # candidates were scored on a subset
         if self.config.polish_iters:
@@ -226,10 +226,10 @@ class Attempt:
         sub = self.model.select_replicas(close).double()
         done = 0
         while done < self.config.precision_iters:   # in chunks: stop once one of them is solved
-            if deadline is not None and deadline.left() <= 0:
+            if deadline is not None and time.time() >= deadline.finish_by:
                 break
             step = min(PRECISION_CHUNK, self.config.precision_iters - done)
-            ratio = polish(sub, x, y, valid, iters=step, until=None if deadline is None else deadline.end)
+            ratio = polish(sub, x, y, valid, iters=step, until=None if deadline is None else deadline.finish_by)
             done += step
             self.model.assign_replicas(close, copy.deepcopy(sub).float())   # .float() is in place
             scores = self.evaluate(self.config.eval_sequences)
@@ -289,8 +289,9 @@ def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = 
     """Train one population to the end (resuming where `run` stands); fresh-data scores per replica.
 
     deadline: training stops at deadline.train_until, the state is saved to state_path (a resume
-    continues from it), and the population is finished and scored as it stands (the polish and
-    the precision pass stop at deadline.end); history.final["stopped_at_step"] says so."""
+    continues from it), and the population is finished and scored as it stands (the snap, the
+    polish and the precision pass stop at deadline.finish_by); history.final["stopped_at_step"]
+    says so."""
     cfg = run.config
     t_start = time.perf_counter()
     total = cfg.steps + cfg.hard_steps

@@ -12,7 +12,7 @@ from wtc.dt.selection import EVAL
 # A replica whose mean squared error (normalised target units) is below this already fits the
 # polish batch to float32 noise (rms 1e-6 of the target's std); see polish().
 EXACT_FIT = 1e-12
-POLISH_CHUNK = 50    # L-BFGS iterations between looks at the clock when the polish has a deadline
+POLISH_CHUNK = 20    # L-BFGS iterations between looks at the clock when the polish has a deadline
 
 
 def masked_mse(pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,7 @@ def margin_s(budget_s: float) -> float:
 @dataclass(frozen=True)
 class Deadline:
     """Wall-clock limits (time.time() seconds) of a budgeted call: training stops at train_until,
-    leaving the rest for finishing, reading out and verifying, which stop at end. Crosses to a
+    finishing at finish_by, reading out and verifying at end. Crosses to a
     worker process as two numbers (to_json / from_json)."""
 
     train_until: float
@@ -49,6 +49,12 @@ class Deadline:
     @classmethod
     def of(cls, budget_s: float, started: float, reserve_share: float) -> "Deadline":
         return cls(started + budget_s * (1.0 - reserve_share), started + budget_s)
+
+    @property
+    def finish_by(self) -> float:
+        """When finishing a trained population stops (half the time after training): the rest is
+        for reading replicas out and verifying them."""
+        return self.train_until + 0.5 * (self.end - self.train_until)
 
     def left(self, now: float | None = None) -> float:
         return self.end - (time.time() if now is None else now)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import time
+
 import numpy as np
 import torch
 
@@ -180,9 +182,10 @@ class _Screen:
 
 
 @torch.no_grad()
-def snap_heads(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> list[Snap]:
+def snap_heads(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor, until: float | None = None) -> list[Snap]:
     """Snap the pointer heads of a frozen population where that lowers a replica's loss (in place).
     The output head is left as the last candidate's refit: the caller refits it on its own data.
+    until (time.time() seconds): no head is started after it (the heads done so far stay snapped).
     Returns the snaps kept, in the order made."""
     heads = [b.attn for b in model.blocks if b.attn is not None and b.attn.H]
     if not heads:
@@ -200,6 +203,8 @@ def snap_heads(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> 
         pointers = _pointers(attn, unit).cpu().numpy()                            # (R, B, H, T)
         for r in range(model.R):
             for h in range(H):
+                if until is not None and time.time() >= until:
+                    return kept
                 if float(loss[r]) < EXACT_FIT:                                    # exact now: rounding noise is no gain
                     break
                 value_var, key_var = int(idx[r, 2 * H + h]), int(idx[r, H + h])
