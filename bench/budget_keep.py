@@ -1,7 +1,7 @@
 """Is discover's budget a promise? Wall time of `wtc.discover(task, budget_s=B)` on tasks it cannot
 solve, against B plus the promised margin (5% of B or 10 s, whichever is larger).
 
-    python bench/budget_keep.py [--budgets 60,300] [--before /tmp/venv-before/bin/python]
+    python bench/budget_keep.py [--budgets 60,300] [--before /tmp/venv-before/bin/python] [--load 2]
 
 Tasks (declared with lambdas, as a user would):
   random_table  y_t = TABLE[x_{t-1}, x_t] for a fixed random table over [0, 100)^2: no sub-MLP of a
@@ -13,7 +13,9 @@ Each run is a subprocess script (wtc.discover + Discovery.save), timed by wall c
 start (interpreter start, imports and saving included, as a user waits for them: wall_s) and by
 the discover call itself (Discovery.seconds: discover_s, what the promise covers). With --before, the
 same runs by an earlier installation alternate with this one's. Rows go to
-bench/results/budget_keep.csv, with the CPU model and flags.
+bench/results/budget_keep.csv, with the CPU model and flags. --load N runs N busy loops beside
+the runs (a shared machine: the issue's overruns were measured under load); those rows go to
+bench/results/budget_keep_loaded.csv.
 """
 from __future__ import annotations
 
@@ -69,7 +71,18 @@ def main() -> None:
     ap.add_argument("--budgets", default="60,300")
     ap.add_argument("--tasks", default="random_table,dps_wide")
     ap.add_argument("--before", default=None, help="python of an earlier installation to run alongside")
+    ap.add_argument("--load", type=int, default=0, help="busy-loop processes running beside the measured runs")
     args = ap.parse_args()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
+    try:
+        measure(args)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+def measure(args) -> None:
     engines = [("now", sys.executable)] + ([("before", args.before)] if args.before else [])
     with tempfile.TemporaryDirectory(prefix="wtc-budget-") as tmp:
         for budget in (float(b) for b in args.budgets.split(",")):
@@ -77,12 +90,13 @@ def main() -> None:
                 for label, python in engines:
                     r = run(python, task, budget, Path(tmp) / f"{task}-{budget:g}-{label}")
                     row = {"when": stamp(), "cpu": cpu_flags(), "load": round(os.getloadavg()[0], 1),
+                           "busy_loops": args.load,
                            "engine": label, "task": task, "budget_s": budget, "wall_s": r["seconds"],
                            "discover_s": r["call_s"], "limit_s": budget + margin(budget),
                            "kept": r["call_s"] is not None and r["call_s"] <= budget + margin(budget),
                            "solved": r["solved"], "attempts": r["attempts"],
                            "cut": "; ".join(r["cut"] or []) if isinstance(r["cut"], list) else "-"}
-                    append_rows("budget_keep", [row])
+                    append_rows("budget_keep_loaded" if args.load else "budget_keep", [row])
                     print(json.dumps(row), flush=True)
                     if r["exit"] not in (0,):
                         print(f"  exit {r['exit']}: {r['stderr']}", flush=True)
