@@ -13,13 +13,13 @@ import sys
 import pytest
 import torch
 
+from test_fused_step import close, rel_err, route_inputs as fused_route_inputs  # the references' tolerances
 from wtc import _native
 from wtc.dt.attention import route_reference
 
 C = _native.cpu_module()
 pytestmark = pytest.mark.skipif(C is None, reason="wtc._C not built")
 ISAS = C.dt_isas() if C is not None else []
-TOL = 1e-5
 
 
 @pytest.fixture(params=ISAS)
@@ -33,24 +33,10 @@ def isa(request):
         C.set_dt_isa(old)
 
 
-def rel_err(got, ref):
-    got, ref = got.detach().double(), ref.detach().double()
-    assert torch.isfinite(got).all()
-    return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
-def close(got, ref64, ref32) -> bool:
-    return rel_err(got, ref64) <= max(TOL, 4 * rel_err(ref32, ref64))
-
-
 def route_inputs(rng, R, B, H, T, pad, N):
-    L = T + pad
-    f = lambda *s: torch.as_tensor(rng.standard_normal(s), dtype=torch.float64)  # noqa: E731
-    u01 = lambda *s: torch.as_tensor(rng.random(s), dtype=torch.float64)  # noqa: E731
-    content = torch.as_tensor(rng.random(R) < 0.6, dtype=torch.float64)
-    content[-1], content[0] = 1.0, 0.0        # both paths: per-sequence (content) and 16-lane (position-only)
-    return [u01(R, B, H, T), u01(R, B, H, L), f(R, B, H, L), 0.3 * f(R, H, N, N), 0.3 * f(R, H, N), f(R, H, L),
-            f(R, H, L), u01(R, H) + 0.5, content]
+    inputs = fused_route_inputs(rng, R, B, H, T, pad, N)
+    inputs[-1][0] = 0.0        # both paths: per-sequence (content) and 16-lane (position-only)
+    return inputs
 
 
 def route_run(op, inputs, kw, weights, dtype):
