@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from test_fused_step import close, rel_err, route_inputs as fused_route_inputs  # the references' tolerances
+from test_fused_step import close, rel_err, route_run, route_inputs as fused_route_inputs  # the references' tolerances
 from wtc import _native
 from wtc.dt.attention import route_reference
 
@@ -39,13 +39,6 @@ def route_inputs(rng, R, B, H, T, pad, N):
     return inputs
 
 
-def route_run(op, inputs, kw, weights, dtype):
-    leaves = [x.to(dtype).requires_grad_() for x in inputs[:8]]
-    out, o_rows = op(*leaves, inputs[8].to(dtype), **kw)
-    loss = (out * weights[0].to(dtype)).sum()
-    if o_rows is not None:
-        loss = loss + (o_rows * weights[1].to(dtype)).sum()
-    return out, o_rows, torch.autograd.grad(loss, leaves, allow_unused=True)
 
 
 @pytest.mark.parametrize("mode", ["soft+noise+overlap", "hard-straight-through+noise"])
