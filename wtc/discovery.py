@@ -260,7 +260,7 @@ def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool 
 
     budget_s must be a finite positive number of seconds; the call returns within it plus a margin
     (5% or 10 s, whichever is larger) with the best program found so far. Training stops at 75%
-    of the budget (wtc.dt.ladder.READ_SHARE), finishing and reading replicas out at the budget,
+    of the budget (wtc.dt.ladder.READ_SHARE), finishing at 87.5%, reading replicas out at the budget,
     and a new wave of attempts starts only while the time left covers half the longest wave;
     whatever the budget cut is said in the attempts' records (stopped_at_step, cut) and the
     report. A given `config` keeps the fields it sets and caps the attempts at its max_attempts;
