@@ -63,7 +63,7 @@ def test_pool_stands_for_the_callable_task(tmp_path):
     xb, yb = back.batch(np.random.default_rng(0), 50)
     np.testing.assert_array_equal(xb, x)
     np.testing.assert_array_equal(yb, y)
-    with pytest.raises(TaskError, match="pool"):
+    with pytest.raises(TaskError, match="recorded sequences"):
         pooled.targets(np.full((1, 6), 7.0))                               # never drawn: not in the pool
     assert job_task(task, seed=3).pool.train[0].tobytes() == jt.pool.train[0].tobytes()   # seeded
 

@@ -75,17 +75,21 @@ def _check_float32_resolution(x: np.ndarray, valid: np.ndarray, output: str, nam
                         "Discrete Transformer trains in: 24-bit significand); subtract an offset or rescale the inputs")
 
 
-def _keys(x: np.ndarray) -> list[bytes]:
+def sequence_keys(x: np.ndarray) -> list[bytes]:
     """One hashable key per sequence (its float64 bytes; -0.0 folded onto 0.0)."""
     x = np.ascontiguousarray(x + 0.0, dtype=np.float64)
     return [row.tobytes() for row in x.reshape(len(x), -1)]
 
 
-class _Records:
-    """Sequences of one split: draws (without replacement while they last) and the lookup."""
+class Records:
+    """Recorded sequences (a data task's split, a callable task's drawn pool: wtc.tasks.pool):
+    `sample` draws them (without replacement while they last), `target` looks each sequence up in
+    `table` (sequence_keys -> its outputs; default: these sequences' own)."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, squeeze_in: bool, squeeze_out: bool,
-                 table: dict[bytes, np.ndarray], name: str):
+                 table: dict[bytes, np.ndarray] | None, name: str):
+        if table is None:
+            table = dict(zip(sequence_keys(x), y))
         self.x, self.y, self.table, self.name = x, y, table, name
         self.squeeze_in, self.squeeze_out = squeeze_in, squeeze_out
 
@@ -98,7 +102,7 @@ class _Records:
         x = np.asarray(x, dtype=np.float64)
         x3 = x[..., None] if self.squeeze_in else x
         try:
-            y = np.stack([self.table[k] for k in _keys(x3)])
+            y = np.stack([self.table[k] for k in sequence_keys(x3)])
         except KeyError:
             raise TaskError(f"task {self.name!r}: target(x) is known only for recorded sequences, and this "
                             "batch holds one that was not recorded") from None
@@ -149,7 +153,7 @@ def from_arrays(inputs, outputs, *, name: str = "data", output: str | None = Non
     _check_float32_resolution(x3, valid, output, name)
     table: dict[bytes, np.ndarray] = {}
     first: dict[bytes, int] = {}                  # each distinct input sequence once (duplicates are one)
-    for k, key in enumerate(_keys(x3)):
+    for k, key in enumerate(sequence_keys(x3)):
         seen = table.get(key)
         if seen is not None and not np.array_equal(seen[valid_from:], y3[k, valid_from:], equal_nan=True):
             raise TaskError(f"task {name!r}: sequence {k} repeats an earlier input (sequence {first[key]}) with "
@@ -168,8 +172,8 @@ def from_arrays(inputs, outputs, *, name: str = "data", output: str | None = Non
     held, train = order[:n_held], order[n_held:]
     shape = {"seq_len": T, "n_inputs": x3.shape[2], "n_outputs": y3.shape[2], "output": output,
              "valid_from": int(valid_from)}
-    kept = _Records(x3[held], y3[held], squeeze_in, squeeze_out, table, name)
-    rec = _Records(x3[train], y3[train], squeeze_in, squeeze_out, table, name)
+    kept = Records(x3[held], y3[held], squeeze_in, squeeze_out, table, name)
+    rec = Records(x3[train], y3[train], squeeze_in, squeeze_out, table, name)
     verify_on = task_type(f"{name} (held out)", kept.sample, kept.target, size=len(held), description=description, **shape)
     task = task_type(name, rec.sample, rec.target, size=len(train), heldout=verify_on, description=description, **shape)
     # what rebuilds this task elsewhere (a worker process): the distinct records in their given rank

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from wtc.errors import TaskError
+from wtc.tasks.data import Records
 from wtc.tasks.task import Task
 
 TRAIN_SEQUENCES = 65536      # a default attempt draws 1300 x 128 = 166k: each pooled sequence ~2.5 times
@@ -31,8 +32,8 @@ SHAPE = ("seq_len", "n_inputs", "n_outputs", "output", "valid_from", "descriptio
 
 @dataclass(frozen=True, eq=False, repr=False)
 class PoolTask(Task):
-    """A task over drawn sequences: `sample` draws from them (with replacement), `target` is
-    their recorded target (a lookup by row: the inputs it is given must be drawn from here).
+    """A task over drawn sequences (wtc.tasks.data.Records, as a data task's): `sample` draws
+    them, `target` looks their recorded targets up (the inputs it is given must be drawn from here).
     `check`: the part that verification gives (what readings are checked on in a worker);
     `longer`: the same pool at twice the length (what at_length(2 * seq_len) returns). any_length
     is the user's task's: the program read from a pooled task is a loop over T all the same."""
@@ -51,31 +52,9 @@ class PoolTask(Task):
                         + (f" and {self.longer.seq_len}" if self.longer is not None else "") + f" only, not {seq_len}")
 
 
-class _Rows:
-    """Sequences and targets of one part of the pool; target(x) finds each row by its bytes."""
-
-    def __init__(self, x: np.ndarray, y: np.ndarray, squeeze: bool, name: str):
-        self.x, self.y, self.squeeze, self.name = x, y, squeeze, name
-        keys = np.ascontiguousarray(x + 0.0).reshape(len(x), -1)
-        self.row = {k.tobytes(): i for i, k in enumerate(keys)}
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        x = self.x[rng.integers(0, len(self.x), n)]
-        return x[..., 0] if self.squeeze else x
-
-    def target(self, x) -> np.ndarray:
-        x3 = np.asarray(x, dtype=np.float64)
-        x3 = x3[..., None] if x3.ndim == 2 else x3
-        try:
-            rows = [self.row[k.tobytes()] for k in np.ascontiguousarray(x3 + 0.0).reshape(len(x3), -1)]
-        except KeyError:
-            raise TaskError(f"task {self.name!r} (pooled): target(x) is known only for sequences of its pool") from None
-        return self.y[rows]
-
-
 def _part(x: np.ndarray, y: np.ndarray, name: str, shape: dict, squeeze: bool, fingerprint: str,
           longer: PoolTask | None = None, check: PoolTask | None = None) -> PoolTask:
-    rows = _Rows(x, y, squeeze, name)
+    rows = Records(x, y, squeeze, False, None, name)
     task = PoolTask(name, rows.sample, rows.target, longer=longer, check=check, **shape)
     object.__setattr__(task, "_fingerprint", fingerprint)   # it stands for the user's task (frozen: private cache)
     object.__setattr__(task, "_ndim", 2 if squeeze else 3)
