@@ -22,6 +22,7 @@ from wtc.dt.workers import POOL, job_task, run_wave
 from wtc.errors import TaskError
 from wtc.extraction import extract
 from wtc.extraction.formulas import ExtractionTimeout
+from wtc.extraction.reader import ExtractionInputError
 from wtc.tasks import pool
 from wtc.tasks.probe import dependence
 
@@ -120,6 +121,9 @@ def test_extract_past_its_deadline_raises_a_timeout():
                          progress=False)
     with pytest.raises(ExtractionTimeout, match="time budget"):
         extract(model, "sum_last2", deadline=time.time() - 1)
+    for bad in ("soon", float("nan"), True):
+        with pytest.raises(ExtractionInputError, match="deadline"):
+            extract(model, "sum_last2", deadline=bad)
 
 
 def test_a_rung_cut_before_reading_keeps_its_model_and_says_so():

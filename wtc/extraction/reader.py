@@ -111,6 +111,9 @@ def extract(model, task, *, n: int = 2048, seed: int = 0, deadline: float | None
     if (model.seq_len, model.n_inputs, model.n_outputs) != (task.seq_len, task.n_inputs, task.n_outputs):
         raise ExtractionInputError(f"model shape (seq_len, n_inputs, n_outputs) = {(model.seq_len, model.n_inputs, model.n_outputs)}"
                          f" does not match task {task.name!r}: {(task.seq_len, task.n_inputs, task.n_outputs)}")
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float, np.number))
+                                 or not np.isfinite(deadline)):
+        raise ExtractionInputError(f"deadline must be None or a time.time() in seconds, got {deadline!r}")
     with reading_deadline(deadline):
         return _Extraction(model, task, n, seed).run()
 
