@@ -100,7 +100,7 @@ MAX_THREADS = 4096                  # more intra-op threads than any machine has
 
 
 def check_trainer(model, batch_fn, loss_fn, *, path, evals, rngs, threads, decay, post_step, checkpoint_every,
-                  checkpoint_at) -> int | None:
+                  checkpoint_at, checkpoint_seconds=None) -> int | None:
     """Trainer's arguments, before anything is built; returns threads as an int (or None)."""
     if not isinstance(model, torch.nn.Module):
         raise TrainConfigTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -137,6 +137,11 @@ def check_trainer(model, batch_fn, loss_fn, *, path, evals, rngs, threads, decay
     if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
                                          or checkpoint_every < 1):
         raise TrainConfigError(f"checkpoint_every must be None or a positive int, got {checkpoint_every!r}")
+    if checkpoint_seconds is not None and (isinstance(checkpoint_seconds, bool) or
+                                           not isinstance(checkpoint_seconds, (int, float)) or
+                                           not math.isfinite(checkpoint_seconds) or checkpoint_seconds < 0):
+        raise TrainConfigError(f"checkpoint_seconds must be None or a finite number of seconds >= 0, got "
+                               f"{checkpoint_seconds!r}")
     if isinstance(checkpoint_at, (str, bytes)) or not all(
             isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in checkpoint_at):
         raise TrainConfigError(f"checkpoint_at must be a collection of step numbers (ints >= 0), got {checkpoint_at!r}")

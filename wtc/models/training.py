@@ -7,7 +7,16 @@ Update `step` (0-based; `Trainer.step` counts the updates done):
     zero_grad, backward, clip the global L2 norm of the gradient (cfg.grad_clip), AdamW step
     step += 1; post_step(trainer) may change the weights (top-k projection) and return per-step values
     every Eval due at `step`: metrics[name] gets {"step": step, **fn(trainer)}
-    a training-state checkpoint when due (checkpoint_every / checkpoint_at), at the last step, on stop
+    a training-state checkpoint when due (checkpoint_every / checkpoint_at / checkpoint_seconds), at the
+    last step, on stop, on Ctrl-C / SIGTERM
+
+Checkpoints by default: a trainer with a path writes its state when a fresh run starts (the run and
+its config exist from the first moment, so a rerun of another config is refused even then), at
+least every `checkpoint_seconds` of wall time (default 60: a kill -9 loses at most a minute of
+training, and a checkpoint a minute costs little next to the updates), at the last step, and when
+SIGINT or SIGTERM comes: the signal is held until the update in flight is whole, the state is
+written at that step, and the signal is then delivered as if nothing had held it
+(wtc.models.interrupts). Rerun with the same config, the trainer resumes from the last checkpoint.
 
 Resume is exact: batches are a function of the step, or drawn from generators registered in
 `rngs` (numpy or torch Generators), whose states travel in the checkpoint with torch's global RNG
@@ -38,6 +47,7 @@ from tqdm.auto import tqdm
 from wtc import checkpoint_io
 import wtc.models.trainer_checks as checks
 from wtc.arguments import KnownFields
+from wtc.models.interrupts import Deferred
 from wtc.errors import CheckpointError, TrainConfigError, TrainConfigTypeError, TrainingError, WtcError
 from wtc.threads import torch_threads
 
@@ -208,14 +218,16 @@ class Trainer:
     (a scalar tensor). decay(name, param): whether weight decay applies (None: everywhere; the
     AdamW param groups are then [decayed, not decayed]). post_step(trainer) -> dict | None runs
     after every optimiser step. rngs: generators batch_fn draws from, checkpointed. path: the
-    training-state checkpoint (None: none). identity: what else a resume must agree on."""
+    training-state checkpoint (None: none). identity: what else a resume must agree on.
+    checkpoint_seconds: with a path, a checkpoint at least this often (wall time; None: none by
+    time); checkpoint_every / checkpoint_at add checkpoints at fixed steps (module doc)."""
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, batch_fn: Callable[[int], Any],
                  loss_fn: Callable[[Any], torch.Tensor], *, path=None, identity: dict | None = None,
                  decay: Callable[[str, torch.nn.Parameter], bool] | None = None,
                  post_step: Callable[["Trainer"], dict | None] | None = None, evals: tuple[Eval, ...] = (),
                  rngs: dict | None = None, checkpoint_every: int | None = None, checkpoint_at: Collection[int] = (),
-                 threads: int | None = None, progress: bool = True, desc: str = "train", leave: bool = True):
+                 checkpoint_seconds: float | None = 60.0, threads: int | None = None, progress: bool = True, desc: str = "train", leave: bool = True):
         if not isinstance(cfg, TrainConfig):
             hint = " (TrainConfig(**d) for a dict)" if isinstance(cfg, dict) else ""
             raise TrainConfigTypeError(f"cfg must be a TrainConfig{hint}, got {type(cfg).__name__}")
@@ -224,12 +236,13 @@ class Trainer:
             raise TrainConfigTypeError(f"evals must be a tuple of Eval, got {evals!r:.80}")
         threads = checks.check_trainer(model, batch_fn, loss_fn, path=path, evals=evals, rngs=rngs, threads=threads,
                                        decay=decay, post_step=post_step, checkpoint_every=checkpoint_every,
-                                       checkpoint_at=checkpoint_at)
+                                       checkpoint_at=checkpoint_at, checkpoint_seconds=checkpoint_seconds)
         self.model, self.cfg, self.batch_fn, self.loss_fn = model, cfg, batch_fn, loss_fn
         self.path = None if path is None else Path(path)
         self.identity = checks.identity(identity)
         self.post_step, self.evals, self.rngs = post_step, tuple(evals), dict(rngs or {})
         self.checkpoint_every, self.checkpoint_at = checkpoint_every, frozenset(checkpoint_at)
+        self.checkpoint_seconds = None if checkpoint_seconds is None else float(checkpoint_seconds)
         self.threads, self.progress, self.desc, self.leave = threads, progress, desc, leave
         named = list(model.named_parameters())
         decayed = {n: True if decay is None else bool(decay(n, p)) for n, p in named}
@@ -410,7 +423,8 @@ class Trainer:
 
     def run(self, stop_after: int | None = None, budget_s: float | None = None) -> TrainResult:
         """Train to cfg.steps (resuming first); stop_after: return, checkpointed, once this many
-        updates are done, as a kill would; budget_s: likewise after this many seconds."""
+        updates are done, as a kill would; budget_s: likewise after this many seconds. With a path,
+        SIGINT / SIGTERM end the run checkpointed at a whole step and are then delivered (module doc)."""
         checks.check_run(stop_after, budget_s)
         self.resume()
         target, start = self.cfg.steps, self.step
@@ -419,6 +433,7 @@ class Trainer:
         bar = tqdm(total=target, initial=min(start, target), disable=not self.progress, desc=self.desc,
                    leave=self.leave, dynamic_ncols=True, mininterval=1)
         postfix: dict[str, str] = {}
+        held = Deferred(self.path is not None)
         try:
             with torch_threads(self.threads):
                 self.model.train()
@@ -427,6 +442,9 @@ class Trainer:
                         if 0 in ev.at:
                             self._record(ev)
                     stopped_by = self._stopped()
+                if self.path is not None and not checkpoint_io.exists(self.path):
+                    self.save()                        # the run exists from its start (module doc)
+                last_save = time.monotonic()
                 while self.step < target and stopped_by is None:
                     value, extra = self._update()
                     for ev in self.evals:
@@ -438,19 +456,23 @@ class Trainer:
                     if self.step % 10 == 0 or self.step == target:
                         bar.set_postfix({"loss": f"{value:.3f}", **{k: f"{v:.3g}" for k, v in extra.items()}, **postfix})
                     stop = (stop_after is not None and self.step >= stop_after) or stopped_by is not None or \
-                           (budget_s is not None and time.perf_counter() - self._t0 >= budget_s)
-                    if self.path is not None and (self.step == target or stop or self.step in self.checkpoint_at
+                           (budget_s is not None and time.perf_counter() - self._t0 >= budget_s) or \
+                           held.pending is not None
+                    timely = self.checkpoint_seconds is not None and \
+                        time.monotonic() - last_save >= self.checkpoint_seconds
+                    if self.path is not None and (self.step == target or stop or timely or self.step in self.checkpoint_at
                                                   or (self.checkpoint_every and self.step % self.checkpoint_every == 0)):
                         self.save()
+                        last_save = time.monotonic()
                     if stop:
                         break
-                if self.path is not None and not checkpoint_io.exists(self.path):
-                    self.save()                        # nothing ran, but the run exists
         finally:
+            held.restore()                             # the handlers of before, whatever happened here
             ran, loop_s = self.step - start, time.perf_counter() - self._t0
             self._seconds_before, self._t0 = self._seconds_before + loop_s, None
             bar.close()
             self.model.eval()
+        held.deliver()                                 # a held signal, now that its checkpoint is written
         return TrainResult(step=self.step, finished=self.step >= target, seconds=self.seconds,
                            seconds_per_step=loop_s / ran if ran > 0 else None,
                            history={k: list(v) for k, v in self.history.items()},
