@@ -145,8 +145,19 @@ def _cmd_lm_train(args) -> int:
                             n_ctx=args.seq_len)
     model = Transformer(cfg, seed=args.seed)
     source = MarkovSource(args.vocab, args.seq_len, seed=args.seed)
-    losses = train_lm(model, source, args.steps, batch=args.batch, seed=args.seed, progress=not args.quiet)
     out = Path(args.out)
+    state = out / "train_state"          # resumed by a rerun (wtc.models.training checkpoints it)
+    try:
+        losses = train_lm(model, source, args.steps, batch=args.batch, seed=args.seed, progress=not args.quiet,
+                          path=state)
+    except KeyboardInterrupt:
+        from wtc.checkpoint_io import exists
+        from wtc.models.training import read_state
+
+        kept = f"training state at step {read_state(state).step} kept in {state}.safetensors/.json; run the " \
+               "same command again to resume" if exists(state) else "nothing was checkpointed yet"
+        print(f"\nwtc: interrupted: {kept}", file=sys.stderr)
+        return 130
     save(model, out / "model", extra={"source": "markov", "steps": args.steps, "final_loss": losses[-1] if losses else None})
     np.save(out / "tokens.npy", source.sample(np.random.default_rng([args.seed, 1]), args.scan_sequences).numpy())
     n = sum(p.numel() for p in model.parameters())
@@ -365,7 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--seed", type=_seed, default=0)
     ex.add_argument("--quiet", action="store_true")
     ex.set_defaults(func=_cmd_explain)
-    lm = sub.add_parser("lm-train", help="train a token transformer on a Markov stream (a model to scan)")
+    lm = sub.add_parser("lm-train", help="train a token transformer on a Markov stream (a model to scan); its training "
+                                         "state in --out is checkpointed every minute and on Ctrl-C / SIGTERM, and "
+                                         "a rerun of the same command resumes it")
     lm.add_argument("--layers", type=_positive, default=2)
     lm.add_argument("--d-model", type=_positive, default=128)
     lm.add_argument("--heads", type=_positive, default=4)

@@ -27,8 +27,9 @@ class MarkovSource:
         if vocab > MAX_VOCAB:            # the transition matrix is vocab x vocab float64
             raise ArgumentError(f"MarkovSource vocab must be at most {MAX_VOCAB} (its {vocab} x {vocab} transition "
                                 f"matrix would need {8 * vocab ** 2 / 2**30:.3g} GiB), got {vocab}")
-        rng = np.random.default_rng(arguments.seed(seed, error=ArgumentError))
-        self.vocab, self.seq_len = vocab, seq_len
+        self.seed = arguments.seed(seed, error=ArgumentError)
+        rng = np.random.default_rng(self.seed)
+        self.vocab, self.seq_len, self.branching = vocab, seq_len, branching
         self.P = np.zeros((vocab, vocab))
         for v in range(vocab):
             succ = rng.choice(vocab, branching, replace=False)
@@ -51,14 +52,19 @@ def next_token_loss(model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def train_lm(model, source: MarkovSource, steps: int, batch: int = 64, lr: float = 1e-3, seed: int = 0,
-             progress: bool = True) -> list[float]:
-    """AdamW (weight decay 0.01) on next-token cross-entropy; returns the loss curve. Batches come
-    from one numpy Generator seeded by `seed`, drawn in order (wtc.models.training)."""
+             progress: bool = True, path=None) -> list[float]:
+    """AdamW (weight decay 0.01) on next-token cross-entropy; returns the loss curve (over every
+    call, when resumed). Batches come from one numpy Generator seeded by `seed`, drawn in order
+    (wtc.models.training). path: the training state (wtc.models.training's checkpoints: at the
+    start, every minute, on Ctrl-C / SIGTERM, at the end); a rerun with the same settings resumes
+    it (`steps` may grow), other settings are refused by name."""
     if steps < 0 or batch < 1:
         raise ArgumentError(f"steps must be >= 0 and batch >= 1, got {steps}, {batch}")
     rng = np.random.default_rng(seed)
+    identity = {"source": "markov", "vocab": int(source.vocab), "seq_len": int(source.seq_len),
+                "branching": int(source.branching), "source_seed": source.seed, "batch": int(batch), "seed": int(seed)}
     result = train(model, TrainConfig(steps=steps, lr=lr, weight_decay=0.01), lambda step: source.sample(rng, batch),
                    lambda tokens: next_token_loss(model, tokens), rngs={"batch": rng}, progress=progress,
-                   desc="lm train")
+                   desc="lm train", path=path, identity=identity)
     model.train_seconds = result.seconds
     return result.losses
