@@ -13,6 +13,7 @@ from wtc.errors import WtcError
 from wtc.tasks import Task
 
 __version__ = "0.1.0"
+"""The installed wtc version (as in pyproject.toml)."""
 
 # Subpackages, resolved on first access.
 _PACKAGES = ("tasks", "dt", "extraction", "sr", "scan", "explain", "ace", "models", "studies", "kernels")

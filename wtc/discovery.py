@@ -49,6 +49,11 @@ class DiscoveryError(WtcError, ValueError):
 
 @dataclass
 class Discovery:
+    """What `discover` found: the task, the best `program` (a `Program`, or None), the `model` it was
+    read from and its training `history`, the program's `verification` on fresh data, the
+    `seconds` taken, every attempt tried (`attempts`, and in `cut` those the budget stopped), what
+    the probe found the target reads (`dependence`) and the `budget_s` it ran under. `solved`,
+    `summary()`, `report()`, `diagnosis()`, `budget_notes()` and `save(directory)` read it."""
     task: object
     program: object | None
     model: object | None

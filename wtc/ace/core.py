@@ -30,6 +30,10 @@ from wtc.errors import AceError
 
 @dataclass
 class Core:
+    """An algorithmic core of `layer` (at `position`): the `rank`-dimensional subspace that is both
+    active and output-relevant, as an orthonormal `basis` (D, m) ordered by the balanced singular
+    values `s`, the activation `mean` it is centred on, the `n_samples` it was estimated from and
+    the balancing pair (`right`, `left`) of its oblique projector. `extract_core` returns it."""
     layer: str
     position: int | str | torch.Tensor | None    # a (n,) tensor: per-input positions
     basis: torch.Tensor        # (D, m) orthonormal, ordered by singular value

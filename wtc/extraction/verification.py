@@ -17,6 +17,9 @@ class VerificationError(WtcError, ValueError):
 
 @dataclass
 class Verification:
+    """A program scored on `n` fresh sequences: `accuracy` (integer tasks) or `max_rel_err` (real
+    tasks), how often it agrees with the model it was read from, whether that `solved` the task,
+    and for an any_length task the same check at twice the length (`longer`, `holds_longer`)."""
     accuracy: float | None          # rounded accuracy on valid positions (integer tasks)
     max_rel_err: float              # max |pred - y| / (1 + |y|) on valid positions
     n: int                          # sequences

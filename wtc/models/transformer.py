@@ -35,6 +35,9 @@ from wtc.hooks import Hooked, HookPoint
 
 @dataclass
 class TransformerConfig(KnownFields):
+    """The shape of a `Transformer`: layers, widths, heads, vocabulary and context, activation,
+    normalisation, which blocks have an MLP, biases and AbsTopK; an unknown field or a bad value
+    is a one-line ModelConfigError."""
     _field_error = ModelConfigError          # an unknown keyword (wtc.arguments.KnownFields)
 
     n_layers: int = 2

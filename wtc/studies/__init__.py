@@ -37,9 +37,11 @@ STUDIES = {
     "agreement": ("wtc.studies.agreement", "ACE on language models: the 1-D number-agreement axis of small LMs trained "
                                            "on an agreement corpus, or of a local Hugging Face model (--model DIR)"),
 }
+"""Every study: name -> (its module, a one-line description with its --quick duration)."""
 
 
 def names() -> list[str]:
+    """The registered study names, in registry order (what `wtc study NAME` accepts)."""
     return list(STUDIES)
 
 

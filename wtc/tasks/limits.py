@@ -4,7 +4,8 @@ the one conversion of user data to plain numbers (also used by Program, wtc.sr a
 # Inputs and targets are trained on in float32 (max 3.4e38); past this magnitude normalisation
 # statistics and float32 copies overflow into a NaN model, so such values are refused up front.
 MAX_MAGNITUDE = 1e30
-REAL_TOLERANCE = 1e-3  # max |pred - y| / (1 + |y|) for real tasks (the suite's tolerance)
+REAL_TOLERANCE = 1e-3
+"""A real task is solved when max |pred - y| / (1 + |y|) stays within this (the suite's tolerance)."""
 
 
 def without_bfloat16(a):

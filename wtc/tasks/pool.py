@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable   # PoolTask's generated __init__ carries Task's string annotations, which name it
 
 import numpy as np
 
