@@ -42,14 +42,18 @@ gives a Spearman of 0.75 whatever the order inside the classes), the same for th
 alone (`spearman_definite`) and the ambiguous ones alone (wtc.studies.agreement_compare).
 Writes summary.json (`models`: name,
 rank, baseline_acc, keep_acc, remove_acc, flip_reversal, generation_flip, ...; `spearman`),
-report.md and agreement.png. Training states live in out/<model name>/train_state; a rerun
-resumes them and redoes the analysis.
+report.md and agreement.png. Each model is one unit of work kept in out/<model name>/analysis.json
+(its analysis and training figures, with the settings it was computed from); training states live
+in out/<model name>/train_state. A rerun reuses every finished unit (and says so), resumes an
+unfinished training, and computes what is missing or was computed from other settings; a model
+directory is compared as the directory it names, however it is spelled (wtc.studies.clock).
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -62,7 +66,7 @@ from wtc.ace.core import PATCH_MODES
 from wtc.errors import StudyError
 from wtc.studies.agreement_compare import compare, spearman  # noqa: F401 (spearman: public)
 from wtc.studies.agreement_report import markdown, plot
-from wtc.studies.clock import Clock, check_config, study_dir
+from wtc.studies.clock import Clock, check_config, kept, resolved, study_dir
 from wtc.tasks.agreement import DEFAULT_VARIANT, VARIANTS
 from wtc.threads import torch_threads
 
@@ -142,6 +146,7 @@ HEADLINE = ("models.0.rank", "models.0.baseline_acc", "models.0.keep_acc", "mode
             "models.0.flip_reversal", "models.0.generation_flip", "min_spearman")
 OUTPUTS = ("summary.json", "report.md", "agreement.png")
 _TRAIN_FIELDS = ("corpus_seed", "corpus", "train_sentences", "n_ctx", "batch", "lr", "warmup", "verb_weight")
+ANALYSIS = 1      # the version of a kept model row: bump it when analyse() changes what it computes
 
 
 # ---------------------------------------------------------------------------- the language models
@@ -417,9 +422,9 @@ def run(cfg: AgreementStudy | None, out_dir, progress: bool = True) -> dict:
     corpus = AgreementCorpus(cfg.corpus_seed, variant=cfg.corpus)
     user = hf_lm(cfg.model, corpus, cfg.n_ctx) if cfg.model is not None else None     # a bad directory fails before anything is written
     check_config(out, {k: v for k, v in asdict(cfg).items() if k in _TRAIN_FIELDS + ("models", "model")},
-                 free=("models",), label="agreement")
+                 free=("models",), label="agreement", paths=("model",))
     with torch_threads(cfg.threads):
-        summary, lms = _study(cfg, corpus, user, out, progress, clock)
+        summary = _study(cfg, corpus, user, out, progress, clock)
     clock.save()
     summary["seconds"] = round(clock.total(), 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -428,7 +433,7 @@ def run(cfg: AgreementStudy | None, out_dir, progress: bool = True) -> dict:
     return summary
 
 
-def _study(cfg: AgreementStudy, corpus, user: LM | None, out: Path, progress: bool, clock: Clock):
+def _study(cfg: AgreementStudy, corpus, user: LM | None, out: Path, progress: bool, clock: Clock) -> dict:
     fit = corpus.eval_set("attractor", cfg.fit_n // 2, seed=11) + corpus.eval_set("no_attractor", cfg.fit_n - cfg.fit_n // 2,
                                                                                  seed=12)
     evals = corpus.eval_set("attractor", cfg.eval_n, seed=13)
@@ -437,39 +442,50 @@ def _study(cfg: AgreementStudy, corpus, user: LM | None, out: Path, progress: bo
     q = corpus.ambiguous_share
     n_amb = round(cfg.eval_n * q / (1 - q))
     amb = corpus.eval_set("ambiguous", n_amb, seed=15) if n_amb else []
-    lms, training = [], {}
+    sets = (fit, evals, no_attr, amb)
+    say = (lambda message: print(f"agreement: {message}", file=sys.stderr, flush=True)) if progress else None
+    settings = {**{k: v for k, v in asdict(cfg).items() if k not in ("models", "model", "threads")},
+                "analysis": ANALYSIS}
     if user is not None:
-        lms.append(user)
+        units = [(user.name, {"model": resolved(cfg.model)}, lambda: _row(user, corpus, sets, cfg, None))]
     else:
-        data = sentence_batch(corpus, cfg.train_sentences, cfg.n_ctx, seed=0)
-        for spec in cfg.models:
-            model, r = train_model(cfg, spec, corpus, data, out, progress)
-            lms.append(_corpus_lm(spec, model, corpus))
-            training[spec.name] = {"steps": r.step, "seconds": round(r.seconds, 1),
-                                   "final_loss": float(np.mean(r.history["loss"][-20:])),
-                                   "seconds_per_step": r.seconds_per_step}
-    results = []
-    for lm in lms:
-        res = analyse(lm, corpus, fit, evals, cfg)
-        xn, pn = lm.inputs(no_attr, cfg.n_ctx)
-        res["no_attractor_lemma_acc"] = float(np.mean(_lemma_accuracy(lm, corpus, no_attr, xn, pn)))
-        # the no-attractor sentences' coordinates, in the orientation fixed on the attractor set
-        res["_no_attractor"] = (res["_sign"] * _coordinate(lm, res["_core"], xn, pn), _margins(lm, xn, pn))
-        if amb:
-            xa, pa = lm.inputs(amb, cfg.n_ctx)
-            res["_ambiguous"] = (res["_sign"] * _coordinate(lm, res["_core"], xa, pa), _margins(lm, xa, pa))
-        res["training"] = training.get(lm.name)
-        results.append(res)
-    coords = [r.pop("_coordinate").numpy() for r in results]
-    margins = [r.pop("_margin").numpy() for r in results]
-    na = [r.pop("_no_attractor") for r in results]
-    am = [r.pop("_ambiguous", None) for r in results]
-    for r in results:
-        r.pop("_core"), r.pop("_sign")
+        data = []                      # the training sentences: made once, and only if a model trains
+
+        def trained(spec: ModelSpec) -> dict:
+            if not data:
+                data.append(sentence_batch(corpus, cfg.train_sentences, cfg.n_ctx, seed=0))
+            model, r = train_model(cfg, spec, corpus, data[0], out, progress)
+            training = {"steps": r.step, "seconds": round(r.seconds, 1),
+                        "final_loss": float(np.mean(r.history["loss"][-20:])), "seconds_per_step": r.seconds_per_step}
+            return _row(_corpus_lm(spec, model, corpus), corpus, sets, cfg, training)
+        units = [(spec.name, {"spec": asdict(spec)}, lambda spec=spec: trained(spec)) for spec in cfg.models]
+    results = [kept(out / name / "analysis.json", compute, clock, key={**settings, **unit}, log=say)
+               for name, unit, compute in units]
+    coords = [np.asarray(r.pop("_coordinate")) for r in results]
+    margins = [np.asarray(r.pop("_margin")) for r in results]
+    na = [[np.asarray(v) for v in r.pop("_no_attractor")] for r in results]
+    am = [[np.asarray(v) for v in r.pop("_ambiguous", ())] for r in results]
     summary = {"config": asdict(cfg), "models": results,
-               **compare(coords, margins, [s.number for s in evals], [z.numpy() for z, _ in na],
-                         [m.numpy() for _, m in na], [s.number for s in no_attr],
-                         [z.numpy() for z, _ in am] if amb else None, [m.numpy() for _, m in am] if amb else None,
-                         [s.p_plural for s in amb]),
+               **compare(coords, margins, [s.number for s in evals], [z for z, _ in na], [m for _, m in na],
+                         [s.number for s in no_attr], [z for z, _ in am] if amb else None,
+                         [m for _, m in am] if amb else None, [s.p_plural for s in amb]),
                "fit_n": len(fit), "eval_n": len(evals), "ambiguous_n": len(amb), "corpus": corpus.variant}
-    return summary, lms
+    return summary
+
+
+def _row(lm: LM, corpus, sets, cfg: AgreementStudy, training: dict | None) -> dict:
+    """One model's unit of work (kept): analyse() on it, its no-attractor and ambiguous-subject
+    coordinates and margins (the coordinates in the orientation fixed on the attractor set), as
+    JSON data."""
+    fit, evals, no_attr, amb = sets
+    res = analyse(lm, corpus, fit, evals, cfg)
+    core, sign = res.pop("_core"), res.pop("_sign")
+    xn, pn = lm.inputs(no_attr, cfg.n_ctx)
+    res["no_attractor_lemma_acc"] = float(np.mean(_lemma_accuracy(lm, corpus, no_attr, xn, pn)))
+    res["_no_attractor"] = [(sign * _coordinate(lm, core, xn, pn)).tolist(), _margins(lm, xn, pn).tolist()]
+    if amb:
+        xa, pa = lm.inputs(amb, cfg.n_ctx)
+        res["_ambiguous"] = [(sign * _coordinate(lm, core, xa, pa)).tolist(), _margins(lm, xa, pa).tolist()]
+    res["_coordinate"], res["_margin"] = res["_coordinate"].tolist(), res["_margin"].tolist()
+    res["training"] = training
+    return res

@@ -53,7 +53,7 @@ from wtc.studies import assign_add_analysis as an
 from wtc.studies import assign_add_probes as probes
 from wtc.studies import assign_add_report as report
 from wtc.studies.assign_add_sweeps import PANELS, main_points, panel_stop, thresholds
-from wtc.studies.clock import Clock, check_config, study_dir
+from wtc.studies.clock import Clock, check_config, resolved, same_path, study_dir
 from wtc.threads import torch_threads
 from wtc.tasks.assign_add import _DEFAULTS, ANSWER_POS, P, SEQ_LEN, TWO_VAR_POOLS, VARIANTS, VOCAB, AssignAdd
 
@@ -339,7 +339,7 @@ def _authors(out: Path, cfg: AssignAddStudy, progress: bool) -> dict:
     f = out / "authors.json"
     if f.exists():
         rec = json.loads(f.read_text())
-        if rec.get("dir") == str(cfg.authors_dir) and rec.get("union_seed") == cfg.union_seed:
+        if same_path(rec.get("dir"), cfg.authors_dir) and rec.get("union_seed") == cfg.union_seed:
             return rec
     ck = authors.checkpoints(cfg.authors_dir)
     task = authors.authors_task()
@@ -350,7 +350,7 @@ def _authors(out: Path, cfg: AssignAddStudy, progress: bool) -> dict:
                            disable=not progress, leave=False):
         m = authors.load_checkpoint(path)
         timeline.append({"step": step, **evaluate(m, pools, grid), **checkpoint_analysis(m, pools, grid)})
-    rec = {"dir": str(cfg.authors_dir), "union_seed": cfg.union_seed, "timeline": timeline, "final": None}
+    rec = {"dir": resolved(cfg.authors_dir), "union_seed": cfg.union_seed, "timeline": timeline, "final": None}
     if "final" in ck:
         m = authors.load_checkpoint(ck["final"])
         rec["final"] = {**authors.exhaustive_accuracy(m, task, task.exhaustive_2var_union(cfg.union_seed)),
