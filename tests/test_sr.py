@@ -161,8 +161,10 @@ def test_estimator_api():
     np.testing.assert_allclose(m.predict(X), y, atol=1e-9)
     assert m.score(X, y) > 1 - 1e-12
     assert m.best_["exact"] and m.best_["complexity"] == 5 and m.best_["max_abs_err"] < 1e-9
-    rows = m.equations_
-    assert rows and all({"complexity", "loss", "score", "equation", "sympy", "passes"} <= set(r) for r in rows)
+    rows = m.equations_        # a DataFrame with pandas installed, else a list of dicts
+    rows = rows if isinstance(rows, list) else rows.to_dict("records")
+    assert rows and all({"complexity", "loss", "score", "equation", "sympy_format", "lambda_format", "passes"} <= set(r)
+                        for r in rows)
     cs = [r["complexity"] for r in rows]
     assert cs == sorted(cs) and all(r["complexity"] <= 12 for r in rows)
     losses = [r["loss"] for r in rows]

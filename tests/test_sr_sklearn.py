@@ -15,9 +15,13 @@ def test_check_estimator():
     from sklearn.utils.estimator_checks import check_estimator
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = check_estimator(sr.SymbolicRegressor(max_complexity=3), on_fail=None)
+        results = check_estimator(sr.SymbolicRegressor(max_complexity=3), on_fail=None, expected_failed_checks={
+            # its data have 30 input columns; the builtin engine takes at most 10 (the equivalence of
+            # weights and repeated or removed rows is tested in test_sr_pysr_api.py)
+            "check_sample_weight_equivalence_on_dense_data": "30 input columns, more than the builtin engine takes"})
     failed = [(r["check_name"], str(r["exception"])[:200]) for r in results if r["status"] == "failed"]
     assert not failed, failed
+    assert any(r["check_name"] == "check_regressor_multioutput" and r["status"] == "passed" for r in results)
     assert sum(r["status"] == "passed" for r in results) >= 40
 
 

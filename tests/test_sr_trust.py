@@ -227,7 +227,7 @@ def test_unknown_keywords_name_the_typo_and_the_known_arguments():
     with pytest.raises(SRError, match=r"'max_complexty' \(did you mean \['max_complexity'\]\?\)") as e:
         sr.fit(X, 2 * X[:, 0], max_complexty=5)
     assert isinstance(e.value, TypeError)                        # still a TypeError for callers
-    with pytest.raises(SRError, match="does not take sample_weight"):
-        sr.SymbolicRegressor().fit(X, 2 * X[:, 0], sample_weight=np.ones(30))
+    with pytest.raises(SRError, match=r"sample_weight must have shape \(30,\)"):
+        sr.SymbolicRegressor().fit(X, 2 * X[:, 0], sample_weight=np.ones(29))
     with pytest.raises(SRError, match="has no argument 'verbose'"):
         sr.SymbolicRegressor().fit(X, 2 * X[:, 0], verbose=True)

@@ -9,7 +9,8 @@ import numpy as np
 import sympy as sp
 
 from wtc.sr import search
-from wtc.sr.data import REL_FLOOR, TOL_FACTOR, check_inputs, check_tol, prepare
+from wtc.sr.data import (REL_FLOOR, TOL_FACTOR, check_inputs, check_tol, check_weights, prepare, weighted_points,
+                         weighted_sample)
 from wtc.sr.expr import evaluate, to_str, uses_integer_ops
 from wtc.sr.noise_level import STRUCTURE_Z, neighbour_index, residual_structure
 from wtc.sr.pareto import (Row, boolean_canonical, choose, equation_str, safe_to_simplify, sympy_form,
@@ -32,7 +33,8 @@ class Fit:
                  ``tolerance`` (then it is the simplest such formula found)
     complexity   node count of the formula (constants, variables and operators), as found; on 0/1
                  inputs, of the multilinear form returned
-    loss, rmse   mean squared error and its root over all points; max_abs_err, r2 likewise
+    loss, rmse   mean squared error and its root over all points (weighted means when fitted with
+                 sample_weight); max_abs_err (over the points of positive weight), r2 likewise
     tolerance    the absolute rmse a formula had to reach; noise (std) and noise_method say where
                  it came from ('tol' when given, else 'replicates' or 'local-quadratic')
     candidates   the Pareto table (list of Row: complexity, loss, score, equation, expr, passes)
@@ -85,7 +87,8 @@ class Fit:
                 f"max|err| {self.max_abs_err:.3g}, tolerance {self.tolerance:.3g}]")
 
 
-FIT_ARGUMENTS = ("X", "y", "names", "tol", "max_complexity", "operators", "time_limit", "random_state")
+FIT_ARGUMENTS = ("X", "y", "names", "tol", "max_complexity", "operators", "time_limit", "random_state",
+                 "sample_weight")
 
 
 class SRArgumentError(SRError, TypeError):
@@ -93,11 +96,19 @@ class SRArgumentError(SRError, TypeError):
 
 
 def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEFAULT_MAX_COMPLEXITY,
-        operators=None, time_limit: float | None = None, random_state: int | None = 0, **unknown) -> Fit:
-    """Find the simplest formula y = f(X) within the tolerance. See ``wtc.sr`` for details."""
+        operators=None, time_limit: float | None = None, random_state: int | None = 0, sample_weight=None,
+        **unknown) -> Fit:
+    """Find the simplest formula y = f(X) within the tolerance. See ``wtc.sr`` for details.
+
+    ``sample_weight`` (n,): each point's share of the loss (weighted least squares throughout the
+    search and the refits; points of weight 0 are left out). The noise estimate behind the
+    default tolerance and the every-point check treat the kept points alike."""
     started = time.perf_counter()       # the time limit covers the whole fit, data preparation too
     no_unknown_keywords("wtc.sr.fit() has no argument", unknown, FIT_ARGUMENTS, SRArgumentError)
     X, y, names = check_inputs(X, y, names)
+    weights = None
+    if sample_weight is not None:
+        X, y, weights = weighted_points(X, y, check_weights(sample_weight, len(y)))
     check_options(max_complexity=max_complexity, time_limit=time_limit, random_state=random_state, tol=tol,
                   operators=operators)
     rng = np.random.default_rng(random_state)
@@ -106,7 +117,7 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
     sy = float(scales[1]) if scales else 1.0
     if scales:           # fit in units of powers of ten, map the formula back exactly (below)
         X, y = X / np.array([float(v) for v in scales[0]]), y / sy
-    data = prepare(X, y, names, tol, rng)
+    data = prepare(X, y, names, tol, rng, weights)
     levels = search.op_levels(operators, data.integer)  # validates the operator names before any work
     left = None if time_limit is None else max(time_limit - (time.perf_counter() - started), 1e-3)
     cands, log = search.run(data, max_complexity=int(max_complexity), operators=operators,
@@ -149,13 +160,18 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
         pred = np.broadcast_to(evaluate(best.tree, [X[:, i] for i in range(X.shape[1])]), y.shape)
     resid = y - pred
     with np.errstate(over="ignore"):   # at |y| ~ 1e300 the squares are inf: r2 is then nan, not an error
-        sst = float(np.sum((y - y.mean()) ** 2))
-        sse = float(np.sum(resid**2))
+        if weights is None:
+            sst, sse = float(np.sum((y - y.mean()) ** 2)), float(np.sum(resid**2))
+        else:                           # weights have mean 1: sse / len(y) is the weighted mse
+            sst = float(np.sum(weights * (y - np.average(y, weights=weights)) ** 2))
+            sse = float(np.sum(weights * resid**2))
     thr = data.thr * sy
     max_err = float(np.max(np.abs(resid)))
+    # judged as the weighted loss sees each point: sqrt(w_i) |r_i| (max_err itself stays plain)
+    max_judged = max_err if weights is None else float(np.max(np.sqrt(weights) * np.abs(resid)))
     rmse = float(np.sqrt(sse / len(y)))
     # judged again on every point in the user's units (the search saw at most MAX_FIT_POINTS)
-    on_all = rmse <= thr * (1 + 1e-9) and max_err <= data.max_err_allowed * sy * (1 + 1e-9)
+    on_all = rmse <= thr * (1 + 1e-9) and max_judged <= data.max_err_allowed * sy * (1 + 1e-9)
     exact = bool(best.passes) and on_all and not data.warning and not structured
     if data.warning:
         note = data.warning
@@ -165,7 +181,7 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
         note = ""
     elif best.passes:
         note = (f"the formula is within the tolerance on the fitting points but not on all points "
-                f"(rmse {rmse:.3g}, max |err| {max_err:.3g}; allowed {thr:.3g} and {data.max_err_allowed * sy:.3g})")
+                f"(rmse {rmse:.3g}, max |err| {max_judged:.3g}; allowed {thr:.3g} and {data.max_err_allowed * sy:.3g})")
     else:
         note = (f"no formula up to complexity {max_complexity} reaches the tolerance "
                 f"(rmse <= {thr:.3g} and |err| <= {data.max_err_allowed * sy:.3g} on every point); "
@@ -194,14 +210,16 @@ def _unstructured(best, cands, data, max_complexity: int, rng):
     """The tolerance came from a local noise estimate, which reads structure it cannot resolve
     (x + 0.3 * (x % 2) on integers) as noise: a passing formula must also leave residuals that look
     like noise. Returns the simplest passing candidate that does, else (best, why not exact)."""
-    index = neighbour_index(data.Xf, rng)
+    # under sample weights: the fitting points drawn as the noise estimate drew its points
+    among = weighted_sample(data.wf, rng) if data.weighted else np.arange(len(data.yf))
+    index = neighbour_index(data.Xf[among], rng)
     cols = data.cols("fit")
     passing = sorted((c for c in cands if c.passes and c.complexity <= max_complexity),
                      key=lambda c: (c.complexity, c.dl, c.rmse))
     first_z = None
     for c in passing[:20]:
         pred = np.broadcast_to(evaluate(c.tree, cols), data.yf.shape)
-        z = residual_structure(data.yf - pred, index)
+        z = residual_structure((data.yf - pred)[among], index)
         if z <= STRUCTURE_Z:
             return c, ""
         first_z = z if first_z is None else first_z

@@ -224,6 +224,8 @@ class Data:
     yhi: np.ndarray | None = None
     integer: bool = False  # integer inputs and an integer-valued target: integer operators apply
     note: str = ""  # how the tolerance was decided, when the reader should know
+    weighted: bool = False  # fitted with sample weights (wf holds them, summed per group)
+    members: tuple | None = None  # weighted groups: (group of each point, its y, sqrt of its weight)
 
     @property
     def max_err_allowed(self) -> float:
@@ -243,9 +245,17 @@ class Data:
         return float(np.sqrt((np.dot(self.wf * r, r) + self.ssw) / self.W))
 
     def max_err(self, pred: np.ndarray) -> float:
-        """Largest |y_i - prediction| over the points behind the fitting points."""
+        """Largest |y_i - prediction| over the points behind the fitting points; under sample
+        weights sqrt(w_i) |y_i - prediction|, the residual as the weighted loss sees it (a point
+        of weight 1e-6 may miss by 1000 tolerances)."""
         with np.errstate(all="ignore"):
-            e = np.maximum(self.yhi - pred, pred - self.ylo)
+            if self.members is not None:
+                inv, y, s = self.members
+                e = s * np.abs(y - np.broadcast_to(pred, self.yf.shape)[inv])
+            elif self.weighted:
+                e = np.sqrt(self.wf) * np.abs(self.yf - pred)
+            else:
+                e = np.maximum(self.yhi - pred, pred - self.ylo)
         return float(np.max(e)) if np.all(np.isfinite(e)) else np.inf
 
     def passes(self, pred: np.ndarray, rmse: float | None = None) -> bool:
@@ -255,21 +265,26 @@ class Data:
 
 
 def prepare(X: np.ndarray, y: np.ndarray, names: tuple, tol: float | None,
-            rng: np.random.Generator) -> Data:
+            rng: np.random.Generator, weights: np.ndarray | None = None) -> Data:
+    """The search's views of (X, y). ``weights`` (n,), positive with mean 1 (see check_weights),
+    scale each point's share of every loss; None: all points alike."""
     n, k = X.shape
     uniq, inv, counts = group_rows(X)
+    w = np.ones(n) if weights is None else weights
     if len(uniq) <= 0.5 * n:  # repeated inputs: fit the group means with weights (exact, fast)
         Xf = uniq
-        wf = counts.astype(np.float64)
-        yf = np.bincount(inv, weights=y) / counts
-        ssw = float(np.sum((y - yf[inv]) ** 2))
+        wf = counts.astype(np.float64) if weights is None else np.bincount(inv, weights=w)
+        yf = np.bincount(inv, weights=y if weights is None else w * y) / wf
+        ssw = float(np.sum(w * (y - yf[inv]) ** 2))
+        members = None if weights is None else (inv, y, np.sqrt(w))
         ylo = np.full(len(uniq), np.inf)
         yhi = np.full(len(uniq), -np.inf)
         np.minimum.at(ylo, inv, y)
         np.maximum.at(yhi, inv, y)
     else:
         idx = rng.choice(n, MAX_FIT_POINTS, replace=False) if n > MAX_FIT_POINTS else np.arange(n)
-        Xf, yf, wf, ssw = X[idx], y[idx], np.ones(len(idx)), 0.0
+        Xf, yf, wf, ssw = X[idx], y[idx], w[idx].astype(np.float64), 0.0
+        members = None
         ylo = yhi = yf
     M = len(Xf)
     screen = np.sort(rng.choice(M, N_SCREEN, replace=False)) if M > N_SCREEN else np.arange(M)
@@ -277,16 +292,18 @@ def prepare(X: np.ndarray, y: np.ndarray, names: tuple, tol: float | None,
     extremes = np.unique(np.concatenate([[np.argmin(Xf[:, i]), np.argmax(Xf[:, i])] for i in range(k)]))
     screen = np.union1d(screen, extremes)
     probes = np.vstack([Xf[screen], off_distribution_points(X, N_OFF, rng)])
-    y_rms = float(np.sqrt(np.mean(y**2)))
+    y_rms = float(np.sqrt(np.mean(y**2) if weights is None else np.average(y**2, weights=w)))
     note = ""
     if tol is not None:
         tol = check_tol(tol)
         sigma, method = tol * y_rms / TOL_FACTOR, "tol"
     else:
-        est = estimate_sigma(X, y, rng)
+        sample = slice(None) if weights is None else weighted_sample(weights, rng)
+        Xs, ys = X[sample], y[sample]
+        est = estimate_sigma(Xs, ys, rng)
         sigma, method = est["sigma"], est["method"]
-        q = lattice_step(y) if method == "local-quadratic" and sigma > 0 else None
-        if q is not None and sigma >= QUANTISED_SIGMA * q and neighbour_steps(X, y, q, rng) <= STAIRCASE_STEPS:
+        q = lattice_step(ys) if method == "local-quadratic" and sigma > 0 else None
+        if q is not None and sigma >= QUANTISED_SIGMA * q and neighbour_steps(Xs, ys, q, rng) <= STAIRCASE_STEPS:
             # the local "noise" is the lattice's own steps (floor(x/3) on integers reads as noise
             # of std ~0.4 to a local quadratic): continuous noise would not leave y on a lattice,
             # so the data are taken as exact and a formula must match every point
@@ -295,7 +312,8 @@ def prepare(X: np.ndarray, y: np.ndarray, names: tuple, tol: float | None,
             sigma, method = 0.0, "lattice"
     # the exactness floor follows y's spread, not its size (y = u + 1e9 would let a constant that
     # ignores u through at 1e-9 of rms(y)), and never goes below float64's resolution of y
-    y_spread = float(np.std(y))
+    y_spread = float(np.std(y) if weights is None
+                     else np.sqrt(np.average((y - np.average(y, weights=w)) ** 2, weights=w)))
     thr = TOL_FACTOR * sigma + max(REL_FLOOR * y_spread, 64 * np.finfo(np.float64).eps * float(np.abs(y).max()),
                                    REL_FLOOR * 1e-300 if y_rms == 0 else 0.0, 1e-300)
     binary = tuple(i for i in range(k) if np.all((X[:, i] == 0) | (X[:, i] == 1)))
@@ -309,7 +327,69 @@ def prepare(X: np.ndarray, y: np.ndarray, names: tuple, tol: float | None,
         integer_valued(yf) or (method != "tol" and lattice_step(yf) is not None)
         or float(np.sqrt(np.dot(wf, (yf - np.round(yf)) ** 2) / wf.sum())) <= thr)
     return Data(X, y, names, Xf, yf, wf, ssw, float(wf.sum()), screen, probes, y_rms,
-                float(sigma), method, float(thr), binary, warning, ylo, yhi, integer, note)
+                float(sigma), method, float(thr), binary, warning, ylo, yhi, integer, note, weights is not None,
+                members)
+
+
+def weighted_sample(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Sorted indices of the points the noise estimate (and the residual-structure test) look at
+    under sample weights: about as many distinct points as the weights effectively keep (Kish's
+    (sum w)^2 / sum w^2), point i taken with probability min(1, c w_i). Down-weighted points (a
+    contaminated half at weight 1e-6) then barely enter the noise level, as they barely enter the
+    loss; distinct points keep the replicate estimator from reading a row drawn twice as a
+    noise-free repeat."""
+    n_eff = float(weights.sum() ** 2 / np.sum(weights**2))
+    m = min(float(len(weights)), max(n_eff, float(MIN_POINTS)))
+    lo, hi = 0.0, 1.0 / float(weights[weights > 0].min())      # sum min(1, c w) is m somewhere in [lo, hi]
+    for _ in range(60):
+        c = 0.5 * (lo + hi)
+        lo, hi = (c, hi) if np.minimum(1.0, c * weights).sum() < m else (lo, c)
+    idx = np.flatnonzero(rng.random(len(weights)) < np.minimum(1.0, hi * weights))
+    if len(idx) < MIN_POINTS:       # a tiny n_eff: the heaviest points
+        idx = np.sort(np.argsort(-weights, kind="stable")[:MIN_POINTS])
+    return idx
+
+
+def check_weights(sample_weight, n: int) -> np.ndarray:
+    """sample_weight as (n,) float64 weights; a scalar weighs all points alike. Negative,
+    non-finite or all-zero weights are refused, naming the first bad row."""
+    if hasattr(sample_weight, "tocsr") or hasattr(sample_weight, "todense"):
+        raise SRError("sample_weight is a sparse matrix: pass a dense 1-D array of n weights")
+    sample_weight = plain_numbers(sample_weight, "sample_weight", SRError)
+    try:
+        w = np.asarray(sample_weight)
+        if w.dtype.kind == "c":
+            raise SRError("sample_weight is complex: weights are non-negative real numbers")
+        w = w.astype(np.float64)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, SRError):
+            raise
+        raise SRError(f"sample_weight must be numbers: {e}") from None
+    if w.ndim == 0:
+        w = np.full(n, float(w))
+    if w.shape != (n,):
+        raise SRError(f"sample_weight must have shape ({n},), one weight per row of X, got shape {w.shape}")
+    if not np.all(np.isfinite(w)):
+        raise SRError(f"sample_weight contains non-finite values (NaN/inf), first at row {int(np.flatnonzero(~np.isfinite(w))[0])}")
+    if np.any(w < 0):
+        raise SRError(f"sample_weight must be non-negative, got {w[w < 0][0]:.6g} at row {int(np.flatnonzero(w < 0)[0])}")
+    if not np.any(w > 0):
+        raise SRError("sample_weight is zero everywhere: at least some points must count")
+    return w
+
+
+def weighted_points(X: np.ndarray, y: np.ndarray, w: np.ndarray):
+    """(X, y, weights) for prepare: the points of weight 0 left out (they take no part in any
+    loss, so the fit is the one without them, exactly), the others' weights scaled to mean 1 so
+    that losses stay mean squared errors; weights None when every kept point weighs the same
+    (the fit is then exactly the unweighted one)."""
+    keep = w > 0
+    if keep.sum() < MIN_POINTS:
+        raise SRError(f"too few points of positive sample_weight: {int(keep.sum())}, need at least {MIN_POINTS}")
+    X, y, w = X[keep], y[keep], w[keep]
+    if np.all(w == w[0]):
+        return X, y, None
+    return X, y, w / w.mean()
 
 
 def check_tol(tol) -> float:

@@ -21,7 +21,7 @@ import numpy as np
 import sympy as sp
 
 from wtc.sr.api import Fit
-from wtc.sr.data import TOL_FACTOR, check_inputs, prepare
+from wtc.sr.data import TOL_FACTOR, check_inputs, check_weights, prepare, weighted_points
 from wtc.sr.pareto import Row, equation_str
 
 MAX_INPUTS = 50  # PySR itself has no small limit; keep inputs sane
@@ -61,14 +61,18 @@ def availability() -> tuple[bool, str]:
 
 
 def fit_pysr(X, y, names=None, tol=None, *, max_complexity=20, operators=None, time_limit=None,
-             random_state=0) -> Fit:
+             random_state=0, sample_weight=None) -> Fit:
     X, y, names = check_inputs(X, y, names, max_inputs=MAX_INPUTS)
+    weights = None
+    if sample_weight is not None:   # as the builtin engine: weight-0 points out, the rest mean 1
+        X, y, weights = weighted_points(X, y, check_weights(sample_weight, len(y)))
+    w = np.ones(len(y)) if weights is None else weights
     ok, missing = availability()
     if not ok:
         raise BackendUnavailable(f"backend='pysr' is not usable here: missing {missing}. "
                                  "Use backend='builtin'.")
     rng = np.random.default_rng(random_state)
-    data = prepare(X, y, names, tol, rng)
+    data = prepare(X, y, names, tol, rng, weights)
     from pysr import PySRRegressor  # starts Julia: only here
 
     binary, unary = _pysr_operators(operators)
@@ -77,14 +81,14 @@ def fit_pysr(X, y, names=None, tol=None, *, max_complexity=20, operators=None, t
         timeout_in_seconds=time_limit, random_state=random_state, deterministic=True,
         parallelism="serial", progress=False, verbosity=0, model_selection="best",
     )
-    model.fit(X, y, variable_names=list(names))
+    model.fit(X, y, weights=weights, variable_names=list(names))
     syms = tuple(sp.Symbol(s) for s in names)
     table = model.equations_
     rows, best, best_key = [], None, None
     for _, r in table.iterrows():
         e = sp.sympify(r["sympy_format"]).xreplace({sp.Symbol(s): sym for s, sym in zip(names, syms)})
         pred = _evaluate(e, syms, X)
-        rmse = float(np.sqrt(np.mean((y - pred) ** 2))) if np.all(np.isfinite(pred)) else np.inf
+        rmse = float(np.sqrt(np.mean(w * (y - pred) ** 2))) if np.all(np.isfinite(pred)) else np.inf
         passes = rmse <= data.thr
         row = Row(int(r["complexity"]), rmse**2, float(r.get("score", 0.0)), equation_str(e), e, passes)
         rows.append(row)
@@ -93,8 +97,8 @@ def fit_pysr(X, y, names=None, tol=None, *, max_complexity=20, operators=None, t
             best, best_key = (row, pred), key
     row, pred = best
     resid = y - pred
-    sst = float(np.sum((y - y.mean()) ** 2))
-    sse = float(resid @ resid)
+    sst = float(np.sum(w * (y - np.average(y, weights=w)) ** 2))
+    sse = float(np.sum(w * resid**2))
     return Fit(expr=row.expr, equation=row.equation, exact=bool(row.passes), complexity=row.complexity,
                loss=sse / len(y), rmse=float(np.sqrt(sse / len(y))), max_abs_err=float(np.max(np.abs(resid))),
                r2=1.0 - sse / sst if sst > 0 else float(sse == 0), tolerance=data.thr,
