@@ -9,7 +9,7 @@ Functional entry point (what the extraction code calls)::
 
     from wtc import sr
     f = sr.fit(X, y, names=("a", "b"), tol=None, *, max_complexity=20, operators=None,
-               time_limit=None, random_state=0)        # -> sr.Fit
+               time_limit=None, random_state=0, sample_weight=None)   # -> sr.Fit
     f.expr          # sympy expression, simplified, exact rational constants (981/200 for 4.905)
     f.equation      # readable text: '100 - 4.905*t**2'
     f.exact         # True when rmse over all points <= f.tolerance (the simplest such formula)
@@ -36,8 +36,13 @@ Estimator (sklearn / PySR style)::
 
     m = sr.SymbolicRegressor(max_complexity=20, operators=None, tol=None, variable_names=None,
                              backend="builtin", random_state=0, time_limit=None).fit(X, y)
-    m.predict(X); m.sympy(); m.best_; m.equations_   # list of dicts: complexity, loss, score,
-                                                     # equation, sympy, passes
+    m.predict(X); m.sympy(); m.best_; m.equations_   # a DataFrame (pandas installed; else a list of
+                                                     # dicts): complexity, loss, score, equation,
+                                                     # sympy_format, lambda_format, passes
+    m.fit(df, y, sample_weight=w)   # a DataFrame's column names name the variables; weighted loss
+    m.sympy(i); m.latex(i); m.get_best(i); m.pytorch(i)   # row i of equations_ (None: the selected)
+    m.fit(X, Y)                     # Y (n, k): one search per output; equations_ a list of k tables,
+                                    # predict (n, k), sympy() a list, index a list of k row indices
 ``backend='pysr'`` runs PySR instead (imported lazily, only when PySR, juliacall and a Julia
 executable are installed; see ``sr.pysr_available()``); otherwise it raises BackendUnavailable
 naming what is missing.
