@@ -200,13 +200,23 @@ def _cmd_explain(args) -> int:
     from wtc.models import io as model_io
     from wtc.explain.corpus import build_corpus
 
-    model = model_io.load(args.checkpoint)
+    from pathlib import Path
+
+    if (Path(args.checkpoint) / "config.json").is_file():        # a Hugging Face model directory
+        from wtc.models import hf
+        model = hf.load(args.checkpoint)
+        if model.tokenizer is None:
+            print(f"wtc: error: {args.checkpoint} has no tokenizer files; explain reads a Hugging Face model "
+                  "through its own tokenizer", file=sys.stderr)
+            return 2
+    else:
+        model = model_io.load(args.checkpoint)
+        if model.cfg.d_vocab != 256:
+            print(f"wtc: error: explain works on byte-level models (vocab 256) and Hugging Face model directories "
+                  f"with a tokenizer; {args.checkpoint} has vocab {model.cfg.d_vocab}", file=sys.stderr)
+            return 2
     corpus = build_corpus(root=args.text, seed=args.seed)
-    if model.cfg.d_vocab != 256:
-        print(f"wtc: error: explain works on byte-level models (vocab 256); {args.checkpoint} has "
-              f"{model.cfg.d_vocab}", file=sys.stderr)
-        return 2
-    s = explain_report.run(model, corpus, args.out, sample=args.sample, seed=args.seed, k=args.slices,
+    s = explain_report.run(model, corpus, args.out, sample=args.sample, seed=args.seed, k=args.slices, ctx=args.ctx,
                            proposer=args.proposer, progress=not args.quiet, label=str(args.checkpoint),
                            proposer_timeout_s=args.proposer_timeout)
     print(f"{s['weights_scored']} weights scored: interpretable {s['interpretable_fraction']}, robust "
@@ -358,9 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="agreement corpus: graded number evidence (default) or the uniform draw of session 7")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=_cmd_study)
-    ex = sub.add_parser("explain", help="explain single weights of a byte-level model by predicates, scored by "
-                                        "conditional zero-ablation on held-out text")
-    ex.add_argument("checkpoint", help="directory written by wtc.models.io.save (e.g. a sparse-vs-dense model/)")
+    ex = sub.add_parser("explain", help="explain single weights of a byte-level model or a Hugging Face model (read "
+                                        "through its own tokenizer) by predicates, scored by conditional "
+                                        "zero-ablation on held-out text")
+    ex.add_argument("checkpoint", help="directory written by wtc.models.io.save (e.g. a sparse-vs-dense model/), or "
+                                       "a local Hugging Face model directory with its tokenizer files")
+    ex.add_argument("--ctx", type=_positive, default=None, help="tokens per held-out window (default: the model's "
+                                                                "context; at most 64 with a tokenizer)")
     ex.add_argument("--sample", type=_positive, default=100, help="weights to explain (uniform over nonzero weights)")
     ex.add_argument("--out", required=True, help="directory for summary.json, report.md, explanations.json")
     ex.add_argument("--text", default=None, help="directory of text files (default: the Python stdlib sources)")

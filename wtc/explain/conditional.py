@@ -21,6 +21,10 @@ it equals a forward pass whose weight depends on the position (tested against on
 Additive shortcut: when nothing after the weight mixes positions (the unembedding, the last
 block's MLP, and its W_Q and W_O), the KL at a position depends only on whether the weight is
 zeroed there, so A(S) is the sum over S of the fully ablated per-position KL: exact, no forward.
+
+Other models (Hugging Face causal LMs, bridges: any parameter without these names) take the same
+definition at the module holding the weight (nn.Linear, Conv1D, nn.Embedding):
+wtc.explain.conditional_modules.
 """
 from __future__ import annotations
 
@@ -37,8 +41,24 @@ _PATTERN = re.compile(r"^(embed\.W_E|pos_embed\.W_pos|unembed\.W_U|blocks\.(\d+)
 
 
 def is_matrix(name: str) -> bool:
-    """Whether `name` is one of the weight matrices conditional ablation handles (not a bias or norm)."""
+    """Whether `name` is one of the wtc Transformer weight matrices conditional ablation handles (not a bias or norm)."""
     return _PATTERN.match(name) is not None
+
+
+def _by_module(model, name: str) -> bool:
+    """Whether `name` goes the library-module way (wtc.explain.conditional_modules): a parameter
+    of the model without a wtc Transformer matrix name (Hugging Face models, bridges)."""
+    return _PATTERN.match(name) is None and isinstance(name, str) and name in dict(model.named_parameters())
+
+
+def matrices(model) -> list[str]:
+    """The weight matrices of `model` conditional ablation handles: a wtc Transformer's by name,
+    any other model's by the module holding them (nn.Linear, Conv1D, nn.Embedding)."""
+    names = [k for k, _ in model.named_parameters()]
+    if any(is_matrix(k) for k in names):
+        return [k for k in names if is_matrix(k)]
+    from wtc.explain import conditional_modules
+    return conditional_modules.matrices(model)
 
 
 def _parse(model, name: str) -> tuple[str, int | None]:
@@ -58,6 +78,9 @@ def _parse(model, name: str) -> tuple[str, int | None]:
 
 def is_local(model, name: str) -> bool:
     """Whether the effect of zeroing `name` at a position stays at that position."""
+    if _by_module(model, name):
+        from wtc.explain import conditional_modules
+        return conditional_modules.is_local(model, name)
     kind, layer = _parse(model, name)
     if kind == "unembed.W_U":
         return True
@@ -76,7 +99,13 @@ def _bool_mask(mask) -> torch.Tensor:
 @contextlib.contextmanager
 def zeroed_at(model, name: str, index: tuple[int, ...], mask: torch.Tensor, tokens: torch.Tensor):
     """Within the block, model(tokens) runs with weight `name`[index] zeroed at the positions where
-    mask (B, T) is True (B, T must be those of `tokens`)."""
+    mask (B, T) is True (B, T must be those of `tokens`). Weights of other models than wtc
+    Transformers: wtc.explain.conditional_modules (the same definition, at the holding module)."""
+    if _by_module(model, name):
+        from wtc.explain import conditional_modules
+        with conditional_modules.zeroed_at(model, name, index, _bool_mask(mask), tokens):
+            yield
+        return
     kind, layer = _parse(model, name)
     W = dict(model.named_parameters())[name]
     if not isinstance(index, (tuple, list)) or not all(isinstance(i, (int, np.integer)) and
@@ -179,4 +208,4 @@ def conditional_kl(model, tokens: torch.Tensor, name: str, index, masks, clean_l
     return out[0] if single else out
 
 
-__all__ = ["zeroed_at", "conditional_kl", "is_local", "is_matrix"]
+__all__ = ["zeroed_at", "conditional_kl", "is_local", "is_matrix", "matrices"]

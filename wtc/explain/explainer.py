@@ -5,7 +5,8 @@ For a sampled nonzero weight:
 2. candidate predicates f(tokens, pos) -> bool: the built-in grammar's beam search
    (wtc.explain.predicates) and, optionally, an external proposer (a callable or a shell command
    given the weight's importance contexts, returning predicate sources, which run only through
-   the sandbox, wtc.explain.sandbox);
+   the sandbox, wtc.explain.sandbox); a model with a tokenizer (Hugging Face) is read through its
+   own tokens' decoded strings instead of bytes (wtc.explain.token_predicates);
 3. each candidate scored exactly on the search set: A(S) = total KL when the weight is zeroed only
    at positions S (wtc.explain.conditional); recovery R = 1 - A(not f) / A(all) (the weight kept only
    where f holds), inverse I = 1 - A(f) / A(all); score = min(R, 1 - I); only predicates with
@@ -28,7 +29,8 @@ from wtc import arguments
 from wtc.errors import ArgumentError, ArgumentTypeError, IndexOutOfRange, ScanError, UnknownName
 from wtc.explain import predicate_search
 from wtc.explain import sandbox
-from wtc.explain.conditional import conditional_kl, is_local, is_matrix
+from wtc.explain.conditional import conditional_kl, is_local, matrices
+from wtc.explain.token_predicates import TokenVocab, token_atoms
 from wtc.explain.proposer import ProposerTimeout, run_command
 from wtc.scan.engine import scan
 from wtc.scan.inputs import as_tokens
@@ -54,17 +56,19 @@ class Explanation:
 
 def sample_weights(model, n: int, params=None, seed: int = 0) -> list[tuple[str, tuple[int, ...]]]:
     """n nonzero weights drawn uniformly (seeded) from the chosen weight matrices (default: every
-    matrix: embedding, positions, attention W_Q/W_K/W_V/W_O, MLP W_in/W_out, unembedding; biases
-    and norm weights are not weights here)."""
+    matrix: embedding, positions, attention W_Q/W_K/W_V/W_O, MLP W_in/W_out, unembedding; of other
+    models every nn.Linear, Conv1D and nn.Embedding weight; biases and norm weights are not weights
+    here)."""
     if isinstance(params, str):
         params = [params]
     if params is not None and (not isinstance(params, (list, tuple, set, frozenset)) or
                                not all(isinstance(k, str) for k in params)):
         raise ArgumentTypeError(f"params must be None or a list of weight-matrix names, got {params!r}")
-    named = {k: p for k, p in model.named_parameters() if is_matrix(k) and (params is None or k in params)}
+    mats = matrices(model)
+    named = {k: p for k, p in model.named_parameters() if k in mats and (params is None or k in params)}
     if params is not None and set(params) - set(named):
         raise UnknownName(f"not weight matrices of this model: {sorted(set(params) - set(named))}; its matrices: "
-                          f"{', '.join(k for k, _ in model.named_parameters() if is_matrix(k))}")
+                          f"{', '.join(mats)}")
     n, seed = arguments.positive_int(n, "sample"), arguments.seed(seed)
     names = sorted(named)
     counts = np.array([int((named[k] != 0).sum()) for k in names])
@@ -114,9 +118,21 @@ class Scorer:
         return res[0], res[1], res[2]
 
 
-def _context_text(tokens_row: np.ndarray, pos: int, width: int = 48) -> str:
+def _context_text(tokens_row: np.ndarray, pos: int, vocab: TokenVocab | None = None, width: int = 48) -> str:
+    """The text up to and including pos: 48 bytes, or 16 decoded tokens of a tokenizer's model."""
+    if vocab is not None:
+        return "".join(vocab.texts(tokens_row[max(0, pos - 15):pos + 1]))
     lo = max(0, pos - width + 1)
     return bytes(tokens_row[lo:pos + 1].astype(np.uint8)).decode("latin-1")
+
+
+def _vocab(model, tokenizer) -> TokenVocab | None:
+    """The token strings a model is read through: the given tokenizer's, else the model's own
+    (a Hugging Face model's `tokenizer`), else None (byte tokens)."""
+    from wtc.scan.inputs import vocab_size
+
+    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    return None if tokenizer is None else TokenVocab.from_tokenizer(tokenizer, vocab_size(model))
 
 
 def _external(proposer, contexts: list[str], timeout_s: float) -> list[str]:
@@ -171,9 +187,11 @@ def _restoring_mode(fn):
 def explain(model, search_tokens, slices: list, sample: int = 100, params=None, seed: int = 0, proposer=None,
             threshold: float = 0.75, max_coverage: float = 0.5, candidates: int = 5, beam: int = 10,
             max_atoms: int = 3, progress: bool = True, proposer_timeout_s: float = 60.0, weights=None,
-            builtin: bool = True) -> dict:
+            builtin: bool = True, tokenizer=None) -> dict:
     """Explain `sample` weights of `model` (see the module docstring). search_tokens (n, T) and each
-    slice (n_k, T) are byte tokens of held-out text; weights: explain these [(name, index), ...]
+    slice (n_k, T) are tokens of held-out text: bytes, or the ids of the model's tokenizer (given as
+    tokenizer=, or the model's own `tokenizer`: Hugging Face models), whose decoded strings the
+    predicates then read (wtc.explain.token_predicates); weights: explain these [(name, index), ...]
     instead of a sample; builtin=False: only the external proposer's candidates compete.
     Returns {"weights": [Explanation...], "summary": {...}}."""
     search = as_tokens(search_tokens, model, name="search_tokens")      # integers only: floats are not truncated
@@ -192,6 +210,8 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
     search_scorer = Scorer(model, search)
     slice_scorers = [Scorer(model, s) for s in slices]
     search_np = search.numpy()
+    vocab = _vocab(model, tokenizer)
+    library = token_atoms(search_np, vocab) if vocab is not None else None    # bytes: built per weight, as always
     params, chosen = dict(model.named_parameters()), {}
     for name, index in weights:
         chosen.setdefault(name, torch.zeros(params[name].shape, dtype=torch.bool))[index] = True
@@ -209,15 +229,15 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
             continue
         kl_np = kl.numpy()
         found = predicate_search.search(search_np, kl_np, beam=beam, max_atoms=max_atoms, max_coverage=max_coverage,
-                               top=candidates) if builtin else []
+                                        top=candidates, library=library) if builtin else []
         cands = [(p.name, p.source, p.evaluate, "grammar") for p, _ in found]
         flat = np.argsort(-kl_np, axis=None)[:20]
-        ex.examples = [_context_text(search_np[i // kl_np.shape[1]], int(i % kl_np.shape[1]))
+        ex.examples = [_context_text(search_np[i // kl_np.shape[1]], int(i % kl_np.shape[1]), vocab)
                        for i in flat[:5]]
         if proposer is not None and gave_up is not None:
             ex.note += "external proposer not asked (it timed out earlier); "
         elif proposer is not None:
-            ctx = [_context_text(search_np[i // kl_np.shape[1]], int(i % kl_np.shape[1])) for i in flat]
+            ctx = [_context_text(search_np[i // kl_np.shape[1]], int(i % kl_np.shape[1]), vocab) for i in flat]
             try:
                 sources = _external(proposer, ctx, proposer_timeout_s)
             except Exception as exc:        # a broken proposer costs its candidates, not the run
@@ -235,7 +255,8 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
                 except sandbox.PredicateRejected as exc:
                     ex.note += f"rejected external predicate: {exc}; "
                     continue
-                cands.append(("external", src, lambda toks, src=src: sandboxed_truth(src, toks), "external"))
+                cands.append(("external", src, lambda toks, src=src: sandboxed_truth(src, toks, vocab=vocab),
+                              "external"))
         best = None
         for cname, src, truth, who in cands:
             try:
@@ -265,17 +286,21 @@ def explain(model, search_tokens, slices: list, sample: int = 100, params=None, 
     summary = summarise(out, threshold)
     summary.update(seconds=round(time.perf_counter() - t0, 1), threshold=threshold, max_coverage=max_coverage,
                    slices=len(slices), search_positions=int(search.numel()))
+    if vocab is not None:                    # byte-level summaries stay as they were
+        summary["tokenizer"] = vocab.name
     if proposer is not None:                 # said in the summary, not only in each weight's note
         summary.update(proposer_failures=len(failures), proposer_error=failures[0][:300] if failures else None,
                        proposer_gave_up=gave_up)
     return {"weights": out, "summary": summary}
 
 
-def sandboxed_truth(source: str, tokens: np.ndarray, timeout_s: float = 30.0) -> np.ndarray:
-    """(n, T) truth array of an untrusted predicate source on byte tokens, run in the sandbox.
-    (Grammar predicates use their vectorised form, equal to their source by construction and test.)"""
+def sandboxed_truth(source: str, tokens: np.ndarray, timeout_s: float = 30.0, vocab: TokenVocab | None = None) -> np.ndarray:
+    """(n, T) truth array of an untrusted predicate source on byte tokens (or on the decoded strings
+    of token ids, given their vocab), run in the sandbox. (Grammar predicates use their vectorised
+    form, equal to their source by construction and test.)"""
     tokens = np.asarray(tokens)
-    contexts = [[chr(int(b)) for b in row] for row in tokens]
+    contexts = ([[chr(int(b)) for b in row] for row in tokens] if vocab is None
+                else [vocab.texts(row) for row in tokens])
     return np.asarray(sandbox.evaluate(source, contexts, None, timeout_s=timeout_s), bool).reshape(tokens.shape)
 
 

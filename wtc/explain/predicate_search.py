@@ -80,8 +80,9 @@ def search(tokens, kl, mass: float = 0.9, beam: int = 10, max_atoms: int = 3, ma
     then fewer atoms), each with lift = covered - coverage > min_lift (the KL is denser where f
     holds than on average) and none with Jaccard similarity >= `similar` to a better one.
     figures: objective, covered, coverage, lift, precision, recall (module docstring).
-    `library` (from `atoms`) replaces the default library built from `tokens`."""
-    tok = check_tokens(tokens)
+    `library` (from `atoms`, or wtc.explain.token_predicates.token_atoms for token ids) replaces the
+    default library built from `tokens`."""
+    tok = library[0].check(tokens) if library else check_tokens(tokens)     # token ids for token-string atoms
     kl = np.asarray(kl, dtype=np.float64)
     if kl.shape != tok.shape:
         raise ArgumentError(f"kl must have the shape of tokens {tok.shape}, got {kl.shape}")

@@ -33,6 +33,9 @@ Atoms (`atoms(tokens)` builds the library for a data set; `Atom.evaluate` comput
     the context start counts as a line start;
   - position in the context: pos < 1, < 4, < 16.
 
+Atoms over the decoded strings of a model's own tokens (BPE, SentencePiece) are
+wtc.explain.token_predicates's; `Predicate` composes either kind.
+
 Compositions: ((a1 op2 a2) op3 a3) with a1 optionally negated and op in AND, OR, AND NOT (the
 compositional-explanations beam search of Mu & Andreas 2020), up to `max_atoms` atoms.
 
@@ -258,6 +261,10 @@ class Atom:
                 "indent": "indent == 0" if a == 0 else f"indent >= {a}", "first": "first",
                 "col": f"col < {a}", "pos": f"pos < {a}"}[k]
 
+    def check(self, tokens) -> np.ndarray:
+        """The tokens this atom reads, checked (byte values; token-string atoms check token ids)."""
+        return check_tokens(tokens)
+
     def evaluate(self, tokens, feats: Features | None = None) -> np.ndarray:
         """Truth array (n, T) on a byte array (n, T); `feats` (from `features`) may be shared."""
         tok = check_tokens(tokens)
@@ -327,10 +334,11 @@ class Predicate:
         object.__setattr__(self, "source", "\n".join(lines) + "\n")
 
     def evaluate(self, tokens) -> np.ndarray:
-        """Truth array (n, T) (or (T,) for a 1-D context) on byte tokens, equal to the source's."""
+        """Truth array (n, T) (or (T,) for a 1-D context) on byte tokens (token ids for the atoms of
+        wtc.explain.token_predicates), equal to the source's."""
         tok = np.asarray(tokens)
         one = tok.ndim == 1
-        tok = check_tokens(tok[None] if one else tok)
+        tok = self.atoms[0].check(tok[None] if one else tok)
         feats = features(tok) if any(a.structural for a in self.atoms) else None
         out = self.atoms[0].evaluate(tok, feats)
         if self.ops[0]:

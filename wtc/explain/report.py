@@ -1,5 +1,7 @@
-"""`wtc explain`: predicate explanations of a trained byte-level model on held-out corpus text,
-written as summary.json, explanations.json and report.md (used by the sparse-vs-dense study too)."""
+"""`wtc explain`: predicate explanations of a trained model on held-out corpus text, written as
+summary.json, explanations.json and report.md (used by the sparse-vs-dense study too). A byte-level
+model reads the corpus's bytes; a model with a tokenizer (Hugging Face) reads the corpus tokenised
+by it, and its predicates are over the decoded token strings (wtc.explain.token_predicates)."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,10 @@ import numpy as np
 
 from wtc.explain.explainer import explain, to_json
 from wtc.explain.corpus import Corpus, slices
+from wtc.explain.token_predicates import encode_corpus
+
+
+TOKEN_CTX = 64           # default window of a model with a tokenizer
 
 
 @dataclass
@@ -20,35 +26,47 @@ class HeldoutSets:
 
 
 def heldout_sets(corpus: Corpus, ctx: int, n_search: int = 32, n_slice: int = 16, k: int = 10,
-                 seed: int = 0) -> HeldoutSets:
-    """Disjoint windows of the corpus's held-out split: 2 slices' worth for the search set
-    (n_search, rounded up to whole slices) and K slices to judge on."""
+                 seed: int = 0, tokenizer=None) -> HeldoutSets:
+    """Disjoint windows of the corpus's held-out split (its bytes, or its text tokenised by
+    `tokenizer`): 2 slices' worth for the search set (n_search, rounded up to whole slices) and K
+    slices to judge on."""
     per = n_slice
     n_search_slices = -(-n_search // per)
-    sets = slices(corpus.tokens("heldout"), ctx, per, k + n_search_slices, seed)
+    held = corpus.tokens("heldout") if tokenizer is None else encode_corpus(corpus, "heldout", tokenizer)
+    sets = slices(held, ctx, per, k + n_search_slices, seed)
     return HeldoutSets(np.concatenate(sets[:n_search_slices]), sets[n_search_slices:])
 
 
 def run(model, corpus: Corpus, out, sample: int = 100, seed: int = 0, ctx: int | None = None, k: int = 10,
         n_search: int = 32, n_slice: int = 16, params=None, proposer=None, progress: bool = True,
-        label: str = "model", proposer_timeout_s: float = 60.0) -> dict:
+        label: str = "model", proposer_timeout_s: float = 60.0, tokenizer=None) -> dict:
     """Explain `sample` weights of `model`; writes out/{summary.json, explanations.json, report.md}
-    and returns the summary (with the examples). A finished out/ with the same settings is reused."""
+    and returns the summary (with the examples). A finished out/ with the same settings is reused.
+    tokenizer: the model's (default: its own `tokenizer`, Hugging Face models; None: bytes); ctx
+    defaults to the model's context, at most TOKEN_CTX tokens with a tokenizer (a window's logits
+    are ctx x vocab doubles per copy)."""
     out = Path(out)
-    ctx = ctx or model.cfg.n_ctx
+    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        ctx = ctx or model.cfg.n_ctx
+    else:
+        from wtc.scan.inputs import context_size
+        ctx = ctx or min(context_size(model) or TOKEN_CTX, TOKEN_CTX)
     settings = {"sample": sample, "seed": seed, "ctx": ctx, "k": k, "n_search": n_search, "n_slice": n_slice,
                 "params": params, "corpus_sha256": corpus.manifest()["sha256"], "external_proposer": proposer is not None}
     if proposer is not None:
         settings["proposer_timeout_s"] = proposer_timeout_s
+    if tokenizer is not None:
+        settings["tokenizer"] = f"{type(tokenizer).__name__} ({len(tokenizer)} tokens)"
     done = out / "summary.json"
     if done.exists():
         old = json.loads(done.read_text())
         if old.get("settings") == settings:
             return old
     t0 = time.perf_counter()
-    sets = heldout_sets(corpus, ctx, n_search, n_slice, k, seed)
+    sets = heldout_sets(corpus, ctx, n_search, n_slice, k, seed, tokenizer=tokenizer)
     result = explain(model, sets.search, sets.slices, sample=sample, params=params, seed=seed, proposer=proposer,
-                     progress=progress, proposer_timeout_s=proposer_timeout_s)
+                     progress=progress, proposer_timeout_s=proposer_timeout_s, tokenizer=tokenizer)
     data = to_json(result)
     out.mkdir(parents=True, exist_ok=True)
     (out / "explanations.json").write_text(json.dumps(data["weights"], indent=1))
@@ -78,6 +96,8 @@ def markdown(s: dict, label: str) -> str:
              f"share of score variance): {_fmt(s['reliability'])}; mean held-out score {_fmt(s['mean_heldout_score'])}",
              f"- search set {s['search_positions']} positions; coverage gate 0 < p(f) <= {s['max_coverage']}; "
              f"{s['seconds']} s"]
+    if s.get("tokenizer"):
+        lines.append(f"- tokens: the model's own ({s['tokenizer']}); predicates read their decoded strings")
     if s.get("proposer_gave_up"):
         lines.append(f"- external proposer: {s['proposer_gave_up']}")
     lines += ["", "## Best-explained weights", ""]
