@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from wtc import checkpoint_io
-from wtc.dt import checkpoint
+from wtc.dt import checkpoint, graph_step
 from wtc.dt.config import DTConfig
 from wtc.dt.finish import masked_mse, polish, refit_head
 from wtc.dt.history import History
@@ -124,6 +124,7 @@ class Attempt:
         self.fit_data = tuple(t.to(self.device) for t in self.fit_data)
         self.optimizer = adamw(self.model, config)
         self.step, self.phase = 0, "anneal"
+        self.graphed: graph_step.GraphedStep | None = None   # hard-phase steps from a CUDA graph (GPU only)
         self.snaps, self.snap_seconds = [], 0.0   # heads set to routing rules at the finish (wtc.dt.snap), CPU s
         heads = [n for b in self.model.blocks if b.attn is not None for n in b.attn.head_names]
         slots = [s for sel in self.model.selectors() for s in sel.slot_names]
@@ -163,7 +164,33 @@ class Attempt:
         x, y = self.task.batch(self.rng, cfg.batch_size)
         xt, yt, valid, y_raw = self._tensors(x, y)
         log_entropy = self.step % LOG_EVERY == 0 or self.step + 1 == cfg.steps + cfg.hard_steps
-        sampling = dataclasses.replace(sampling, stats=log_entropy)
+        if self.phase == "hard" and not log_entropy and graph_step.enabled(self.device):
+            if self.graphed is None:
+                self.graphed = graph_step.GraphedStep(self._hard_update, self.optimizer,
+                                                      settled=self.model.structure_known)
+            self.graphed.step(xt, yt, valid)
+        else:
+            sampling = dataclasses.replace(sampling, stats=log_entropy)
+            pred, stats, loss_r = self._update(xt, yt, valid, sampling)
+            if log_entropy:
+                with torch.no_grad():
+                    sel_h = torch.cat([entropy(s.probabilities(tau)) for s in self.model.selectors()], dim=1)
+                    attn_h = torch.cat(stats["attn_entropy"], dim=1) if stats["attn_entropy"] else torch.zeros(self.model.R, 0)
+                self.history.record(self.step, self.phase, tau, loss_r.detach().cpu().numpy(),
+                                    self._batch_metric(pred.detach(), y_raw, valid), sel_h.cpu().numpy(), attn_h.cpu().numpy())
+        self.step += 1
+        if self.phase == "anneal" and self.step >= cfg.steps:
+            self.phase = "hard"
+            for group in self.optimizer.param_groups:
+                group["lr"] = cfg.lr * cfg.hard_lr_scale
+        elif self.phase == "hard" and self.step >= cfg.steps + cfg.hard_steps:
+            self.phase = "finish"
+            self.graphed = None      # its buffers and memory pool are of no further use
+
+    def _update(self, xt: torch.Tensor, yt: torch.Tensor, valid: torch.Tensor, sampling: Sampling):
+        """One optimizer step on a batch: forward (module ranges tracked), loss, backward, AdamW.
+        -> (predictions, stats, per-replica loss)."""
+        cfg = self.config
         pred, stats = self.model(xt, sampling, track_ranges="ema")
         loss_r = masked_mse(pred, yt, valid)
         objective = loss_r.sum()
@@ -172,19 +199,12 @@ class Attempt:
         self.optimizer.zero_grad(set_to_none=True)
         objective.backward()
         self.optimizer.step()
-        if log_entropy:
-            with torch.no_grad():
-                sel_h = torch.cat([entropy(s.probabilities(tau)) for s in self.model.selectors()], dim=1)
-                attn_h = torch.cat(stats["attn_entropy"], dim=1) if stats["attn_entropy"] else torch.zeros(self.model.R, 0)
-            self.history.record(self.step, self.phase, tau, loss_r.detach().cpu().numpy(),
-                                self._batch_metric(pred.detach(), y_raw, valid), sel_h.cpu().numpy(), attn_h.cpu().numpy())
-        self.step += 1
-        if self.phase == "anneal" and self.step >= cfg.steps:
-            self.phase = "hard"
-            for group in self.optimizer.param_groups:
-                group["lr"] = cfg.lr * cfg.hard_lr_scale
-        elif self.phase == "hard" and self.step >= cfg.steps + cfg.hard_steps:
-            self.phase = "finish"
+        return pred, stats, loss_r
+
+    def _hard_update(self, xt: torch.Tensor, yt: torch.Tensor, valid: torch.Tensor) -> None:
+        """A hard-phase step; within model.structure_known it never reads the device (what
+        wtc.dt.graph_step captures)."""
+        self._update(xt, yt, valid, Sampling.hard_phase(self.config.tau_end))
 
     def finish(self, deadline: Deadline | None = None) -> None:
         """Freeze the discrete structure, refit the head exactly, polish the continuous parts.
@@ -277,6 +297,7 @@ class Attempt:
         self.generator.set_state(tensors["rng.torch"])
         self.rng.bit_generator.state = meta["rng_numpy"]
         self.step, self.phase = meta["step"], meta["phase"]
+        self.graphed = None          # a graph captured the model and optimizer replaced above
         h = self.history
         h.step, h.phase, h.tau = list(meta["hist_step"]), list(meta["hist_phase"]), list(meta["hist_tau"])
         for k in ("loss", "metric", "sel_entropy", "attn_entropy"):

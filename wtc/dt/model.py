@@ -119,6 +119,7 @@ class DiscreteTransformer(Hooked):
         self.register_buffer("y_mean", torch.zeros(n_outputs))
         self.register_buffer("y_scale", torch.ones(n_outputs))
         self.register_buffer("frozen", torch.tensor(False))
+        self._known_frozen: bool | None = None   # set only inside structure_known
         self.n_fixed = n_fixed
         self.hook_stream = HookPoint()   # (R, B, L, V): the whole final stream, pads included
         self.hook_out = HookPoint()      # (R, B, T, O): normalised predictions
@@ -184,7 +185,7 @@ class DiscreteTransformer(Hooked):
 
         track_ranges: False, "ema" (training) or "set" (calibration) for module-output ranges.
         """
-        track = track_ranges if not bool(self.frozen) else False
+        track = track_ranges if not self.is_frozen() else False
         stream = self.initial_stream(x)
         units = self.input_units() if self.config.mlp_periods else None   # (R, V) program units
         stats: dict[str, list] = {"attn_entropy": [], "redundancy": []}
@@ -215,6 +216,25 @@ class DiscreteTransformer(Hooked):
         stream = self.hook_stream(stream)
         y = torch.einsum("rbtv,rvo->rbto", stream[:, :, self.P:], self.W_out) + self.b_out[:, None, None]
         return self.hook_out(y), stats
+
+    def is_frozen(self) -> bool:
+        return self._known_frozen if self._known_frozen is not None else bool(self.frozen)
+
+    @contextlib.contextmanager
+    def structure_known(self):
+        """Within the block, whether the model and each selection are frozen is read once here and
+        not from the device again: a CUDA graph capture fails on any device-to-host read, and the
+        structure cannot change during the steps it captures (wtc.dt.graph_step)."""
+        selectors = list(self.selectors())
+        self._known_frozen = bool(self.frozen)
+        for sel in selectors:
+            sel.known_frozen = sel.frozen
+        try:
+            yield self
+        finally:
+            self._known_frozen = None
+            for sel in selectors:
+                sel.known_frozen = None
 
     def final_stream(self, x: torch.Tensor, sampling: Sampling = EVAL) -> torch.Tensor:
         """Normalised inputs (B, T, n_in) -> the final stream (R, B, L, V) the head reads."""

@@ -103,9 +103,12 @@ class Selector(nn.Module):
         self.logits = nn.Parameter(0.1 * torch.randn(replicas, S, V))
         self.register_buffer("mask", mask.clone())
         self.register_buffer("frozen_index", torch.full((replicas, S), -1, dtype=torch.long))
+        self.known_frozen: bool | None = None   # set only inside DiscreteTransformer.structure_known
 
     @property
     def frozen(self) -> bool:
+        if self.known_frozen is not None:   # a captured CUDA graph must not read the device (wtc.dt.graph_step)
+            return self.known_frozen
         return bool((self.frozen_index >= 0).all())
 
     def masked_logits(self) -> torch.Tensor:
