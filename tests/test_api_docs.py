@@ -92,3 +92,39 @@ def test_py_typed_marker_ships_with_the_package():
     from pathlib import Path
 
     assert (Path(wtc.__file__).parent / "py.typed").is_file()
+
+
+def _unannotated(fn) -> list[str]:
+    import inspect
+
+    sig = inspect.signature(fn)
+    missing = [p.name for p in sig.parameters.values() if p.annotation is inspect.Parameter.empty
+               and p.name not in ("self", "cls")]
+    return missing + (["return"] if sig.return_annotation is inspect.Signature.empty else [])
+
+
+def test_top_level_functions_and_task_from_arrays_are_fully_annotated():
+    import inspect
+
+    functions = [getattr(wtc, n) for n in wtc.__all__ if inspect.isfunction(getattr(wtc, n))]
+    assert {f.__name__ for f in functions} >= {"discover", "train", "extract", "verify", "load", "backends"}
+    for fn in [*functions, wtc.Task.from_arrays, wtc.scan.scan]:
+        assert _unannotated(fn) == [], fn.__qualname__
+
+
+def test_from_arrays_spells_out_every_option_of_the_records_task():
+    """Task.from_arrays's keywords are wtc.tasks.data.from_arrays's (the one implementation), so
+    the two cannot drift apart; a misspelt keyword is still a one-line TaskError."""
+    import inspect
+
+    import numpy as np
+
+    from wtc.tasks.data import from_arrays
+
+    ours = {k: p.default for k, p in inspect.signature(wtc.Task.from_arrays).parameters.items() if p.kind == p.KEYWORD_ONLY}
+    theirs = {k: p.default for k, p in inspect.signature(from_arrays).parameters.items()
+              if p.kind == p.KEYWORD_ONLY and k != "task_type"}
+    assert ours == theirs
+    x = np.random.default_rng(0).integers(0, 10, (100, 5))
+    with pytest.raises(wtc.tasks.TaskError, match="unknown keyword argument.*'seqlen'.*takes name, output, valid_from"):
+        wtc.Task.from_arrays(x, x, seqlen=5)

@@ -22,6 +22,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,6 +37,14 @@ from wtc.errors import WtcError
 from wtc.extraction import verify
 from wtc.tasks import TaskError, probe
 from wtc.tasks.task import REAL_TOLERANCE
+
+if TYPE_CHECKING:                      # annotations only (the model classes import torch)
+    from wtc.dt.history import History
+    from wtc.dt.model import DiscreteTransformer
+    from wtc.extraction import Program, Verification
+    from wtc.tasks.probe import Dependence
+    from wtc.tasks.task import Task
+    from wtc.worker_pool import Prestarted
 
 DEFAULT_BUDGET_S = 600.0
 PERIODS = (2, 3, 4, 5, 6)   # periodic units when the probe sees oscillation: every residue mod 2..6
@@ -54,14 +63,14 @@ class Discovery:
     `seconds` taken, every attempt tried (`attempts`, and in `cut` those the budget stopped), what
     the probe found the target reads (`dependence`) and the `budget_s` it ran under. `solved`,
     `summary()`, `report()`, `diagnosis()`, `budget_notes()` and `save(directory)` read it."""
-    task: object
-    program: object | None
-    model: object | None
-    history: object | None
-    verification: object | None
+    task: Task
+    program: Program | None
+    model: DiscreteTransformer | None
+    history: History | None
+    verification: Verification | None
     seconds: float
     attempts: list[dict] = field(default_factory=list)
-    dependence: object | None = None        # what the target was found to read (wtc.tasks.probe), if probed
+    dependence: Dependence | None = None       # what the target was found to read (wtc.tasks.probe), if probed
     cut: list[dict] = field(default_factory=list)   # attempts stopped at the budget before they finished
     budget_s: float | None = None
 
@@ -259,8 +268,8 @@ def plan(task, seed: int, config: DTConfig | None) -> Plan:
     return Plan(base, sizing, dep, worker_count(base, cap=cap), cap, job_task(task, seed))
 
 
-def discover(task, seed: int = 0, budget_s: float | None = None, progress: bool = True,
-             config: DTConfig | None = None, *, prestarted=None) -> Discovery:
+def discover(task: Task | str, seed: int = 0, budget_s: float | None = None, progress: bool = True,
+             config: DTConfig | None = None, *, prestarted: Prestarted | None = None) -> Discovery:
     """Train, extract and verify until a program verifies or the budget (default 600 s) is spent.
 
     budget_s must be a finite positive number of seconds; the call returns within it plus a margin

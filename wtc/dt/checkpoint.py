@@ -6,12 +6,16 @@ format version). The DT's training-state checkpoints use the same two-file layou
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from wtc.checkpoint_io import read, write_atomic
 from wtc.dt.config import DTConfig
 from wtc.errors import CheckpointError
+
+if TYPE_CHECKING:                      # annotations only: load() imports the model class when it runs
+    from wtc.dt.model import DiscreteTransformer
 
 FORMAT = "wtc.dt/1"
 
@@ -91,7 +95,7 @@ def save(model, directory, extra: dict | None = None) -> Path:
     return directory
 
 
-def load(directory):
+def load(directory: str | Path) -> DiscreteTransformer:
     """Load a model saved by save() (weights_only by construction: safetensors + JSON)."""
     if not isinstance(directory, (str, Path)):
         raise CheckpointError(f"a checkpoint is a directory path, got {type(directory).__name__} {directory!r}")

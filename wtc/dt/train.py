@@ -13,6 +13,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 
 from wtc import arguments
@@ -22,13 +23,19 @@ from wtc.dt.ladder import FINISH_SHARE, Deadline, check_budget, climb, margin_s
 from wtc.dt.workers import job_task, run_wave, worker_count
 from wtc.errors import TrainingError
 
+if TYPE_CHECKING:                      # annotations only
+    from wtc.dt.history import History
+    from wtc.dt.model import DiscreteTransformer
+    from wtc.tasks.task import Task
+
 __all__ = ["train"]
 
 JOB = "wtc.dt.attempt:TrainJob"
 
 
-def train(task, config: DTConfig | None = None, seed: int = 0, budget_s: float | None = None,
-          progress: bool = True, checkpoint_dir: str | Path | None = None, resume: bool = False):
+def train(task: Task | str, config: DTConfig | None = None, seed: int = 0, budget_s: float | None = None,
+          progress: bool = True, checkpoint_dir: str | os.PathLike | None = None,
+          resume: bool = False) -> tuple[DiscreteTransformer, History]:
     """Train a Discrete Transformer on a task; returns (model, history).
 
     The model is the best replica of the best attempt (a single-replica, frozen model): the first

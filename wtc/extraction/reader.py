@@ -19,6 +19,7 @@ from wtc.errors import WtcError
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import sympy as sp
@@ -34,6 +35,10 @@ from wtc.extraction.program import POSITION, Line, Program, build_source
 from wtc.extraction.readout import head_weights, pad, read
 from wtc.extraction.routing_rules import fit_head, routed, rule_keys
 from wtc.extraction.verification import agreement
+
+if TYPE_CHECKING:                    # annotations only: the model class imports torch
+    from wtc.dt.model import DiscreteTransformer
+    from wtc.tasks.task import Task
 
 LIVE_SHARE = 0.1            # live: moves an output by more than this share of the output tolerance
 MAX_DEVIATION = 0.05        # program vs model output on the extraction data, relative rms
@@ -89,7 +94,8 @@ def _route_name(rule, source: str, var: str) -> str:
     return f"{p['op']}{span}_{source}" if var == source else f"{source}_at_{p['op']}{span}_{var}"
 
 
-def extract(model, task, *, n: int = 2048, seed: int = 0, deadline: float | None = None) -> Program:
+def extract(model: DiscreteTransformer, task: Task | str, *, n: int = 2048, seed: int = 0,
+            deadline: float | None = None) -> Program:
     """Read `model` (a frozen single-replica DiscreteTransformer trained on `task`) as a Program.
 
     deadline (time.time() seconds, None: none): every symbolic regression gets at most the time

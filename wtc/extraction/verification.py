@@ -2,13 +2,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import numpy as np
 
 from wtc import arguments
 from wtc import tasks as task_registry
 from wtc.errors import WtcError
-from wtc.tasks.task import REAL_TOLERANCE
+from wtc.tasks.task import REAL_TOLERANCE, Task
+
+
+class Predictor(Protocol):
+    """What verify compares a program with: anything with predict(x) -> outputs (a DiscreteTransformer)."""
+
+    def predict(self, x: np.ndarray) -> np.ndarray: ...
 
 
 class VerificationError(WtcError, ValueError):
@@ -54,7 +61,8 @@ def agreement(task, a: np.ndarray, b: np.ndarray) -> float:
     return float((np.abs(a - b) / (1 + np.abs(b)) <= REAL_TOLERANCE).mean())
 
 
-def verify(program, task, n: int = 10000, seed: int | None = None, model=None) -> Verification:
+def verify(program: Callable[[np.ndarray], np.ndarray], task: Task | str, n: int = 10000, seed: int | None = None,
+           model: Predictor | None = None) -> Verification:
     """Score `program` (anything callable on (n, T[, k]) arrays) on n fresh sequences of `task`;
     a wtc Program must be the one read for this task. `model` (default: the program's own): a
     model with predict(), compared position by position. For an any_length task the program is

@@ -19,16 +19,17 @@ With torch.distributed initialised, chunks are shared round-robin across ranks a
 """
 from __future__ import annotations
 
-import fnmatch
 import numbers
 import os
 import hashlib
 import re
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from torch import nn
 from torch.func import functional_call, vmap
 from tqdm.auto import tqdm
@@ -39,8 +40,9 @@ from wtc.arguments import float_readout
 from wtc.scan.inputs import architecture, as_tokens, hooks_identity, model_sha256, positive_int, readout_identity
 from wtc.scan.generic import Generic
 from wtc.scan.kl import importance_positions, kl_rows, kl_unembed
+from wtc.scan.names import Params, resolve, select as _select_params, wrapper_prefix
 from wtc.scan.result import ScanResult
-from wtc.scan.store import ScanStore
+from wtc.scan.store import ScanStore, check_space, disk_estimate
 from wtc.scan.suffix import Suffix
 
 CHUNK = 4096                 # weights per committed chunk: the unit of resume and of sharding
@@ -63,30 +65,6 @@ def _checked(readout):
     """A user readout whose result is checked: a tuple or integer logits would fail obscurely or
     be scored after truncation."""
     return lambda out: float_readout(readout, out, ScanError)
-
-
-def _select_params(model: nn.Module, params) -> dict[str, nn.Parameter]:
-    named = dict(model.named_parameters())
-    if params is None:
-        chosen = {n: p for n, p in named.items() if p.ndim >= 2}
-        if not chosen:       # else a scan of nothing reports weights_scanned: 0 as if it had looked
-            raise ScanError(f"the model has no weight matrices to scan (no parameter with >= 2 dimensions; it has "
-                            f"{len(named)} parameter(s)" + (f": {', '.join(list(named)[:6])}" if named else "")
-                            + "); name the parameters to scan with params=")
-        return chosen
-    if not isinstance(params, str) and not isinstance(params, (list, tuple, set, frozenset)):
-        raise ScanError(f"params must be None, a name / pattern or a list of them, got {type(params).__name__}")
-    patterns = [params] if isinstance(params, str) else list(params)
-    if not patterns or not all(isinstance(p, str) for p in patterns):
-        raise ScanError(f"params must be None (every matrix) or names / patterns (str), got {params!r}")
-    chosen = {}
-    for pat in patterns:
-        hits = [n for n in named if fnmatch.fnmatchcase(n, pat)]
-        if not hits:
-            raise UnknownName(f"no parameter matches {pat!r}; parameters are: {', '.join(list(named)[:12])}"
-                           f"{' ...' if len(named) > 12 else ''}")
-        chosen.update((n, named[n]) for n in hits)
-    return chosen
 
 
 def _fingerprint(model: nn.Module, tokens: torch.Tensor) -> dict:
@@ -233,14 +211,17 @@ def _dist():
     return 0, 1
 
 
-def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None = None, out=None,
-         mass: float = 0.9, keep_positions: bool | None = None, progress: bool = True,
-         chunk: int = CHUNK, weights: dict[str, torch.Tensor] | None = None,
+def scan(model: nn.Module, tokens: torch.Tensor | ArrayLike, params: Params = None,
+         readout: Callable[[Any], torch.Tensor] | None = None, batch: int | None = None,
+         out: str | os.PathLike | None = None, mass: float = 0.9, keep_positions: bool | None = None,
+         progress: bool = True, chunk: int = CHUNK, weights: dict[str, torch.Tensor] | None = None,
          positions: torch.Tensor | None = None) -> ScanResult:
     """Exact per-position KL(clean || weight zeroed) for every nonzero weight of `params`.
 
     model: a wtc Transformer, a TransformerLens HookedTransformer, or any nn.Module;
-    tokens (B, T) int; params: names or fnmatch patterns (default: every parameter with >= 2 dims);
+    tokens (B, T) int; params: names or fnmatch patterns (default: every parameter with >= 2 dims),
+    in the model's own spelling or, for a wrapper such as HFModel, the wrapped model's (no `hf.`;
+    wtc.scan.names); results keep the full names and look either up;
     readout: model output -> logits (B, T, V) (default: the output itself); batch: ablated copies
     per forward (default: sized to ~128 MiB of activations); out: directory for the resumable
     store (None: in memory); mass: share of KL the importance positions hold; keep_positions:
@@ -250,6 +231,8 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
     positions: a bool mask (B, T): KL counted only there (e.g. the one position a task is read at),
     0 elsewhere; the ablations themselves still act everywhere, so effects that travel to the
     counted positions through attention are in.
+    With out= and progress, the store's estimated disk use is printed before the first weight, and
+    a scan whose least disk use does not fit the free space there is refused (wtc.scan.store).
     """
     if not isinstance(mass, numbers.Real) or isinstance(mass, (bool, np.bool_)) or not 0 < mass <= 1:
         raise ScanError(f"mass must be a number in (0, 1], got {mass!r}")
@@ -273,7 +256,8 @@ def scan(model: nn.Module, tokens, params=None, readout=None, batch: int | None 
         raise ScanError(f"readout must be a callable (model output -> logits) or None, got {type(readout).__name__}")
     tokens = as_tokens(tokens, model)
     chosen = _select_params(model, params)
-    masks = _check_masks(weights, chosen)
+    prefix = wrapper_prefix(n for n, _ in model.named_parameters())
+    masks = _check_masks(weights, chosen, prefix)
     if positions is not None:
         positions = torch.as_tensor(positions)
         if positions.dtype != torch.bool or positions.shape != tokens.shape:
@@ -320,12 +304,16 @@ def _wtc_twin(model: nn.Module, tokens: torch.Tensor, chosen: dict) -> nn.Module
     return twin
 
 
-def _check_masks(weights, chosen) -> dict[str, torch.Tensor]:
-    """Flat bool masks of the weights to scan (nonzero and selected)."""
-    weights = weights or {}
+def _check_masks(weights, chosen, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Flat bool masks of the weights to scan (nonzero and selected); a key of `weights` may be
+    written in the wrapped model's own spelling (wtc.scan.names)."""
+    if weights is not None and not isinstance(weights, dict):
+        raise ScanError(f"weights must be None or a dict {{parameter name: bool mask}}, got {type(weights).__name__}")
+    weights = {resolve(k, list(chosen), prefix, what="weights= key") if isinstance(k, str) else k: v
+               for k, v in (weights or {}).items()}
     unknown = set(weights) - set(chosen)
     if unknown:
-        raise UnknownName(f"weights= names parameters that are not scanned: {sorted(unknown)}")
+        raise UnknownName(f"weights= names parameters that are not scanned: {sorted(unknown, key=repr)}")
     masks = {}                                   # on the CPU: chunk bookkeeping, whatever the model's device
     for name, p in chosen.items():
         mask = p.detach().flatten().cpu() != 0
@@ -369,6 +357,8 @@ def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, pr
             if c % world == rank and start not in done:
                 todo.append((name, start, min(start + chunk, p.numel())))
     total_work = sum(int(masks[n][s:e].sum()) for n, s, e in todo)
+    if directory is not None and total_work:
+        _announce_disk(directory, todo, masks, N, keep_positions, progress)
     bar = tqdm(total=total_work, disable=not progress, unit="w", desc=f"scan rank {rank}" if world > 1 else "scan")
     scanned = 0
     for name, start, stop in todo:
@@ -397,7 +387,24 @@ def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, pr
             store = ScanStore(directory / "scan.sqlite")
     seconds = time.perf_counter() - t0
     return ScanResult(store, {n: tuple(p.shape) for n, p in chosen.items()}, N, seconds, scanned,
-                      recompute=lambda name, index: _position_kl_one(ev, name, chosen[name], index))
+                      recompute=lambda name, index: _position_kl_one(ev, name, chosen[name], index),
+                      prefix=wrapper_prefix(n for n, _ in model.named_parameters()))
+
+
+def _announce_disk(directory: Path, todo, masks, N: int, keep_positions: bool, progress: bool) -> None:
+    """Before the first weight: what the rows still to write will take on disk (refused when even
+    the least of it does not fit; said when the most might not)."""
+    rows: dict[str, int] = {}
+    for name, start, stop in todo:
+        rows[name] = rows.get(name, 0) + int(masks[name][start:stop].sum())
+    estimate = disk_estimate(rows, N, keep_positions)
+    free = check_space(directory, estimate)
+    if progress:
+        print(f"estimated disk use: {estimate.describe()} for {estimate.weights} weights in {directory} "
+              f"({'with' if keep_positions else 'without'} per-position KL; {free / 1e9:.1f} GB free)", flush=True)
+        if estimate.high > free:
+            print(f"wtc: warning: the store may outgrow the {free / 1e9:.2f} GB free in {directory} if many weights "
+                  "spread their KL over many positions", flush=True)
 
 
 def _chunk(ev, name, p, idx, A, mass, keep_positions, progress=lambda n: None):

@@ -6,6 +6,20 @@ import torch
 
 from wtc.errors import IndexOutOfRange, ScanError, ScanUnavailable, UnknownName
 from wtc.scan.kl import importance_positions as _importance
+from wtc.scan.names import resolve
+
+
+class _Totals(dict):
+    """total_kl: keyed by the full parameter names; a wrapped model's own spelling finds them too."""
+
+    def __init__(self, items, prefix: str):
+        super().__init__(items)
+        self.prefix = prefix
+
+    def __missing__(self, name):
+        if not isinstance(name, str):
+            raise KeyError(name)
+        return self[resolve(name, list(self), self.prefix, what="total_kl key")]
 
 
 class ScanResult:
@@ -14,18 +28,24 @@ class ScanResult:
     importance_positions(name, index, mass) the smallest set of positions holding `mass` of it."""
 
     def __init__(self, store, shapes: dict[str, tuple[int, ...]], n_positions: int, seconds: float,
-                 weights_scanned: int, recompute=None):
+                 weights_scanned: int, recompute=None, prefix: str = ""):
         self.store, self.shapes, self.n_positions = store, shapes, n_positions
         self.seconds, self.weights_scanned = seconds, weights_scanned
         self._recompute = recompute
+        self._prefix = prefix       # a wrapper's 'child.' (wtc.scan.names): names may be given without it
         self.mass = store.meta().get("mass", 0.9)
-        self.total_kl = {n: torch.from_numpy(store.totals(n, s)) for n, s in shapes.items()}
+        self.total_kl = _Totals({n: torch.from_numpy(store.totals(n, s)) for n, s in shapes.items()}, prefix)
+
+    def _name(self, name: str) -> str:
+        if not isinstance(name, str):
+            raise UnknownName(f"a parameter name is a str, got {type(name).__name__} {name!r}")
+        if name not in self.shapes and not (self._prefix and self._prefix + name in self.shapes):
+            raise UnknownName(f"{name!r} was not scanned; scanned: {', '.join(self.shapes)}")
+        return name if name in self.shapes else self._prefix + name
 
     def _flat(self, name: str, index) -> int:
         """A weight's flat index from a flat int or a full index tuple, range-checked."""
-        if name not in self.shapes:
-            raise UnknownName(f"{name!r} was not scanned; scanned: {', '.join(self.shapes)}")
-        shape = self.shapes[name]
+        shape = self.shapes[self._name(name)]
         if isinstance(index, (bool, np.bool_)):
             raise ScanError(f"index must be a flat int or a tuple of ints, got {index!r}")
         if isinstance(index, (int, np.integer)):
@@ -42,7 +62,7 @@ class ScanResult:
 
     def position_kl(self, name: str, index) -> torch.Tensor:
         """Per-position KL (N,) float64 of zeroing weight `index` (a tuple, or a flat int)."""
-        flat = self._flat(name, index)
+        flat, name = self._flat(name, index), self._name(name)
         row = self.store.weight(name, flat)
         if row is None:
             if float(self.total_kl[name].flatten()[flat]) == 0.0 and self._recompute is None:
@@ -56,7 +76,7 @@ class ScanResult:
 
     def importance_positions(self, name: str, index, mass: float | None = None) -> np.ndarray:
         """Positions (flat over B*T, largest KL first) holding >= mass of the weight's total KL."""
-        flat = self._flat(name, index)
+        flat, name = self._flat(name, index), self._name(name)
         if mass is None or mass == self.mass:
             row = self.store.weight(name, flat)
             if row is not None:

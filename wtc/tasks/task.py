@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Literal, NoReturn
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from wtc.errors import TaskError
 from wtc.tasks.limits import MAX_MAGNITUDE, REAL_TOLERANCE, plain_numbers  # noqa: F401  (REAL_TOLERANCE: re-exported)
@@ -313,18 +314,26 @@ class Task:
         return a
 
     @classmethod
-    def from_arrays(cls, inputs, outputs, **kw) -> "Task":
-        """A task over recorded sequences, with a seeded held-out split (wtc.tasks.data.from_arrays)."""
+    def from_arrays(cls, inputs: ArrayLike, outputs: ArrayLike, *, name: str = "data",
+                    output: Literal["integer", "real"] | None = None, valid_from: int = 0, heldout: float = 0.2,
+                    seed: int = 0, description: str = "", **unknown: NoReturn) -> "Task":
+        """A task over recorded sequences: inputs (n, T) or (n, T, k), outputs (n, T) or (n, T, m).
+
+        output: 'integer' or 'real' (default: 'integer' when every valid output is a whole number);
+        heldout: the share of sequences kept for verification, split seeded by `seed` (discover
+        trains on the rest and verifies on these only); positions before valid_from need no output
+        (NaN allowed there); seq_len and the input / output counts come from the arrays. Implemented
+        by wtc.tasks.data.from_arrays. `unknown` is never valid (its type says so to a type checker):
+        it turns a misspelt keyword into a TaskError naming the ones there are."""
         import inspect
 
         from wtc.tasks.data import from_arrays
-        known = [k for k, p in inspect.signature(from_arrays).parameters.items()
-                 if p.kind == p.KEYWORD_ONLY and k != "task_type"]
-        unknown = sorted(k for k in kw if k not in known)
         if unknown:
-            raise TaskError(f"Task.from_arrays: unknown keyword argument(s) {', '.join(map(repr, unknown))} "
+            known = [k for k, p in inspect.signature(cls.from_arrays).parameters.items() if p.kind == p.KEYWORD_ONLY]
+            raise TaskError(f"Task.from_arrays: unknown keyword argument(s) {', '.join(map(repr, sorted(unknown)))} "
                             f"(it takes {', '.join(known)}; seq_len and the input/output counts come from the arrays)")
-        return from_arrays(inputs, outputs, task_type=cls, **kw)
+        return from_arrays(inputs, outputs, name=name, output=output, valid_from=valid_from, heldout=heldout,
+                           seed=seed, description=description, task_type=cls)
 
     def at_length(self, seq_len: int) -> "Task":
         """The same task at another sequence length (any_length tasks only): each sequence is

@@ -1,0 +1,93 @@
+"""Which parameters a scan means: names and fnmatch patterns, in the model's own spelling.
+
+A model that wraps another (wtc.models.hf.HFModel keeps the Hugging Face model as `.hf`) holds
+its parameters under that attribute, so `named_parameters()` says `hf.transformer.h.0.mlp.c_fc.weight`
+where the Hugging Face model itself says `transformer.h.0.mlp.c_fc.weight`. Both spellings are
+accepted: a pattern that matches no full name is tried again under the wrapper's prefix (the one
+child module that holds every parameter). Results keep the full names (the store's identity), and
+ScanResult looks a name up in either spelling. A name that matches in neither is a one-line
+UnknownName that lists the closest parameter names.
+"""
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Iterable, Sequence
+
+from torch import nn
+
+from wtc.errors import ScanError, UnknownName
+
+Params = str | Sequence[str] | None
+"""What `scan(params=)` takes: None (every parameter with >= 2 dims), a name or fnmatch pattern, or a list of them."""
+
+
+def wrapper_prefix(names: Iterable[str]) -> str:
+    """'child.' when every parameter name lies under one child module (a wrapper such as HFModel's
+    `hf.`), else ''. Only one level: what is under the child is the wrapped model's own spelling."""
+    names = list(names)
+    heads = {n.split(".", 1)[0] for n in names if "." in n}
+    flat = any("." not in n for n in names)
+    return f"{heads.pop()}." if len(heads) == 1 and not flat else ""
+
+
+def _close(name: str, names: list[str], prefix: str) -> list[str]:
+    """The parameter names nearest to `name`, in the spelling the user wrote it in."""
+    spelled = [n[len(prefix):] for n in names] if prefix and not name.startswith(prefix) else names
+    return difflib.get_close_matches(name, spelled, n=3, cutoff=0.6)
+
+
+def _unknown(what: str, pattern: str, names: list[str], prefix: str, among: str = "parameter") -> UnknownName:
+    close = _close(pattern, names, prefix)
+    if close:
+        hint = f"closest: {', '.join(close)}"
+    else:
+        shown = [n[len(prefix):] for n in names[:8]] if prefix else names[:8]
+        hint = f"{among}s are: {', '.join(shown)}{' ...' if len(names) > 8 else ''}"
+    also = f" (with or without the wrapper's {prefix!r})" if prefix else ""
+    return UnknownName(f"{what + ': ' if what else ''}no {among} matches {pattern!r}{also}; {hint}")
+
+
+def match(pattern: str, names: list[str], prefix: str | None = None) -> list[str]:
+    """The full names a name / fnmatch pattern selects: as written, else under the wrapper's prefix."""
+    prefix = wrapper_prefix(names) if prefix is None else prefix
+    hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+    if not hits and prefix and not pattern.startswith(prefix):
+        hits = [n for n in names if fnmatch.fnmatchcase(n, prefix + pattern)]
+    return hits
+
+
+def select(model: nn.Module, params: Params) -> dict[str, nn.Parameter]:
+    """{full name: parameter} for `params` (None: every parameter with >= 2 dimensions)."""
+    named = dict(model.named_parameters())
+    if params is None:
+        chosen = {n: p for n, p in named.items() if p.ndim >= 2}
+        if not chosen:       # else a scan of nothing reports weights_scanned: 0 as if it had looked
+            raise ScanError(f"the model has no weight matrices to scan (no parameter with >= 2 dimensions; it has "
+                            f"{len(named)} parameter(s)" + (f": {', '.join(list(named)[:6])}" if named else "")
+                            + "); name the parameters to scan with params=")
+        return chosen
+    if not isinstance(params, str) and not isinstance(params, (list, tuple, set, frozenset)):
+        raise ScanError(f"params must be None, a name / pattern or a list of them, got {type(params).__name__}")
+    patterns = [params] if isinstance(params, str) else list(params)
+    if not patterns or not all(isinstance(p, str) for p in patterns):
+        raise ScanError(f"params must be None (every matrix) or names / patterns (str), got {params!r}")
+    names = list(named)
+    prefix = wrapper_prefix(names)
+    chosen = {}
+    for pat in patterns:
+        hits = match(pat, names, prefix)
+        if not hits:
+            raise _unknown("", pat, names, prefix)
+        chosen.update((n, named[n]) for n in hits)
+    return chosen
+
+
+def resolve(name: str, names: list[str], prefix: str, what: str = "name", among: str = "scanned parameter") -> str:
+    """The full name `name` stands for among `names` (exact, or under `prefix`: the wrapped model's
+    own spelling); `prefix` is the model's wrapper_prefix (of all its parameters, not of `names`)."""
+    if name in names:
+        return name
+    if prefix and prefix + name in names:
+        return prefix + name
+    raise _unknown(what, name, names, prefix, among)
