@@ -10,14 +10,14 @@
 #
 #   device run:  bash bench/gpu_check.sh                       (every section; ~5-6 min warm)
 #                GPU_CHECK_ONLY="build native tests" bash bench/gpu_check.sh   (a rerun of some)
-# Sections: build native tests kernels train_step ablation discover. Measured on an H200
+# Sections: build native tests kernels train_step profile ablation discover. Measured on an H200
 # (2026-12-04, bench/RESULTS.md "GPU"): build 22 s, kernels ~70 s, ablation ~90 s.
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 PY=python3
-ONLY=${GPU_CHECK_ONLY:-build native tests kernels train_step ablation discover}
+ONLY=${GPU_CHECK_ONLY:-build native tests kernels train_step profile ablation discover}
 want() { [[ " $ONLY " == *" $1 "* ]]; }
 step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 {
@@ -88,7 +88,7 @@ except ValueError as e:
 
   if want tests; then
     step "tests (GPU paths included, Triton kernels compiled, no interpreter), one file at a time"
-    for f in tests/test_kernels.py tests/test_backend.py tests/test_dt_model.py tests/test_ablate.py tests/test_native.py; do
+    for f in tests/test_kernels.py tests/test_graph_step.py tests/test_backend.py tests/test_dt_model.py tests/test_ablate.py tests/test_native.py; do
       echo "--- $f"
       timeout 120 $PY -m pytest -q -m "not slow" -p no:cacheprovider -q "$f" 2>&1 | grep -vE "site-packages|<frozen" | tail -40
     done
@@ -102,8 +102,13 @@ except ValueError as e:
 
   if want train_step; then
     step "bench: DT training step, eager / Triton kernels"
-    timeout 100 $PY bench/train_step.py --device cuda --steps 20 --no-compile
+    timeout 150 $PY bench/train_step.py --device cuda --steps 60 --no-compile
     cp bench/results/train_step_gpu.csv "$OUT/" 2>/dev/null || true
+  fi
+
+  if want profile; then
+    step "profile: routing at B=4096 T=64 per kernel; a DT hard-phase step, device vs wall time"
+    timeout 120 $PY bench/gpu_profile.py --out "$OUT"
   fi
 
   if want ablation; then

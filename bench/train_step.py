@@ -3,7 +3,8 @@
 CPU (default): B=256, T=10, by threads and population size. GPU (--device cuda): the reference
 path eager, compiled, and with the Triton kernels (WTC_KERNELS=triton), at --batch (default 4096
 there), in the annealing phase (soft selections, Gumbel noise, redundancy penalty: the kernels'
-main work) and the hard phase. Prints a table and appends rows to bench/results/train_step.csv.
+main work) and the hard phase, where "+graphs" rows replay the step from a CUDA graph
+(wtc.dt.graph_step; the other rows run with WTC_CUDA_GRAPHS=0). Prints a table and appends rows to bench/results/train_step.csv.
 
     python bench/train_step.py [--steps 30] [--task parity_last2] [--no-compile] [--device cuda]
 """
@@ -13,6 +14,7 @@ import argparse
 import contextlib
 import os
 import time
+import warnings
 
 import torch
 
@@ -34,7 +36,9 @@ def time_steps(task, config: DTConfig, mode: str, steps: int, device: str = "cpu
     # the CPU before moving to the device, where WTC_KERNELS=triton would refuse CPU tensors
     with kernels_env("reference"):
         run = Attempt(task, config, seed=0, attempt=0, device=device)
-    with kernels_env("triton" if mode == "triton" else "reference"):
+    kernels = "triton" if mode.startswith("triton") else "reference"
+    graphs = "1" if mode.endswith("+graphs") else "0"
+    with kernels_env(kernels), env("WTC_CUDA_GRAPHS", graphs):
         # hard-phase steps by default: tau is fixed there. During annealing tau changes every step, and
         # a Python float in the graph makes torch.compile recompile each step (it falls back to eager).
         if phase == "hard":
@@ -42,7 +46,7 @@ def time_steps(task, config: DTConfig, mode: str, steps: int, device: str = "cpu
         if mode == "compile":
             run.model.forward = torch.compile(run.model.forward, dynamic=False)
         t0 = time.perf_counter()
-        for _ in range(3):          # warm-up (and compilation)
+        for _ in range(5):          # warm-up (compilation; a CUDA graph's side-stream steps and capture)
             run.train_step()
         sync(device)
         warm = time.perf_counter() - t0
@@ -59,27 +63,34 @@ def sync(device: str) -> None:
 
 
 @contextlib.contextmanager
-def kernels_env(value: str):
-    old = os.environ.get("WTC_KERNELS")
-    os.environ["WTC_KERNELS"] = value
+def env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop("WTC_KERNELS")
+            os.environ.pop(name)
         else:
-            os.environ["WTC_KERNELS"] = old
+            os.environ[name] = old
+
+
+def kernels_env(value: str):
+    return env("WTC_KERNELS", value)
 
 
 def main_gpu(args, task) -> None:
     rows, when = [], stamp()
     for phase in ("anneal", "hard"):
         base = None
-        for mode in ["eager"] + ([] if args.no_compile else ["compile"]) + ["triton"]:
+        graphed = ["eager+graphs", "triton+graphs"] if phase == "hard" else []   # wtc.dt.graph_step
+        for mode in ["eager"] + ([] if args.no_compile else ["compile"]) + ["triton"] + graphed:
             cfg = DTConfig(batch_size=args.batch or 4096, replicas=8, threads=None)
             try:
-                sps, warm = time_steps(task, cfg, mode, args.steps, "cuda", phase)
-                note = ""
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    sps, warm = time_steps(task, cfg, mode, args.steps, "cuda", phase)
+                note = "; ".join(str(w.message) for w in caught)[:300]
             except Exception as exc:
                 sps, warm, note = float("nan"), float("nan"), f"{type(exc).__name__}: {exc}"[:120]
             base = sps if mode == "eager" else base

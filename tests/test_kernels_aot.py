@@ -85,6 +85,10 @@ def _launches(monkeypatch) -> list[dict]:
     logp = torch.log_softmax(logits.double(), -1)
     K.kl_rows(logp, logits[None] + f(5, 3, 40))
     K.kl_rank1(logp, logits, f(5, 3), f(5, 40))
+    logits = f(2, 1100)                                    # past one chunk: the chunked kernel
+    logp = torch.log_softmax(logits.double(), -1)
+    K.kl_rows(logp, logits[None] + f(3, 2, 1100))
+    K.kl_rank1(logp, logits, f(3, 2), f(3, 1100))
     return list(seen.values())
 
 
@@ -93,7 +97,7 @@ def test_every_kernel_compiles_for_hopper(monkeypatch, tmp_path):
     records = _launches(monkeypatch)
     names = {r["name"] for r in records}
     assert {"_route_fwd", "_route_bwd", "_route_overlap", "_aggregate_fwd", "_aggregate_bwd",
-            "_bank_fwd", "_bank_bwd", "_kl_kernel"} <= names, names
+            "_bank_fwd", "_bank_bwd", "_kl_tile_kernel", "_kl_chunked_kernel"} <= names, names
     path = tmp_path / "launches.json"
     path.write_text(json.dumps(records))
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "WTC_KERNELS")}
