@@ -33,8 +33,10 @@ CREATE TABLE IF NOT EXISTS weights (param TEXT NOT NULL, idx INTEGER NOT NULL, t
 
 # What one weight's row costs on disk besides its blobs and its parameter's name (written twice:
 # the row and the primary-key index): the record header, idx, total, b-tree cells. Measured on
-# SQLite 3 with 4 KiB pages: 76-83 bytes for small rows; rows past a page spill to overflow pages,
-# whose slack PAGE_SLACK covers (measured 4.6-5.5 KB for 4.1-5.3 KB of blobs, estimated 4.8-6.2).
+# SQLite 3 with 4 KiB pages: 40-47 bytes for small rows (ROW_MIN_BYTES is below that: the low
+# estimate is a floor); rows past a page spill to overflow pages, whose slack PAGE_SLACK covers in
+# the high estimate (measured 4.6-5.5 KB for 4.1-5.3 KB of blobs; high 4.8-6.2 KB).
+ROW_MIN_BYTES = 32
 ROW_BYTES = 64
 PAGE_SLACK = 1.15
 
@@ -64,9 +66,9 @@ def disk_estimate(rows: dict[str, int], n_positions: int, keep_positions: bool) 
     full = 4 * n_positions if keep_positions else 0
     low = high = 0
     for name, count in rows.items():
-        fixed = ROW_BYTES + 2 * len(name.encode()) + full
-        low += int(count * PAGE_SLACK * (fixed + 4))
-        high += int(count * PAGE_SLACK * (fixed + 4 * n_positions))
+        named = 2 * len(name.encode()) + full
+        low += count * (ROW_MIN_BYTES + named + 4)
+        high += int(count * PAGE_SLACK * (ROW_BYTES + named + 4 * n_positions))
     return DiskEstimate(sum(rows.values()), low, high)
 
 
