@@ -24,6 +24,7 @@ from wtc.dt.history import History
 from wtc.dt.ladder import Deadline
 from wtc.dt.model import DiscreteTransformer
 from wtc.dt.refine import refine_pointers
+from wtc.dt.schedule import Anneal
 from wtc.dt.selection import Sampling, entropy
 from wtc.dt.snap import SNAP_SEQUENCES, snap_heads
 from wtc.errors import CheckpointError
@@ -48,9 +49,9 @@ def adamw(model: DiscreteTransformer, config: DTConfig) -> torch.optim.AdamW:
 
 
 def tau_at(config: DTConfig, step: int) -> float:
-    """Geometric annealing tau_start -> tau_end over config.steps, updated every step."""
-    frac = min(step / max(config.steps - 1, 1), 1.0)
-    return config.tau_start * (config.tau_end / config.tau_start) ** frac
+    """Geometric annealing tau_start -> tau_end over config.steps, updated every step (the public
+    schedule object, wtc.dt.schedule.Anneal, which a user's own loop steps)."""
+    return Anneal.from_config(config).tau_at(step)
 
 
 def rank_key(task, score: dict) -> tuple:

@@ -98,6 +98,10 @@ def extract(model: DiscreteTransformer, task: Task | str, *, n: int = 2048, seed
             deadline: float | None = None) -> Program:
     """Read `model` (a frozen single-replica DiscreteTransformer trained on `task`) as a Program.
 
+    `model` may also be your own torch module computing wtc.dt.layers.LinearReadout(DTLayers(x))
+    (wtc.extraction.embedded: checked on the task's inputs; anything else it computes, such as
+    your own head, is refused by name, since the program would ignore it).
+
     deadline (time.time() seconds, None: none): every symbolic regression gets at most the time
     left, and ExtractionTimeout (an ExtractionError) is raised once it has passed."""
     from wtc.dt.model import DiscreteTransformer
@@ -105,7 +109,8 @@ def extract(model: DiscreteTransformer, task: Task | str, *, n: int = 2048, seed
     task = task_registry.get(task)
     n, seed = arguments.positive_int(n, "n"), arguments.seed(seed)
     if not isinstance(model, DiscreteTransformer):
-        raise ExtractionInputError(f"extract() reads a wtc DiscreteTransformer, got {type(model).__name__}")
+        from wtc.extraction.embedded import readable_model
+        model = readable_model(model, task, ExtractionInputError)
     trained_on = (getattr(model, "train_info", None) or {}).get("task_sha256")
     if trained_on is not None and trained_on != task.fingerprint():
         raise ExtractionInputError(f"this model was trained on task {model.train_info.get('task')!r}, not on "
