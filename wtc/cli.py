@@ -216,7 +216,10 @@ def _cmd_explain(args) -> int:
                   f"with a tokenizer; {args.checkpoint} has vocab {model.cfg.d_vocab}", file=sys.stderr)
             return 2
     corpus = build_corpus(root=args.text, seed=args.seed)
-    s = explain_report.run(model, corpus, args.out, sample=args.sample, seed=args.seed, k=args.slices, ctx=args.ctx,
+    effort = explain_report.QUICK if args.quick else explain_report.FULL     # --sample / --slices still win
+    s = explain_report.run(model, corpus, args.out, sample=args.sample or effort.sample, seed=args.seed,
+                           k=args.slices or effort.k, ctx=args.ctx, n_search=effort.n_search, n_slice=effort.n_slice,
+                           candidates=effort.candidates, beam=effort.beam, max_atoms=effort.max_atoms,
                            proposer=args.proposer, progress=not args.quiet, label=str(args.checkpoint),
                            proposer_timeout_s=args.proposer_timeout)
     print(f"{s['weights_scored']} weights scored: interpretable {s['interpretable_fraction']}, robust "
@@ -375,10 +378,15 @@ def build_parser() -> argparse.ArgumentParser:
                                        "a local Hugging Face model directory with its tokenizer files")
     ex.add_argument("--ctx", type=_positive, default=None, help="tokens per held-out window (default: the model's "
                                                                 "context; at most 64 with a tokenizer)")
-    ex.add_argument("--sample", type=_positive, default=100, help="weights to explain (uniform over nonzero weights)")
+    ex.add_argument("--sample", type=_positive, default=None, help="weights to explain (uniform over nonzero weights; "
+                                                                   "default 100, 20 with --quick)")
+    ex.add_argument("--quick", action="store_true", help="a first look in a minute or two: 20 weights, half the search "
+                    "text, 4 slices of 8 windows, 3 candidates, beam 5, at most 2 atoms (robust fractions are not "
+                    "comparable with a full run; wtc.explain.report.QUICK)")
     ex.add_argument("--out", required=True, help="directory for summary.json, report.md, explanations.json")
     ex.add_argument("--text", default=None, help="directory of text files (default: the Python stdlib sources)")
-    ex.add_argument("--slices", type=_positive, default=10, help="disjoint held-out slices for robustness")
+    ex.add_argument("--slices", type=_positive, default=None, help="disjoint held-out slices for robustness "
+                                                                   "(default 10, 4 with --quick)")
     ex.add_argument("--proposer", default=None, help="command proposing predicate sources (JSON contexts on stdin, "
                     "JSON list of sources on stdout). Contained, not jailed: it gets only PATH, LANG and HOME (a "
                     "fresh temporary working directory, removed after), its own process group (killed when it "

@@ -19,6 +19,29 @@ from wtc.explain.token_predicates import encode_corpus
 TOKEN_CTX = 64           # default window of a model with a tokenizer
 
 
+@dataclass(frozen=True)
+class Effort:
+    """How much work one explain run does: weights explained (`sample`), held-out slices judged on
+    (`k`) and windows per slice (`n_slice`), search windows the predicate is chosen on (`n_search`),
+    and the predicate search's width: grammar candidates re-scored exactly, beam, atoms per predicate."""
+    sample: int = 100
+    k: int = 10
+    n_search: int = 32
+    n_slice: int = 16
+    candidates: int = 5
+    beam: int = 10
+    max_atoms: int = 3
+
+
+FULL = Effort()
+QUICK = Effort(sample=20, k=4, n_search=16, n_slice=8, candidates=3, beam=5, max_atoms=2)
+"""`wtc explain --quick`: a first look in a minute or two. It trades: 20 weights (fractions +-10%
+instead of +-5%), predicates chosen on half the search text, robustness judged on 4 slices of 8
+windows (easier to pass than 10 of 16: robust fractions are not comparable with a full run), and a
+narrower search (3 candidates, beam 5, at most 2 atoms: a weight needing a 3-atom predicate stays
+unexplained)."""
+
+
 @dataclass
 class HeldoutSets:
     search: np.ndarray                 # (n_search, ctx): predicates are proposed and chosen here
@@ -39,7 +62,8 @@ def heldout_sets(corpus: Corpus, ctx: int, n_search: int = 32, n_slice: int = 16
 
 def run(model, corpus: Corpus, out, sample: int = 100, seed: int = 0, ctx: int | None = None, k: int = 10,
         n_search: int = 32, n_slice: int = 16, params=None, proposer=None, progress: bool = True,
-        label: str = "model", proposer_timeout_s: float = 60.0, tokenizer=None) -> dict:
+        label: str = "model", proposer_timeout_s: float = 60.0, tokenizer=None, candidates: int = 5,
+        beam: int = 10, max_atoms: int = 3) -> dict:
     """Explain `sample` weights of `model`; writes out/{summary.json, explanations.json, report.md}
     and returns the summary (with the examples). A finished out/ with the same settings is reused.
     tokenizer: the model's (default: its own `tokenizer`, Hugging Face models; None: bytes); ctx
@@ -54,6 +78,8 @@ def run(model, corpus: Corpus, out, sample: int = 100, seed: int = 0, ctx: int |
         ctx = ctx or min(context_size(model) or TOKEN_CTX, TOKEN_CTX)
     settings = {"sample": sample, "seed": seed, "ctx": ctx, "k": k, "n_search": n_search, "n_slice": n_slice,
                 "params": params, "corpus_sha256": corpus.manifest()["sha256"], "external_proposer": proposer is not None}
+    if (candidates, beam, max_atoms) != (FULL.candidates, FULL.beam, FULL.max_atoms):   # a finished default run stays reusable
+        settings.update(candidates=candidates, beam=beam, max_atoms=max_atoms)
     if proposer is not None:
         settings["proposer_timeout_s"] = proposer_timeout_s
     if tokenizer is not None:
@@ -66,7 +92,8 @@ def run(model, corpus: Corpus, out, sample: int = 100, seed: int = 0, ctx: int |
     t0 = time.perf_counter()
     sets = heldout_sets(corpus, ctx, n_search, n_slice, k, seed, tokenizer=tokenizer)
     result = explain(model, sets.search, sets.slices, sample=sample, params=params, seed=seed, proposer=proposer,
-                     progress=progress, proposer_timeout_s=proposer_timeout_s, tokenizer=tokenizer)
+                     progress=progress, proposer_timeout_s=proposer_timeout_s, tokenizer=tokenizer,
+                     candidates=candidates, beam=beam, max_atoms=max_atoms)
     data = to_json(result)
     out.mkdir(parents=True, exist_ok=True)
     (out / "explanations.json").write_text(json.dumps(data["weights"], indent=1))
