@@ -146,8 +146,11 @@ class SymbolicRegressor:
             check_weights(sample_weight, len(X))
         names = self._variable_names(columns, variable_names, X.shape[1])
         ys, multi = _outputs(y)
-        check_options(max_complexity=self.max_complexity, time_limit=self.time_limit,  # before any search
-                      random_state=self.random_state, tol=self.tol, operators=self.operators)
+        if self.backend not in ("builtin", "pysr"):
+            raise SRError(f"backend must be 'builtin' or 'pysr', got {self.backend!r}")
+        if self.backend == "builtin":   # refused before any output's search
+            check_options(max_complexity=self.max_complexity, time_limit=self.time_limit,
+                          random_state=self.random_state, tol=self.tol, operators=self.operators)
         started = time.perf_counter()
         fits = []
         for j, yj in enumerate(ys):
@@ -184,10 +187,8 @@ class SymbolicRegressor:
                     time_limit=time_limit, random_state=self.random_state, sample_weight=sample_weight)
         if self.backend == "builtin":
             return fit(X, y, **args)
-        if self.backend == "pysr":
-            from wtc.sr.pysr_backend import fit_pysr  # lazy: importing PySR starts Julia
-            return fit_pysr(X, y, **args)
-        raise SRError(f"backend must be 'builtin' or 'pysr', got {self.backend!r}")
+        from wtc.sr.pysr_backend import fit_pysr  # lazy: importing PySR starts Julia
+        return fit_pysr(X, y, **args)
 
     # --------------------------------------------------------------------------------- answers
     def _check(self) -> Fit | list:

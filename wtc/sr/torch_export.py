@@ -69,6 +69,7 @@ class SymbolicModule(nn.Module):
         self.constants = nn.Parameter(torch.tensor([float(c) for c in constants], dtype=torch.float64))
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
+        """The formula's values (n,) on X (n, d), in X's dtype and on X's device."""
         if X.ndim != 2 or X.shape[1] != len(self.names):
             raise SRError(f"X must have shape (n, {len(self.names)}) (columns {list(self.names)}), "
                           f"got {tuple(X.shape)}")
@@ -139,4 +140,5 @@ class SymbolicModule(nn.Module):
 
 
 def to_torch(expr: sp.Expr, names) -> SymbolicModule:
+    """The formula ``expr`` over the inputs ``names`` (X's columns, in order) as a torch module."""
     return SymbolicModule(expr, names)
