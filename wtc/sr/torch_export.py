@@ -74,7 +74,7 @@ class SymbolicModule(nn.Module):
             raise SRError(f"X must have shape (n, {len(self.names)}) (columns {list(self.names)}), "
                           f"got {tuple(X.shape)}")
         cols = {s: X[:, i] for i, s in enumerate(self.names)}
-        consts = self.constants.to(X.dtype)
+        consts = self.constants.to(device=X.device, dtype=X.dtype)   # differentiable: grads reach the parameters
         return self._eval(self.expr, cols, consts, X).expand(X.shape[0])
 
     def _eval(self, e, cols, consts, X):
