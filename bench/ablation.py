@@ -205,16 +205,6 @@ def main() -> None:
                      "naive_w_per_s": round(copy_gbs, 1), "fast_w_per_s": round(bytes_kl / t_triton / 1e9, 1),
                      "speedup": round(bytes_kl / t_triton / 1e9 / copy_gbs, 3)})
         print(rows[-3:], flush=True)
-        # the one-chunk kernel's tile (wtc.kernels.kl.tile_shape) over a few shapes: which is fastest here
-        import os
-        for tile in ("1024,2", "2048,4", "4096,4", "4096,8", "8192,8", "16384,16"):
-            os.environ["WTC_KL_TILE"] = tile
-            t_tile, _ = timed(lambda: triton_kl_rows(logp, ablated), repeat=5)
-            rows.append({"what": f"GPU kl_rows tile {tile} (elements,warps): GB/s, fraction of copy",
-                         "naive_w_per_s": round(copy_gbs, 1), "fast_w_per_s": round(bytes_kl / t_tile / 1e9, 1),
-                         "speedup": round(bytes_kl / t_tile / 1e9 / copy_gbs, 3)})
-            print(rows[-1], flush=True)
-        os.environ.pop("WTC_KL_TILE")
 
     for r in rows:
         r.update({"date": stamp(), "machine": machine(), "threads": args.threads, "device": args.device})

@@ -10,6 +10,7 @@
 #
 #   device run:  bash bench/gpu_check.sh                       (every section; ~5-6 min warm)
 #                GPU_CHECK_ONLY="build native tests" bash bench/gpu_check.sh   (a rerun of some)
+#                GPU_CHECK_TESTS="tests/test_graph_step.py" ...                 (some test files only)
 # Sections: build native tests kernels train_step profile ablation discover. Measured on an H200
 # (2026-12-04, bench/RESULTS.md "GPU"): build 22 s, kernels ~70 s, ablation ~90 s.
 set -uo pipefail
@@ -88,7 +89,7 @@ except ValueError as e:
 
   if want tests; then
     step "tests (GPU paths included, Triton kernels compiled, no interpreter), one file at a time"
-    for f in tests/test_kernels.py tests/test_graph_step.py tests/test_backend.py tests/test_dt_model.py tests/test_ablate.py tests/test_native.py; do
+    for f in ${GPU_CHECK_TESTS:-tests/test_kernels.py tests/test_graph_step.py tests/test_products.py tests/test_backend.py tests/test_dt_model.py tests/test_ablate.py tests/test_native.py}; do
       echo "--- $f"
       timeout 120 $PY -m pytest -q -m "not slow" -p no:cacheprovider -q "$f" 2>&1 | grep -vE "site-packages|<frozen" | tail -40
     done

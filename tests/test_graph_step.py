@@ -42,8 +42,9 @@ def test_the_captured_step_never_reads_the_device(monkeypatch, kernels):
         pytest.importorskip("triton")
         if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
             pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1")
-    monkeypatch.setenv("WTC_KERNELS", "reference")
-    run, again = _hard_run(), _hard_run()
+    device = "cuda" if kernels == "triton" and torch.cuda.is_available() else "cpu"
+    monkeypatch.setenv("WTC_KERNELS", "reference")   # the Attempt measures ranges on the CPU first
+    run, again = _hard_run(device), _hard_run(device)
     x, y = run.task.batch(run.rng, run.config.batch_size)
     xt, yt, valid, _ = run._tensors(x, y)
     before = [p.detach().clone() for p in run.model.parameters()]

@@ -275,7 +275,7 @@ def test_device_is_validated():
 @pytest.mark.parametrize("A,N,V", [(1, 1, 2), (3, 5, 37), (11, 3, 40), (13, 2, 300), (2, 3, 1500)])
 def test_kl_kernels_match_the_float64_oracle(monkeypatch, rng, A, N, V):
     """wtc.kernels.kl (the scan's GPU KL) against kl_rows_reference: every row, both kinds, several
-    vocabulary chunks (V = 1500 > 1024), tiles of ablations with a partial one (A = 11, 13), masked tails; unchanged logits give KL 0, not 1e-7."""
+    vocabulary chunks (V = 1500 > 1024), blocks of 8 ablations with a partial one (A = 11, 13), masked tails; unchanged logits give KL 0, not 1e-7."""
     from wtc.scan import kl as K
     monkeypatch.setenv("WTC_KERNELS", "triton")
     g = torch.Generator().manual_seed(int(rng.integers(2**31)))

@@ -92,7 +92,11 @@ class GraphedStep:
         except Exception as exc:        # noqa: BLE001 — any failure means: stay eager, say why
             for g, c in zip(groups, was):
                 g["capturable"] = c
-            self.failed = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            root = exc
+            while root.__context__ is not None:   # the capture's own error hides the op that caused it
+                root = root.__context__
+            self.failed = "; ".join(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                                    for e in dict.fromkeys((root, exc)))
             self.static = ()
             torch.cuda.synchronize()
             warnings.warn(f"CUDA graph capture of the hard-phase step failed; training on eagerly ({self.failed})",

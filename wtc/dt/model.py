@@ -27,6 +27,7 @@ from wtc.dt.config import DTConfig
 from wtc.dt.selection import EVAL, Sampling
 from wtc.dt.submlp import SubMLPs
 from wtc.hooks import Hooked, HookPoint
+from wtc.kernels.products import read_product
 
 RANGE_MOMENTUM = 0.05
 PER_REPLICA_BUFFERS = ("var_lo", "var_hi", "frozen_index", "content")  # leading axis R, like parameters
@@ -214,7 +215,12 @@ class DiscreteTransformer(Hooked):
                     units = torch.cat([units, units.new_zeros(*units.shape[:2], m.shape[-1])], -1)
             stream = block.hook_resid_post(stream)
         stream = self.hook_stream(stream)
-        y = torch.einsum("rbtv,rvo->rbto", stream[:, :, self.P:], self.W_out) + self.b_out[:, None, None]
+        body = stream[:, :, self.P:]
+        if body.is_cuda:      # the head's weight gradient split over batch x positions (wtc.kernels.products)
+            y = read_product(body, self.W_out.transpose(1, 2))
+        else:
+            y = torch.einsum("rbtv,rvo->rbto", body, self.W_out)
+        y = y + self.b_out[:, None, None]                                     # (R, B, T, O)
         return self.hook_out(y), stats
 
     def is_frozen(self) -> bool:

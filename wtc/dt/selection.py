@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from wtc.dt.config import ConfigError
+from wtc.kernels.products import read_product
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Choice:
             ix = self.index[:, slots]                                            # (R, S')
             ix = ix.view(ix.shape[0], *([1] * (values.ndim - 2)), ix.shape[1])
             return values.gather(-1, ix.expand(*values.shape[:-1], ix.shape[-1]))
-        return torch.einsum("r...v,rsv->r...s", values, self.weights[:, slots])
+        return read_product(values, self.weights[:, slots])
 
 
 class Selector(nn.Module):

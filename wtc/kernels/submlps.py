@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from wtc.kernels.buffers import output
+from wtc.kernels.products import split_product
 
 ACTIVATIONS = {"relu": 0, "silu": 1, "gelu": 2, "tanh": 3, "relu+silu": 4}
 
@@ -228,7 +229,7 @@ class _MLPBank(torch.autograd.Function):
             dsel = None
         else:
             dstream = torch.bmm(dx, sel)                          # (R, rows, M*k) @ (R, M*k, V)
-            dsel = torch.bmm(dx.transpose(1, 2), stream)          # (R, M*k, rows) @ (R, rows, V)
+            dsel = split_product(dx, stream)                      # (R, M*k, rows) @ (R, rows, V), split
         sum_parts = lambda t: t.view(R, M, split, *t.shape[1:]).sum(2)   # noqa: E731
         stream_dtype, sel_dtype = ctx.dtypes
         mid = (sum_parts(dwmid), sum_parts(dbmid)) if depth2 else (None, None)
