@@ -79,13 +79,21 @@ def test_the_switch_is_validated(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_graphed_hard_phase_follows_the_eager_trajectory(monkeypatch):
+@pytest.mark.parametrize("kernels", ["triton", "reference"])
+def test_graphed_hard_phase_follows_the_eager_trajectory(monkeypatch, kernels):
     runs = {}
     for graphs in ("1", "0"):
         monkeypatch.setenv("WTC_CUDA_GRAPHS", graphs)
+        monkeypatch.setenv("WTC_KERNELS", "reference")
         run = _hard_run("cuda")
+        monkeypatch.setenv("WTC_KERNELS", kernels)
+        captured = False
         while run.phase == "hard":
             run.train_step()
+            if run.graphed is not None:
+                assert run.graphed.failed is None, run.graphed.failed
+                captured |= run.graphed.graph is not None
+        assert captured == (graphs == "1")
         runs[graphs] = run
     assert runs["1"].graphed is None and runs["1"].step == runs["0"].step
     for a, b in zip(runs["1"].model.parameters(), runs["0"].model.parameters()):

@@ -52,6 +52,12 @@ def content_scores(zq, zk, W, u, content) -> torch.Tensor:
     content != 0 (position-only replicas get exact zeros, what 0 * score was): the encodings and
     bilinear products of the others would be thrown away."""
     N = W.shape[-1]
+    if zq.is_cuda and torch.cuda.is_current_stream_capturing():
+        # a CUDA graph capture cannot read which replicas are on (wtc.dt.graph_step): score every
+        # replica and zero the position-only ones, the same values
+        enc_q, enc_k = ple_uniform(zq, N), ple_uniform(zk, N)
+        proj = enc_q @ W[:, None] + u[:, None, :, None, :]
+        return (proj @ enc_k.transpose(-1, -2)) * content[:, None, None, None, None]
     on = torch.nonzero(content).squeeze(1)
     every = on.numel() == content.numel()
     if not every:
