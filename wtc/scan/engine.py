@@ -215,7 +215,8 @@ def scan(model: nn.Module, tokens: torch.Tensor | ArrayLike, params: Params = No
          readout: Callable[[Any], torch.Tensor] | None = None, batch: int | None = None,
          out: str | os.PathLike | None = None, mass: float = 0.9, keep_positions: bool | None = None,
          progress: bool = True, chunk: int = CHUNK, weights: dict[str, torch.Tensor] | None = None,
-         positions: torch.Tensor | None = None) -> ScanResult:
+         positions: torch.Tensor | None = None, screen: int | None = None, screen_random: int | None = None,
+         screen_samples: int = 4, screen_seed: int = 0) -> ScanResult:
     """Exact per-position KL(clean || weight zeroed) for every nonzero weight of `params`.
 
     model: a wtc Transformer, a TransformerLens HookedTransformer, or any nn.Module;
@@ -231,9 +232,19 @@ def scan(model: nn.Module, tokens: torch.Tensor | ArrayLike, params: Params = No
     positions: a bool mask (B, T): KL counted only there (e.g. the one position a task is read at),
     0 elsewhere; the ablations themselves still act everywhere, so effects that travel to the
     counted positions through attention are in.
+    screen: K, to screen every weight first (wtc.scan.screening.screen: an estimate, screen_samples label
+    draws, screen_seed) and scan exactly only the screen's top K plus screen_random weights drawn
+    uniformly (default max(K, 200)), to show what the screen misses; result.screen holds the
+    comparison (wtc.scan.screened.ScreenReport), out= also the estimate, screened.csv and a plot.
     With out= and progress, the store's estimated disk use is printed before the first weight, and
     a scan whose least disk use does not fit the free space there is refused (wtc.scan.store).
     """
+    if screen is not None:
+        from wtc.scan.screened import screened_scan      # the plain scan never loads the screen
+        return screened_scan(scan, model, tokens, params=params, readout=readout, screen_k=screen,
+                             screen_random=screen_random, screen_samples=screen_samples, seed=screen_seed, out=out,
+                             progress=progress, weights=weights, positions=positions, batch=batch, mass=mass,
+                             keep_positions=keep_positions, chunk=chunk)
     if not isinstance(mass, numbers.Real) or isinstance(mass, (bool, np.bool_)) or not 0 < mass <= 1:
         raise ScanError(f"mass must be a number in (0, 1], got {mass!r}")
     if isinstance(mass, (np.floating, np.integer)):

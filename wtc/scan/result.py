@@ -35,6 +35,7 @@ class ScanResult:
         self._prefix = prefix       # a wrapper's 'child.' (wtc.scan.names): names may be given without it
         self.mass = store.meta().get("mass", 0.9)
         self.total_kl = _Totals({n: torch.from_numpy(store.totals(n, s)) for n, s in shapes.items()}, prefix)
+        self.screen = None          # scan(..., screen=K): the screen's estimate and how it compares (wtc.scan.screened)
 
     def _name(self, name: str) -> str:
         if not isinstance(name, str):
@@ -97,4 +98,5 @@ class ScanResult:
         return {"weights_scanned": self.weights_scanned, "weights_in_store": self.store.count(),
                 "positions": self.n_positions, "seconds": round(self.seconds, 3),
                 "weights_per_second": self.weights_scanned / self.seconds if self.seconds > 0 else None,
-                "top_weights": self.top(10)}
+                "top_weights": self.top(10),
+                **({"screen": self.screen.summary()} if self.screen is not None else {})}
