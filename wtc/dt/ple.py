@@ -36,10 +36,12 @@ def ple_uniform(z: torch.Tensor, n: int) -> torch.Tensor:
     Component t = clip(n z - t, 0, 1) (first not floored, last not capped): one fused expression
     instead of per-bin edges, since every variable is scaled to [0, 1] by its own range first.
     """
-    c = z.unsqueeze(-1) * n - torch.arange(n, dtype=z.dtype, device=z.device)
+    t = torch.arange(n, dtype=z.dtype, device=z.device)
+    c = z.unsqueeze(-1) * n - t
     if n == 1:
         return c
-    lo = torch.zeros(n, dtype=z.dtype, device=z.device)
-    hi = torch.ones(n, dtype=z.dtype, device=z.device)
-    lo[0], hi[-1] = float("-inf"), float("inf")
+    # masked_fill, not lo[0] = -inf: item assignment copies a host scalar to the device, which a CUDA
+    # graph capture refuses (wtc.dt.graph_step)
+    lo = torch.zeros_like(t).masked_fill(t == 0, float("-inf"))
+    hi = torch.ones_like(t).masked_fill(t == n - 1, float("inf"))
     return torch.clamp(c, lo, hi)
