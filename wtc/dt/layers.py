@@ -44,12 +44,6 @@ __all__ = ["DTLayers", "LinearReadout", "Anneal", "Finished", "compose", "finish
 POLISH_SEQUENCES = 1024      # full batch of finish()'s L-BFGS polish, as wtc.train's
 
 
-def _type_name(obj) -> str:
-    cls = type(obj)
-    module = "torch.nn" if cls.__module__.startswith("torch.nn.") else cls.__module__
-    return f"{module}.{cls.__qualname__}"
-
-
 def _input_range(value, n_inputs: int) -> np.ndarray | None:
     """None, one (lo, hi) for every input, or one pair per input -> (n_inputs, 2) float64."""
     if value is None:
