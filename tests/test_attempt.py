@@ -71,7 +71,8 @@ def test_ladder_rungs_climb_the_configs():
     assert seen[1].label == DTConfig().rung(1)[0]
 
 
-def test_ladder_budget_covers_half_the_longest_wave(capsys):
+def test_ladder_budget_covers_half_the_longest_wave(caplog):
+    caplog.set_level("INFO", logger="wtc")          # progress lines go to the "wtc" logger (wtc.progress)
     # waves of 1: after 0 (2 s) and 1 (5 s), 7 s spent + half the longest 2.5 s > 9 s: rung 2 does not start
     fake = FakeRungs([0] * 6, seconds=[2, 5, 1, 1, 1, 1])
     _, ran = _climb(fake, 1, budget_s=9, max_attempts=None)
@@ -84,7 +85,7 @@ def test_ladder_budget_covers_half_the_longest_wave(capsys):
     fake = FakeRungs([0] * 4, seconds=[30, 1, 1, 1])
     _, ran = _climb(fake, 2, budget_s=3, max_attempts=None, name="demo", progress=True)
     assert ran == [0, 1] and fake.waves == [[0, 1]]
-    assert "used the 3s budget" in capsys.readouterr().out
+    assert "used the 3s budget" in caplog.text
     # every rung of the first wave cut at the budget (no result): the ladder still stops
     fake = FakeRungs([0] * 4, seconds=[30, 1, 1, 1])
     winner, ran = climb(DTConfig(), lambda rungs: fake(rungs) and {}, workers=2, solved=lambda r: False,
@@ -249,7 +250,7 @@ def test_precision_pass_runs_its_chunks_while_the_loss_falls(monkeypatch):
 
 
 # ---------------------------------------------------------------- training stops at the budget
-def test_training_stops_at_the_budget_and_a_resume_continues_it(tmp_path, capsys):
+def test_training_stops_at_the_budget_and_a_resume_continues_it(tmp_path, caplog):
     """The first wave's training used to ignore the budget (--steps 10**12 --budget 1 never ended):
     it stops at the deadline, the model is finished as it stands and says so, and a resume trains
     on from the saved state to the planned end."""
@@ -261,7 +262,7 @@ def test_training_stops_at_the_budget_and_a_resume_continues_it(tmp_path, capsys
     assert time.perf_counter() - t0 < 120                # not 10**9 steps
     stopped = model.train_info["stopped_at_step"]
     assert 0 < stopped < 10**9 and history.final["planned_steps"] == 10**9
-    assert "budget ran out at step" in capsys.readouterr().out
+    assert "budget ran out at step" in caplog.text
     short = TINY.replace(steps=stopped + 20, hard_steps=0, polish_iters=1, precision_iters=0)
     with pytest.raises(CheckpointError):                # another config's state is refused, as before
         train("prev2", short, progress=False, checkpoint_dir=tmp_path, resume=True)

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from wtc import arguments
+from wtc.cli_options import TASK_HELP as _TASK_HELP, MODULE_HELP as _MODULE_HELP, task as _task, \
+    verbosity as _verbosity
 from wtc.errors import WtcError
 
 
@@ -30,13 +32,12 @@ def _cmd_backends(args) -> int:
 
 
 def _cmd_train(args) -> int:
-    from wtc import tasks
     from wtc.dt import DTConfig, checkpoint
     from wtc.dt.train import train
 
     if args.resume and not args.out:
         raise CLIError("--resume continues the checkpoints in --out: give --out DIR")
-    task = tasks.get(args.task)
+    task = _task(args)
     overrides = {k: v for k, v in (("steps", args.steps), ("replicas", args.replicas),
                                    ("max_attempts", args.attempts)) if v is not None}
     config = DTConfig(**overrides)
@@ -45,7 +46,9 @@ def _cmd_train(args) -> int:
         raise CLIError(f"--resume: {out}/checkpoints is a file, not a checkpoint directory; move it or give another --out")
     if args.resume and not (out / "checkpoints").is_dir():
         print(f"wtc: note: nothing to resume in {out}/checkpoints; starting afresh", file=sys.stderr)
-    t0 = time.perf_counter()
+    from wtc import provenance
+
+    t0, run = time.perf_counter(), provenance.record(task, args.seed, config)
     model, history = train(task, config, seed=args.seed, budget_s=args.budget, progress=not args.quiet,
                            checkpoint_dir=out / "checkpoints" if out else None, resume=args.resume)
     seconds = time.perf_counter() - t0
@@ -62,25 +65,23 @@ def _cmd_train(args) -> int:
         history.plot(out / "training.png")
         summary = {"task": task.name, "seed": args.seed, "seconds": seconds, "metric": metric,
                    "score": score, "attempt": history.attempt, "replica": history.replica,
-                   "structure": live, "config": config.to_dict()}
+                   "structure": live, **{k: v for k, v in run.to_dict().items() if k != "task"}}
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"wrote {out}/summary.json, training.png, model/")
     return 0 if score["solved"] else 1
 
 
 def _cmd_discover(args) -> int:
-    from wtc import tasks
     from wtc.threads import cores
     from wtc.worker_pool import Prestarted
 
-    if args.all and args.task:
-        raise CLIError(f"give a TASK or --all, not both (got {args.task!r} and --all)")
+    if args.all and (args.task or args.module):
+        raise CLIError(f"give a TASK or --all, not both (got {args.task or args.module!r} and --all)")
     if args.all:
         return _discover_all(args)
-    if not args.task:
-        print("wtc: error: give a TASK or --all", file=sys.stderr)
-        return 2
-    task = tasks.get(args.task)
+    if not args.task and not args.module:
+        raise CLIError("give a TASK or --all")
+    task = _task(args)
     # the first wave's workers import torch while this process does (wtc.worker_pool)
     with Prestarted(cores() if cores() > 1 else 0, preload=("wtc.discover_job",)) as ready:
         from wtc.discovery import Discovery, DiscoveryError, discover
@@ -323,11 +324,15 @@ _fraction = _argument(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="wtc", description="weights to code: Discrete Transformers read out as programs")
     p.add_argument("--debug", action="store_true", help="show Python tracebacks for errors (also WTC_DEBUG=1)")
+    from wtc import __version__
+
+    p.add_argument("--version", action="version", version=f"wtc {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("tasks", help="list the built-in tasks").set_defaults(func=_cmd_tasks)
     sub.add_parser("backends", help="report native/CUDA/Triton backends").set_defaults(func=_cmd_backends)
     t = sub.add_parser("train", help="train a Discrete Transformer on a task and print its fresh-data score")
-    t.add_argument("task", help="a built-in task name (`wtc tasks` lists them) or a registered user task")
+    t.add_argument("task", nargs="?", help=_TASK_HELP)
+    t.add_argument("--module", default=None, metavar="MODULE:NAME", help=_MODULE_HELP)
     t.add_argument("--seed", type=_seed, default=0, help="seed of the whole run (data, init, noise; default 0)")
     t.add_argument("--budget", type=_seconds, default=None, help="wall-time budget in seconds (a new attempt "
                    "starts only if the time left covers one more)")
@@ -336,16 +341,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--attempts", type=_positive, default=None, help="maximum attempts (populations)")
     t.add_argument("--out", default=None, help="directory for checkpoint, plot and summary.json")
     t.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
-    t.add_argument("--quiet", action="store_true")
+    _verbosity(t)
     t.set_defaults(func=_cmd_train)
     d = sub.add_parser("discover", help="train, extract and verify a program for a task (or --all)")
-    d.add_argument("task", nargs="?", help="a built-in task name (`wtc tasks` lists them) or a registered user task")
+    d.add_argument("task", nargs="?", help=_TASK_HELP)
+    d.add_argument("--module", default=None, metavar="MODULE:NAME", help=_MODULE_HELP)
     d.add_argument("--all", action="store_true", help="every built-in task; writes results.md/json")
     d.add_argument("--seed", type=_seed, default=0, help="seed of the whole run (data, init, noise, "
                    "verification; default 0)")
     d.add_argument("--budget", type=_seconds, default=None, help="seconds per task (default 600)")
     d.add_argument("--out", default=None, help="directory for program.py, report.md, plots, summary.json")
-    d.add_argument("--quiet", action="store_true")
+    _verbosity(d)
     d.set_defaults(func=_cmd_discover)
     s = sub.add_parser("scan", help="per-weight ablation scan of a transformer checkpoint (resumable)")
     s.add_argument("checkpoint", help="directory written by wtc.models.io.save (or `wtc lm-train`)")
@@ -460,7 +466,12 @@ def main(argv: list[str] | None = None) -> int:
             raise CLIError("--out must name a directory, got an empty string")
         if getattr(args, "out", None):
             _check_writable(Path(args.out))       # before the work, not after it
-        return args.func(args)
+        from wtc.progress import command_logging
+
+        verbosity = "quiet" if getattr(args, "quiet", False) else "verbose" if getattr(args, "verbose", False) \
+            else "normal"
+        with command_logging(verbosity):          # progress to stderr; the results stay on stdout
+            return args.func(args)
     except (WtcError, OSError) as exc:
         if debug:
             raise

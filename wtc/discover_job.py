@@ -20,6 +20,7 @@ from wtc.dt.config import DTConfig
 from wtc.dt.ladder import Deadline
 from wtc.dt.workers import milestone
 from wtc.errors import CheckpointError
+from wtc.progress import mode
 from wtc.extraction import Line, Program, Reading, Verification, extract, verify
 from wtc.extraction.formulas import ExtractionError, ExtractionTimeout
 from wtc.extraction.routing_rules import Rule
@@ -132,7 +133,7 @@ class DiscoverJob:
         deadline = Deadline.from_json(opts.get("deadline"))
         run = Attempt(task, rung.config, seed, attempt)
         milestone(opts, f"{task.name} attempt {attempt} ({rung.label}): training")
-        scores = run_attempt(run, opts.get("progress", False), deadline=deadline)
+        scores = run_attempt(run, mode(opts), deadline=deadline)
         milestone(opts, f"{task.name} attempt {attempt}: {sum(bool(s['solved']) for s in scores)}/{len(scores)} "
                         f"replicas solved ({time.perf_counter() - started:.0f}s); reading the best ones out")
         record = {"attempt": attempt, "label": rung.label, "replicas": len(scores),

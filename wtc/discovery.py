@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wtc import arguments
+from wtc import arguments, provenance
 from wtc import tasks as task_registry
 from wtc.discover_job import (REPLICAS_TO_READ, VERIFY_SEQUENCES, RungResult, plain_json,  # noqa: F401 (re-exported)
                               program_from_dict, program_to_dict)
@@ -35,6 +35,7 @@ from wtc.dt.ladder import READ_SHARE, Deadline, check_budget, climb, margin_s
 from wtc.dt.workers import JobTask, job_task, run_wave, worker_count
 from wtc.errors import WtcError
 from wtc.extraction import verify
+from wtc.progress import enable, log
 from wtc.tasks import TaskError, probe
 from wtc.tasks.task import REAL_TOLERANCE
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:                      # annotations only (the model classes imp
     from wtc.dt.history import History
     from wtc.dt.model import DiscreteTransformer
     from wtc.extraction import Program, Verification
+    from wtc.provenance import RunRecord
     from wtc.tasks.probe import Dependence
     from wtc.tasks.task import Task
     from wtc.worker_pool import Prestarted
@@ -61,7 +63,8 @@ class Discovery:
     """What `discover` found: the task, the best `program` (a `Program`, or None), the `model` it was
     read from and its training `history`, the program's `verification` on fresh data, the
     `seconds` taken, every attempt tried (`attempts`, and in `cut` those the budget stopped), what
-    the probe found the target reads (`dependence`) and the `budget_s` it ran under. `solved`,
+    the probe found the target reads (`dependence`), the `budget_s` it ran under and what the run
+    was (`run`: wtc version, seed, configuration, task fingerprint, machine). `solved`,
     `summary()`, `report()`, `diagnosis()`, `budget_notes()` and `save(directory)` read it."""
     task: Task
     program: Program | None
@@ -73,6 +76,7 @@ class Discovery:
     dependence: Dependence | None = None       # what the target was found to read (wtc.tasks.probe), if probed
     cut: list[dict] = field(default_factory=list)   # attempts stopped at the budget before they finished
     budget_s: float | None = None
+    run: RunRecord | None = None               # what the run was: version, seed, config, task fingerprint, machine
 
     @property
     def solved(self) -> bool:
@@ -91,7 +95,8 @@ class Discovery:
                 "diagnosis": None if self.solved else self.diagnosis(),
                 "budget_s": self.budget_s, "budget_cut": self.budget_notes(),
                 "domain": self.program.domain.to_dict() if getattr(self.program, "domain", None) else None,
-                "attempts": self.attempts}
+                "attempts": self.attempts,
+                **({k: v for k, v in self.run.to_dict().items() if k != "task"} if self.run is not None else {})}
 
     def budget_notes(self) -> list[str]:
         """What the budget cut short, in plain lines (empty when nothing was)."""
@@ -282,14 +287,20 @@ def discover(task: Task | str, seed: int = 0, budget_s: float | None = None, pro
     pool drawn from them (wtc.tasks.pool: in worker processes too) and its programs are verified
     here with its own callables. prestarted: worker interpreters already started
     (wtc.worker_pool; the CLI opens them before its own imports), used by the first wave.
+    progress: lines through the "wtc" logger (wtc.progress: on stderr unless logging is configured);
+    the result's `run` records the version, seed, configuration, task fingerprint and machine.
     """
     started, t0 = time.time(), time.perf_counter()
     task = task_registry.get(task)
     budget = DEFAULT_BUDGET_S if budget_s is None else check_budget(budget_s)
     seed = arguments.seed(seed, error=ConfigError)
     p = plan(task, seed, config)
+    run = provenance.record(task, seed, p.config, started)
+    if progress:
+        enable()
+        log.debug(f"{task.name}: {p.workers} attempt(s) per wave; first configuration {p.config.to_dict()}")
     if progress and p.sizing:
-        print(f"{task.name}: the target reads {p.dependence.describe()}: {p.sizing}", flush=True)
+        log.info(f"{task.name}: the target reads {p.dependence.describe()}: {p.sizing}")
     deadline = Deadline.of(budget, started, READ_SHARE)
     opts = {"progress": progress, "deadline": deadline.to_json()}
     kill_at = started + budget + margin_s(budget) / 2
@@ -306,19 +317,17 @@ def discover(task: Task | str, seed: int = 0, budget_s: float | None = None, pro
             if rung.attempt in results:
                 record = results[rung.attempt].record
                 if progress:
-                    print(f"{task.name} attempt {rung.attempt} ({rung.label}): {record['replicas_solved']}/"
+                    log.info(f"{task.name} attempt {rung.attempt} ({rung.label}): {record['replicas_solved']}/"
                           f"{record['replicas']} replicas solved, program "
                           f"{'verified' if record['verified'] else 'not verified'} ({record['seconds']:.0f}s)"
                           + ("; not used: an earlier attempt verified" if decided is not None and rung.attempt > decided
-                             else "") + (f"; {record['cut']}" if record.get("cut") else ""), flush=True)
+                             else "") + (f"; {record['cut']}" if record.get("cut") else ""))
             elif decided is None or rung.attempt < decided:
                 cut.append({"attempt": rung.attempt, "label": rung.label})
                 if progress:
-                    print(f"{task.name} attempt {rung.attempt} ({rung.label}): stopped at the {budget:g}s budget",
-                          flush=True)
+                    log.info(f"{task.name} attempt {rung.attempt} ({rung.label}): stopped at the {budget:g}s budget")
             elif progress:
-                print(f"{task.name} attempt {rung.attempt} ({rung.label}): stopped, an earlier attempt verified",
-                      flush=True)
+                log.info(f"{task.name} attempt {rung.attempt} ({rung.label}): stopped, an earlier attempt verified")
         return results
 
     best, ran = climb(p.config, wave, workers=p.workers, solved=lambda r: r.verified, key=lambda r: r.key,
@@ -327,9 +336,10 @@ def discover(task: Task | str, seed: int = 0, budget_s: float | None = None, pro
     attempts = [result.record for _, result in ran]
     found = None if best is None else best.best
     if found is None:
-        return Discovery(task, None, None, None, None, time.perf_counter() - t0, attempts, p.dependence, cut, budget)
+        return Discovery(task, None, None, None, None, time.perf_counter() - t0, attempts, p.dependence, cut, budget,
+                         run)
     return Discovery(task, found.program, found.model, found.history, found.verification,
-                     time.perf_counter() - t0, attempts, p.dependence, cut, budget)
+                     time.perf_counter() - t0, attempts, p.dependence, cut, budget, run)
 
 
 def judged_here(result: RungResult, task, seed: int) -> RungResult:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from wtc import checkpoint_io
 from wtc.dt import checkpoint, graph_step
@@ -28,6 +27,7 @@ from wtc.dt.schedule import Anneal
 from wtc.dt.selection import Sampling, entropy
 from wtc.dt.snap import SNAP_SEQUENCES, snap_heads
 from wtc.errors import CheckpointError
+from wtc.progress import Steps, mode, say
 
 CHECKPOINT_EVERY = 250   # steps between training-state checkpoints (when a directory is given)
 LOG_EVERY = 10           # steps between history records (entropies cost a softmax over every head)
@@ -306,9 +306,12 @@ class Attempt:
 
 
 # ---------------------------------------------------------------------- a whole attempt
-def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = None,
+def run_attempt(run: Attempt, progress: bool | str = False, state_path: Path | None = None,
                 deadline: Deadline | None = None) -> list[dict]:
     """Train one population to the end (resuming where `run` stands); fresh-data scores per replica.
+
+    progress: True / "on" (shown here, wtc.progress), "worker" (reported to the parent process) or
+    False / "off".
 
     deadline: training stops at deadline.train_until, the state is saved to state_path (a resume
     continues from it), and the population is finished and scored as it stands (the snap, the
@@ -317,15 +320,15 @@ def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = 
     cfg = run.config
     t_start = time.perf_counter()
     total = cfg.steps + cfg.hard_steps
-    bar = tqdm(total=total, initial=run.step, disable=not progress, leave=False,
-               desc=f"{run.task.name} attempt {run.attempt}")
+    bar = Steps(total, run.step, f"{run.task.name} attempt {run.attempt}", progress, key=f"attempt {run.attempt}")
     stopped = None
     while run.phase in ("anneal", "hard"):
         run.train_step()
-        bar.update(1)
+        note = None
         if run.step % 50 == 0:
             loss = run.history.loss[-1]
-            bar.set_postfix(tau=f"{run.history.tau[-1]:.3g}", best_loss=f"{loss.min():.2e}", phase=run.phase)
+            note = f"tau={run.history.tau[-1]:.3g}, best_loss={loss.min():.2e}, phase={run.phase}"
+        bar.update(run.step, note)
         if state_path is not None and run.step % CHECKPOINT_EVERY == 0:
             run.save(state_path)
         if deadline is not None and run.phase != "finish" and deadline.training_over():
@@ -343,16 +346,16 @@ def run_attempt(run: Attempt, progress: bool = False, state_path: Path | None = 
         run.history.final["snaps"] = [dataclasses.asdict(s) for s in run.snaps]
     if stopped is not None:
         run.history.final.update(stopped_at_step=stopped, planned_steps=total)
-        if progress:
-            tqdm.write(f"{run.task.name} attempt {run.attempt}: the budget ran out at step {stopped} of {total}; "
-                       "finished and scored as it stands")
+        if mode(progress) == "on":      # in a worker the parent reports the attempt's end itself
+            say(progress, f"{run.task.name} attempt {run.attempt}: the budget ran out at step {stopped} of {total}; "
+                          "finished and scored as it stands")
     run.history.seconds = time.perf_counter() - t_start
-    if progress:
+    if mode(progress) == "on":
         keys = [rank_key(run.task, s) for s in scores]
         best = max(range(len(scores)), key=lambda i: keys[i])
-        tqdm.write(f"{run.task.name} attempt {run.attempt}: {sum(k[0] for k in keys)}/{len(keys)} replicas solved; "
-                   f"best {run.history.metric_name}={metric_value(run.task, scores[best]):.4g} "
-                   f"({run.history.seconds:.1f}s)")
+        say(progress, f"{run.task.name} attempt {run.attempt}: {sum(k[0] for k in keys)}/{len(keys)} replicas "
+                      f"solved; best {run.history.metric_name}={metric_value(run.task, scores[best]):.4g} "
+                      f"({run.history.seconds:.1f}s)")
     return scores
 
 
@@ -456,9 +459,9 @@ class TrainJob:
         run = Attempt(task, rung.config, seed, rung.attempt)
         if opts.get("resume") and state is not None and state.with_suffix(".json").exists():
             run.restore(state)
-        if opts.get("milestones"):        # in a worker: tqdm goes to its log, so say what runs
-            print(f"[wtc] {task.name} attempt {rung.attempt} ({rung.label}): training from step {run.step}", flush=True)
-        result = best_replica(run, run_attempt(run, opts.get("progress", False), state,
+        if opts.get("milestones"):        # in a worker: the parent shows what runs
+            say(opts, f"{task.name} attempt {rung.attempt} ({rung.label}): training from step {run.step}")
+        result = best_replica(run, run_attempt(run, mode(opts), state,
                                                Deadline.from_json(opts.get("deadline"))))
         if path is not None:
             save_result(path, *result)

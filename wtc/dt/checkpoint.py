@@ -96,7 +96,9 @@ def save(model, directory, extra: dict | None = None) -> Path:
 
 
 def load(directory: str | Path) -> DiscreteTransformer:
-    """Load a model saved by save() (weights_only by construction: safetensors + JSON)."""
+    """Load a model saved by save() (weights_only by construction: safetensors + JSON). What its
+    training recorded (`extra`: the task's name and fingerprint, the seed, ...) is its train_info
+    again, so wtc.extract refuses a task other than the one it was trained on."""
     if not isinstance(directory, (str, Path)):
         raise CheckpointError(f"a checkpoint is a directory path, got {type(directory).__name__} {directory!r}")
     directory = Path(directory)
@@ -108,4 +110,6 @@ def load(directory: str | Path) -> DiscreteTransformer:
     if bad:
         raise CheckpointError(f"{directory}: the model's tensors hold NaN/inf: {bad[:5]}")
     model.extra = meta.get("extra", {})
+    # what training recorded (task name and fingerprint, seed, snaps): extract() checks the task against it
+    model.train_info = dict(model.extra) if isinstance(model.extra, dict) else {}
     return model.eval()

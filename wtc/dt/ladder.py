@@ -129,7 +129,8 @@ def climb(config: DTConfig, run_wave: Callable[[list[Rung]], dict], *, workers: 
             if k is not None and (best_key is None or k > best_key):
                 best, best_key = result, k
         if first == 0 and progress and budget_s is not None and clock() - t0 > budget_s:
-            print(f"{name}: the first wave ({n} attempt{'s' * (n > 1)}, {clock() - t0:.1f}s) used the "
-                  f"{budget_s:g}s budget: no more attempts", flush=True)
+            from wtc.progress import log
+            log.info(f"{name}: the first wave ({n} attempt{'s' * (n > 1)}, {clock() - t0:.1f}s) used the "
+                     f"{budget_s:g}s budget: no more attempts")
         first += n
     return best, ran

@@ -22,6 +22,7 @@ from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
 from wtc.dt.ladder import FINISH_SHARE, Deadline, check_budget, climb, margin_s
 from wtc.dt.workers import job_task, run_wave, worker_count
 from wtc.errors import TrainingError
+from wtc.progress import enable, log
 
 if TYPE_CHECKING:                      # annotations only
     from wtc.dt.history import History
@@ -48,6 +49,7 @@ def train(task: Task | str, config: DTConfig | None = None, seed: int = 0, budge
     if the time left covers the longest wave so far; training stops when 90% of the budget is
     spent, and the attempt is then frozen, refit (its polish cut at the budget) and scored as it
     stands (model.train_info["stopped_at_step"] says where, and a resume continues its training).
+    progress: lines through the "wtc" logger (wtc.progress: on stderr unless logging is configured).
     A task defined by callables trains on a pool of sequences drawn from them (wtc.tasks.pool),
     in worker processes too; its model is then scored here on fresh draws (history.final["fresh"]).
     checkpoint_dir keeps each attempt's training state and result there;
@@ -72,6 +74,8 @@ def train(task: Task | str, config: DTConfig | None = None, seed: int = 0, budge
         raise ConfigError("resume=True continues the checkpoints in checkpoint_dir: give checkpoint_dir")
     seed = arguments.seed(seed, error=ConfigError)
     config.check_size(task.seq_len, task.n_inputs)
+    if progress:
+        enable()
     started, t0 = time.time(), time.perf_counter()
     jt = job_task(task, seed)
     workers = worker_count(config, cap=config.max_attempts)
@@ -89,12 +93,12 @@ def train(task: Task | str, config: DTConfig | None = None, seed: int = 0, budge
         if progress and len(rungs) > 1:   # in-process attempts report themselves
             for rung in rungs:
                 if rung.attempt not in results:
-                    print(f"{task.name} attempt {rung.attempt}: stopped (an earlier attempt solved it, or the "
-                          f"budget ran out)", flush=True)
+                    log.info(f"{task.name} attempt {rung.attempt}: stopped (an earlier attempt solved it, or the "
+                             f"budget ran out)")
                     continue
                 key, _, history = results[rung.attempt]
-                print(f"{task.name} attempt {rung.attempt}: {'solved' if key[0] else 'not solved'} "
-                      f"({history.seconds:.0f}s in a worker)", flush=True)
+                log.info(f"{task.name} attempt {rung.attempt}: {'solved' if key[0] else 'not solved'} "
+                         f"({history.seconds:.0f}s in a worker)")
         return results
 
     best, _ = climb(config, wave, workers=workers, solved=solved, key=lambda r: r[0], budget_s=budget_s,
@@ -108,9 +112,9 @@ def train(task: Task | str, config: DTConfig | None = None, seed: int = 0, budge
     if stopped is not None:
         model.train_info = {**model.train_info, "stopped_at_step": stopped}
         if progress:
-            print(f"{task.name}: the {budget_s:g}s budget ran out at step {stopped} of "
-                  f"{history.final['planned_steps']}: the model is partly trained"
-                  + (" (resume=True continues it)" if checkpoint_dir is not None else ""), flush=True)
+            log.info(f"{task.name}: the {budget_s:g}s budget ran out at step {stopped} of "
+                     f"{history.final['planned_steps']}: the model is partly trained"
+                     + (" (resume=True continues it)" if checkpoint_dir is not None else ""))
     if task.heldout is not None or jt.pooled:   # the score reported: held-out records, or fresh draws
         fresh = task.score_fresh(model.predict, 10000, [seed, 999])
         history.final = {**(history.final or {}), "heldout" if task.heldout is not None else "fresh": fresh.score}

@@ -37,6 +37,8 @@ from typing import Callable
 from wtc.dt.config import DTConfig
 from wtc.dt.ladder import Rung
 from wtc.errors import WtcError
+from wtc.progress import MILESTONE, STATUS, Board, say  # noqa: F401 (MILESTONE re-exported)
+from wtc.progress import log as progress_log
 from wtc.threads import cores, torch_threads
 
 
@@ -138,6 +140,7 @@ def run_wave(job_name: str, jt: JobTask, rungs: list[Rung], seed: int, opts: dic
         elif task_ref == POOL:
             jt.pool.save(Path(scratch) / "pool.npz")
             task_ref = POOL + str(Path(scratch) / "pool.npz")
+        board = Board(task.name, bool(opts.get("progress")))
         try:
             for rung in rungs:
                 if wave_decided(results, failures, {rung.attempt: None}, solved):
@@ -167,25 +170,32 @@ def run_wave(job_name: str, jt: JobTask, rungs: list[Rung], seed: int, opts: dic
                                             stderr=subprocess.STDOUT)
                 pending[rung.attempt] = (rung, path, log, proc)
             relayed = {a: 0 for a in pending}
+            progress_log.debug(f"{task.name}: attempts {', '.join(map(str, sorted(pending)))} run in "
+                               f"{len(pending)} worker processes (pids "
+                               f"{', '.join(str(pending[a][3].pid) for a in sorted(pending))})")
             while pending and not wave_decided(results, failures, pending, solved):
                 if kill_at is not None and time.time() > kill_at:
                     break                      # the finally below kills what is still running
                 time.sleep(POLL_S)
                 for a in sorted(pending):
                     rung, path, log, proc = pending[a]
-                    relayed[a] = _relay(log, relayed[a])
+                    relayed[a] = _relay(log, relayed[a], board)
                     code = proc.poll()
                     if code is None:
                         continue
+                    relayed[a] = _relay(log, relayed[a], board)    # what it wrote before it exited
+                    board.done(f"attempt {a}")
                     del pending[a]
                     log.seek(0)
-                    tail = log.read()[-3000:]
+                    tail = "".join(ln for ln in log.read().splitlines(True) if not ln.startswith(STATUS))[-3000:]
                     log.close()
                     if code != 0:
                         failures[a] = _worker_failure(task, a, code, tail, Path(scratch) / f"attempt{a}_error.json")
                     else:
                         results[a] = job.load(path, task, rung, seed)
+                board.tick()
         finally:   # stopped, or something went wrong here: no orphaned workers
+            board.close()
             for rung, path, log, proc in pending.values():
                 proc.kill()
                 proc.wait()
@@ -195,25 +205,22 @@ def run_wave(job_name: str, jt: JobTask, rungs: list[Rung], seed: int, opts: dic
     return results
 
 
-MILESTONE = "[wtc] "   # lines a worker prints for the parent to show (its tqdm bars stay in its log)
-
-
 def milestone(opts: dict, text: str) -> None:
-    """A progress line from a job: printed at once in-process, relayed by the parent from a worker."""
-    if opts.get("milestones") or opts.get("progress"):
-        print(f"{MILESTONE if opts.get('milestones') else ''}{text}", flush=True)
+    """A progress line from a job: logged at once in-process, relayed by the parent from a worker
+    (wtc.progress)."""
+    say(opts, text)
 
 
-def _relay(log, offset: int) -> int:
-    """Print the worker's new milestone lines (complete lines only); returns the new offset."""
+def _relay(log, offset: int, board: Board) -> int:
+    """Hand the worker's new lines (complete lines only) to the board: milestones are logged, step
+    records make the status line; returns the new offset."""
     log.flush()
     with open(log.name, errors="replace") as f:
         f.seek(offset)
         chunk = f.read()
     end = chunk.rfind("\n") + 1
     for line in chunk[:end].splitlines():
-        if line.startswith(MILESTONE):
-            print(line[len(MILESTONE):], flush=True)
+        board.line(line)
     return offset + len(chunk[:end].encode())
 
 

@@ -95,8 +95,13 @@ def _route_name(rule, source: str, var: str) -> str:
 
 
 def extract(model: DiscreteTransformer, task: Task | str, *, n: int = 2048, seed: int = 0,
-            deadline: float | None = None) -> Program:
+            deadline: float | None = None, task_check: str = "error") -> Program:
     """Read `model` (a frozen single-replica DiscreteTransformer trained on `task`) as a Program.
+
+    A model knows the task it was trained on (train_info: name and Task.fingerprint, kept by
+    wtc.load too); `task` must be that one: another task (or one whose definition changed since)
+    is an ExtractionInputError naming both, or with task_check="warn" a warning (the reading is
+    then of a model of another function).
 
     `model` may also be your own torch module computing wtc.dt.layers.LinearReadout(DTLayers(x))
     (wtc.extraction.embedded: checked on the task's inputs; anything else it computes, such as
@@ -111,10 +116,17 @@ def extract(model: DiscreteTransformer, task: Task | str, *, n: int = 2048, seed
     if not isinstance(model, DiscreteTransformer):
         from wtc.extraction.embedded import readable_model
         model = readable_model(model, task, ExtractionInputError)
+    if task_check not in ("error", "warn"):
+        raise ExtractionInputError(f"task_check must be 'error' or 'warn', got {task_check!r}")
     trained_on = (getattr(model, "train_info", None) or {}).get("task_sha256")
     if trained_on is not None and trained_on != task.fingerprint():
-        raise ExtractionInputError(f"this model was trained on task {model.train_info.get('task')!r}, not on "
-                                   f"{task.name!r} (task fingerprints differ): extract it with the task it learned")
+        message = (f"this model was trained on task {model.train_info.get('task')!r}, not on {task.name!r} "
+                   f"(task fingerprints {trained_on[:12]} and {task.fingerprint()[:12]} differ): extract it with "
+                   "the task it learned")
+        if task_check == "error":
+            raise ExtractionInputError(message)
+        import warnings
+        warnings.warn(message, stacklevel=2)
     if getattr(model, "R", 1) != 1:
         raise ExtractionInputError(f"extract() reads one model; this one holds {model.R} replicas (use model.replica(i))")
     if not bool(model.frozen):

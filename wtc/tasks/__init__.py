@@ -1,6 +1,7 @@
 """Tasks: the `Task` type and the registry of built-in tasks (defined in wtc.tasks.builtin).
 
     wtc.tasks.get("parity_last2"); wtc.tasks.names(); wtc.tasks.names(tier="must")
+    wtc.tasks.files.resolve("tasks.py:my_sum")   # a task defined in a file (or MODULE:NAME, module=True)
 """
 from __future__ import annotations
 
