@@ -19,15 +19,9 @@ def machine() -> str:
 
 def cpu_flags() -> str:
     """The CPU model and its vector-extension flags (avx*, fma, amx*), as /proc/cpuinfo lists them:
-    every timing is recorded with the instruction sets it ran on."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
-    vector = sorted(f for f in set(flags) if f.startswith(("avx", "fma", "amx")))
-    return f"{model} [{' '.join(vector)}]"
+    every timing is recorded with the instruction sets it ran on (wtc.machine, as summary.json records them)."""
+    from wtc.machine import cpu_line
+    return cpu_line()
 
 
 def append_rows(name: str, rows: list[dict]) -> Path:
