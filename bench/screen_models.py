@@ -4,11 +4,12 @@ saved under runs/screen_bench/ so the exact scans (long) and the screens (short)
 weights across processes and resumes (runs/screen_bench/, not committed: the exact stores are
 large; bench/screen.py writes its figures to bench/results/screen.csv).
 
-    wtc   wtc Transformer (the kind bench/ablation.py scans), 2 layers, d_model 64, 4 heads, d_mlp 256, vocab 128
+    wtc   wtc Transformer (the kind bench/ablation.py scans), 2 layers, d_model 32, 4 heads, d_mlp 128, vocab 64
     gpt2  transformers GPT2LMHeadModel from a GPT2Config (tied wte), same sizes
 
-Both read 16 sequences of 64 tokens (1024 positions): small enough that the exact scan of every
-weight (~117k each) fits in minutes on 2 cores, trained enough (loss well below log V) that KLs
+Both read 8 sequences of 32 tokens (256 positions): small enough that the exact scan of every
+matrix weight (~28k each) fits in minutes on 2 loaded cores (d_model 64 over 1024 positions ran
+at 9 weights/s on GPT-2's first layers: hours), trained enough (loss well below log V) that KLs
 spread over orders of magnitude as in a real model.
 """
 from __future__ import annotations
@@ -22,8 +23,8 @@ from wtc.models.lm import MarkovSource, next_token_loss, train_lm
 from wtc.models.training import TrainConfig, train
 
 HERE = Path(__file__).resolve().parent.parent / "runs" / "screen_bench"
-VOCAB, CTX, D, LAYERS, HEADS = 128, 64, 64, 2, 4
-SEQUENCES = 16
+VOCAB, CTX, D, LAYERS, HEADS = 64, 32, 32, 2, 4
+SEQUENCES = 8
 STEPS = 400
 
 
