@@ -104,7 +104,7 @@ def _pick(mod: ModuleType, name: str | None, where: str) -> Task:
     if hasattr(mod, name):
         value = getattr(mod, name)
         if not isinstance(value, Task):
-            raise TaskError(f"{name!r} in {where} is a {type(value).__name__}, not a wtc.Task")
+            raise TaskError(f"{name!r} in {where} is of type {type(value).__name__}, not a wtc.Task")
         return value
     by_name = [t for t in defined.values() if t.name == name]
     if by_name:
