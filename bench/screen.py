@@ -18,7 +18,7 @@ Throughput (--throughput): a 10M-parameter GPT-2 architecture (d 256, 10 layers,
 parameters (early, middle, embedding); per-weight rates and their ratio.
 
     python -m bench.screen [--threads 2] [--throughput]
-Writes bench/results/screen.csv (appended) and prints markdown tables.
+Writes bench/results/screen.csv and screen_throughput.csv (appended) and prints markdown tables.
 """
 from __future__ import annotations
 
@@ -153,7 +153,10 @@ def main() -> None:
     for r in rows:
         r.update({"date": stamp(), "machine": machine(), "cpu": cpu_flags(), "threads": args.threads,
                   "load1": round(load, 1)})
-    path = append_rows("screen", rows) if rows else None
+    compared = [r for r in rows if r["kind"] != "throughput"]
+    path = append_rows("screen", compared) if compared else None
+    if len(compared) < len(rows):               # other columns: a file of its own
+        append_rows("screen_throughput", [r for r in rows if r["kind"] == "throughput"])
     print("\n| model | estimator | kind | weights | Spearman | top1% in 1% | top1% in 5% | top0.1% in 1% | top0.1% in 5% | s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     fmt = lambda v: "-" if v is None else f"{v:.3f}"           # noqa: E731
