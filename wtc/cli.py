@@ -77,8 +77,12 @@ def _cmd_discover(args) -> int:
 
     if args.all and (args.task or args.module):
         raise CLIError(f"give a TASK or --all, not both (got {args.task or args.module!r} and --all)")
-    if args.all:
-        return _discover_all(args)
+    if args.suite and (args.task or args.module or args.all):
+        raise CLIError("give a TASK, --all or --suite, one of them")
+    if args.shard and not (args.all or args.suite):
+        raise CLIError("--shard splits a suite: give --suite NAME or --all")
+    if args.all or args.suite:
+        return _discover_suite(args)
     if not args.task and not args.module:
         raise CLIError("give a TASK or --all")
     task = _task(args)
@@ -103,28 +107,29 @@ def _cmd_discover(args) -> int:
     return 0 if d.solved else 1
 
 
-def _discover_all(args) -> int:
-    from wtc import tasks
-    from wtc.discovery import discover
+def _discover_suite(args) -> int:
+    """--all (the built-in suite) or --suite NAME, through wtc.suite: resumable, sharded."""
+    from wtc import suite
 
-    out = Path(args.out or "discover-all")
-    rows = []
-    for name in tasks.names():
-        d = discover(name, seed=args.seed, budget_s=args.budget, progress=not args.quiet)
-        d.save(out / name)
-        row = d.summary()
-        row["tier"] = tasks.tier(name)
-        rows.append(row)
-        print(f"{name:18s} {row['tier']:8s} {'solved' if row['solved'] else 'NOT solved':10s} "
-              f"{row['seconds']:7.1f}s  {row['program_lines'] or '-'} lines", flush=True)
-        (out / "results.json").write_text(json.dumps(rows, indent=2, default=str))
-    table = ["| task | tier | solved | seconds | program lines |", "|---|---|---|---|---|"]
-    table += [f"| {r['task']} | {r['tier']} | {'yes' if r['solved'] else 'no'} | {r['seconds']:.0f} | "
-              f"{r['program_lines'] or '-'} |" for r in rows]
-    (out / "results.md").write_text("\n".join(table) + "\n")
-    print("\n".join(table))
-    must = [r for r in rows if r["tier"] == "must"]
-    return 0 if all(r["solved"] for r in must) else 1
+    which = suite.get(args.suite or "builtin")
+    out = Path(args.out or ("discover-all" if args.all else f"discover-{which.name}"))
+    rows = suite.run(which, out, seed=args.seed, budget_s=args.budget, shard=suite.parse_shard(args.shard),
+                     progress=not args.quiet)
+    print((out / "results.md").read_text(), end="")
+    if args.all:
+        return 0 if all(r["solved"] for r in rows if r["columns"].get("tier") == "must") else 1
+    return 0
+
+
+def _cmd_suite_table(args) -> int:
+    from wtc import suite
+
+    which = suite.get(args.suite or suite.suite_of(args.dirs))
+    out = Path(args.out or args.dirs[0])
+    suite.write_table(which, args.dirs, out)
+    print((out / "results.md").read_text(), end="")
+    print(f"wrote {out}/results.md, results.csv, results.json")
+    return 0
 
 
 def _cmd_lm_train(args) -> int:
@@ -347,12 +352,21 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("task", nargs="?", help=_TASK_HELP)
     d.add_argument("--module", default=None, metavar="MODULE:NAME", help=_MODULE_HELP)
     d.add_argument("--all", action="store_true", help="every built-in task; writes results.md/json")
+    d.add_argument("--suite", default=None, help="a task suite (mips: the 62-task MIPS benchmark); resumable, "
+                   "one result per task in --out, results.md/csv/json")
+    d.add_argument("--shard", default=None, metavar="I/N", help="with --suite or --all: run every N-th task from "
+                   "the I-th (1-based)")
     d.add_argument("--seed", type=_seed, default=0, help="seed of the whole run (data, init, noise, "
                    "verification; default 0)")
     d.add_argument("--budget", type=_seconds, default=None, help="seconds per task (default 600)")
     d.add_argument("--out", default=None, help="directory for program.py, report.md, plots, summary.json")
     _verbosity(d)
     d.set_defaults(func=_cmd_discover)
+    st = sub.add_parser("suite-table", help="one table from the result directories of a suite's shards")
+    st.add_argument("dirs", nargs="+", help="result directories (written by wtc discover --suite / --all)")
+    st.add_argument("--suite", default=None, help="the suite (default: the one the results name)")
+    st.add_argument("--out", default=None, help="where results.md/csv/json go (default: the first directory)")
+    st.set_defaults(func=_cmd_suite_table)
     s = sub.add_parser("scan", help="per-weight ablation scan of a transformer checkpoint (resumable)")
     s.add_argument("checkpoint", help="directory written by wtc.models.io.save (or `wtc lm-train`)")
     s.add_argument("--tokens", required=True, help="(B, T) integer tokens, .npy or .pt")

@@ -90,6 +90,8 @@ class Discovery:
                 "accuracy": v.accuracy if v else None, "max_rel_err": v.max_rel_err if v else None,
                 "agrees_with_model": v.agrees_with_model if v else None,
                 "holds_at_twice_the_length": v.holds_longer if v else None,
+                "holds_at_four_times_the_length": v.holds_longest if v else None,
+                "exhaustive": v.exhaustive if v else None,
                 "failures": self.program.failures if self.program else ["no model was trained"],
                 "depends_on": self.dependence.describe() if self.dependence is not None else None,
                 "diagnosis": None if self.solved else self.diagnosis(),

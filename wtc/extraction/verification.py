@@ -9,7 +9,7 @@ import numpy as np
 from wtc import arguments
 from wtc import tasks as task_registry
 from wtc.errors import WtcError
-from wtc.tasks.task import REAL_TOLERANCE, Task
+from wtc.tasks.task import REAL_TOLERANCE, Task, TaskError
 
 
 class Predictor(Protocol):
@@ -26,7 +26,10 @@ class VerificationError(WtcError, ValueError):
 class Verification:
     """A program scored on `n` fresh sequences: `accuracy` (integer tasks) or `max_rel_err` (real
     tasks), how often it agrees with the model it was read from, whether that `solved` the task,
-    and for an any_length task the same check at twice the length (`longer`, `holds_longer`)."""
+    and for an any_length task the same check at twice the length (`longer`, `holds_longer`) and,
+    where that holds, at four times (`longest`, `holds_longest`). Where each position takes one of
+    a few symbols, `exhaustive` records the program against the target on every sequence up to a
+    length (wtc.extraction.exhaustive); a program that fails there is not `solved`."""
     accuracy: float | None          # rounded accuracy on valid positions (integer tasks)
     max_rel_err: float              # max |pred - y| / (1 + |y|) on valid positions
     n: int                          # sequences
@@ -35,6 +38,19 @@ class Verification:
     seed: int | None = None
     longer: dict | None = None      # any_length tasks: the same check at twice the length (seq_len, accuracy,
                                     # max_rel_err, solved); None when the task has one length only
+    longest: dict | None = None     # the same at four times the length (checked when `longer` holds)
+    exhaustive: dict | None = None  # every sequence up to a length (wtc.extraction.exhaustive.check); None: not
+                                    # checked (not a small finite domain, or the sampled check already failed)
+
+    @property
+    def holds_longest(self) -> bool | None:
+        """Whether the program also solves the task at four times the training length (None: not checked)."""
+        return None if self.longest is None else bool(self.longest["solved"])
+
+    @property
+    def exhaustive_ok(self) -> bool | None:
+        """Whether the program matched the target on every enumerated sequence (None: not checked)."""
+        return None if self.exhaustive is None else bool(self.exhaustive["solved"])
 
     @property
     def holds_longer(self) -> bool | None:
@@ -46,10 +62,13 @@ class Verification:
                   else f"max rel err {self.max_rel_err:.3g}")
         agree = "" if self.agrees_with_model is None else f", agrees with model on {self.agrees_with_model:.4f}"
         longer = ""
-        if self.longer is not None:
-            m = self.longer
-            got = f"accuracy {m['accuracy']:.4f}" if m["accuracy"] is not None else f"max rel err {m['max_rel_err']:.3g}"
-            longer = f"; at T = {m['seq_len']}: {'holds' if m['solved'] else 'does NOT hold'} ({got})"
+        for m in (self.longer, self.longest):
+            if m is not None:
+                got = f"accuracy {m['accuracy']:.4f}" if m["accuracy"] is not None else f"max rel err {m['max_rel_err']:.3g}"
+                longer += f"; at T = {m['seq_len']}: {'holds' if m['solved'] else 'does NOT hold'} ({got})"
+        if self.exhaustive is not None:
+            from wtc.extraction.exhaustive import describe
+            longer += f"; {describe(self.exhaustive)}"
         return f"{'verified' if self.solved else 'NOT verified'}: {metric} on {self.n} fresh sequences{agree}{longer}"
 
 
@@ -89,21 +108,41 @@ def verify(program: Callable[[np.ndarray], np.ndarray], task: Task | str, n: int
         raise VerificationError(f"model= must have a predict(x) method (a wtc DiscreteTransformer), got "
                                 f"{type(model).__name__}")
     agree = agreement(task, pred, model.predict(x)) if model is not None else None
-    longer = None
+    longer = longest = None
     if task.any_length:                   # the program is a loop over T: it must hold beyond the training length
-        long_task = task.at_length(2 * task.seq_len)
-        m = min(n, LONGER_SEQUENCES)
-        xl, yl = long_task.batch(np.random.default_rng([seed, 2]), m)
-        longer = {"seq_len": long_task.seq_len, "n": m, "accuracy": None, "max_rel_err": float("inf"), "solved": False}
-        try:                              # a callable written for seq_len only is reported, not an error
-            s = long_task.score(_run(program, xl, long_task, m), yl)
-            longer.update(accuracy=s.get("accuracy"), max_rel_err=s["max_rel_err"], solved=bool(s["solved"]))
-        except (VerificationError, WtcError) as exc:
-            longer["error"] = str(exc)
-    return Verification(score.get("accuracy"), score["max_rel_err"], n, agree, bool(score["solved"]), seed, longer)
+        longer = _at_length(program, task, 2, min(n, LONGER_SEQUENCES), seed)
+        if longer is not None and longer["solved"]:
+            longest = _at_length(program, task, 4, min(n, LONGEST_SEQUENCES), seed)
+    exhaustive = None
+    if score["solved"]:                   # a finite small domain: every sequence up to a length, not a sample
+        from wtc.extraction.exhaustive import check
+        exhaustive = check(program, task, x, _run, model)
+    solved = bool(score["solved"]) and (exhaustive is None or exhaustive["solved"])
+    return Verification(score.get("accuracy"), score["max_rel_err"], n, agree, solved, seed, longer, longest,
+                        exhaustive)
+
+
+def _at_length(program, task, factor: int, m: int, seed: int) -> dict | None:
+    """The program scored on m fresh sequences at factor times the task's length (None: the task
+    has no such length, as a pooled task holds twice its length only)."""
+    try:
+        long_task = task.at_length(factor * task.seq_len)
+    except TaskError:
+        if factor == 2:
+            raise
+        return None
+    xl, yl = long_task.batch(np.random.default_rng([seed, factor]), m)
+    out = {"seq_len": long_task.seq_len, "n": m, "accuracy": None, "max_rel_err": float("inf"), "solved": False}
+    try:                              # a callable written for seq_len only is reported, not an error
+        s = long_task.score(_run(program, xl, long_task, m), yl)
+        out.update(accuracy=s.get("accuracy"), max_rel_err=s["max_rel_err"], solved=bool(s["solved"]))
+    except (VerificationError, WtcError) as exc:
+        out["error"] = str(exc)
+    return out
 
 
 LONGER_SEQUENCES = 2000   # sequences of the twice-as-long check
+LONGEST_SEQUENCES = 1000  # sequences of the four-times-as-long check
 RECHECKED_SEQUENCES = 256  # sequences of the draw whose targets are computed a second time
 
 
