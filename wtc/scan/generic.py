@@ -716,17 +716,19 @@ class Generic:
         handles = [m.register_forward_hook(correct(kind, m), with_kwargs=True) for m, kind in self._owners[name]]
         patched = []
         try:
+            # the instance's own dict, not setattr: a TransformerBridge component passes attribute
+            # writes on to the module it wraps (whose forward would then call the bridge's: a loop)
             for key, (module, _) in prefix.calls.items():     # reuse the clean outputs of the prefix
                 patched.append((module, vars(module).get("forward")))
-                module.forward = self._reuse(prefix, key, module, a)
+                vars(module)["forward"] = self._reuse(prefix, key, module, a)
             out = self.readout(self.model(tokens))
             prefix.after_forward()
         finally:
-            for module, before in patched:
+            for module, before in reversed(patched):
                 if before is None:
-                    del module.forward
+                    vars(module).pop("forward", None)
                 else:
-                    module.forward = before
+                    vars(module)["forward"] = before
             for h in handles:
                 h.remove()
         if not isinstance(out, torch.Tensor) or out.shape != (rows_needed, *self.clean.shape[1:]):

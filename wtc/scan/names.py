@@ -5,8 +5,10 @@ its parameters under that attribute, so `named_parameters()` says `hf.transforme
 where the Hugging Face model itself says `transformer.h.0.mlp.c_fc.weight`. Both spellings are
 accepted: a pattern that matches no full name is tried again under the wrapper's prefix (the one
 child module that holds every parameter). Results keep the full names (the store's identity), and
-ScanResult looks a name up in either spelling. A name that matches in neither is a one-line
-UnknownName that lists the closest parameter names.
+ScanResult looks a name up in either spelling. A pattern that matches neither is tried on the
+parameters' other names (wtc.scan.bridge_names: a TransformerBridge's `blocks.1.mlp.out.weight`,
+HookedTransformer names such as `blocks.1.mlp.W_out`, a tied weight's other path). A name that
+matches none is a one-line UnknownName that lists the closest names.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def wrapper_prefix(names: Iterable[str]) -> str:
 
 def _close(name: str, names: list[str], prefix: str) -> list[str]:
     """The parameter names nearest to `name`, in the spelling the user wrote it in."""
-    spelled = [n[len(prefix):] for n in names] if prefix and not name.startswith(prefix) else names
+    spelled = ([n[len(prefix):] if n.startswith(prefix) else n for n in names] if prefix and not name.startswith(prefix)
+               else names)
     return difflib.get_close_matches(name, spelled, n=3, cutoff=0.6)
 
 
@@ -75,10 +78,15 @@ def select(model: nn.Module, params: Params) -> dict[str, nn.Parameter]:
     names = list(named)
     prefix = wrapper_prefix(names)
     chosen = {}
+    table = None                       # other names of the parameters (bridges, TransformerLens), built once if needed
     for pat in patterns:
         hits = match(pat, names, prefix)
         if not hits:
-            raise _unknown("", pat, names, prefix)
+            from wtc.scan import bridge_names
+            table = bridge_names.aliases(model) if table is None else table
+            hits = bridge_names.match(model, pat, table)
+        if not hits:
+            raise _unknown("", pat, names + list(table or {}), prefix)
         chosen.update((n, named[n]) for n in hits)
     return chosen
 

@@ -1,0 +1,96 @@
+"""The names users know for the parameters of a TransformerLens TransformerBridge (or any model
+whose modules wrap others), so a scan takes them (wtc.scan.names.select falls back to these).
+
+A bridge keeps each Hugging Face module inside a component as `_original_component`, and its
+named_parameters() spell a weight the long way round:
+`transformer.h.1._original_component.mlp._original_component.c_proj._original_component.weight`.
+Other names reach the same parameter object:
+  - every module path to it (named_modules without removing duplicates: the bridge's own tree
+    `blocks.1.mlp.out` and the wrapped model's `transformer.h.1.mlp.c_proj`) with the
+    `_original_component` steps left out: `blocks.1.mlp.out.weight`, `transformer.h.1.mlp.c_proj.weight`
+    (and a tied weight's other use: GPT-2's `lm_head.weight` is `transformer.wte.weight`);
+  - HookedTransformer names (`blocks.1.mlp.W_out`, `blocks.0.attn.W_Q`, `embed.W_E`, ...), through the
+    bridge's own mapping when it has one (`adapter.translate_transformer_lens_path`, TransformerLens
+    3.x and 4.x), for the names of TL_NAMES in every block; where it has none (or a pattern such as
+    `blocks.*.mlp.W_out`), through TL_TO_BRIDGE, which rewrites the HookedTransformer leaf into the
+    bridge component's (`mlp.W_out` -> `mlp.out.weight`).
+A name selects the parameter in its own layout: W_Q of a bridge over GPT-2 is the q projection's
+nn.Linear weight (d_head * n_heads, d_model), not HookedTransformer's (n_heads, d_model, d_head), and
+results are reported under the parameter's named_parameters() name.
+"""
+from __future__ import annotations
+
+import fnmatch
+
+from torch import nn
+
+WRAPPED = "_original_component"
+
+# HookedTransformer parameter names: per block (blocks.L. before them) and global
+TL_BLOCK_NAMES = ("attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O", "attn.b_Q", "attn.b_K", "attn.b_V", "attn.b_O",
+                  "mlp.W_in", "mlp.W_gate", "mlp.W_out", "mlp.b_in", "mlp.b_out", "ln1.w", "ln1.b", "ln2.w", "ln2.b")
+TL_GLOBAL_NAMES = ("embed.W_E", "pos_embed.W_pos", "unembed.W_U", "unembed.b_U", "ln_final.w", "ln_final.b")
+TL_NAMES = TL_BLOCK_NAMES + TL_GLOBAL_NAMES
+
+# HookedTransformer name (its last two steps) -> the TransformerBridge component's parameter
+TL_TO_BRIDGE = {
+    "attn.W_Q": "attn.q.weight", "attn.W_K": "attn.k.weight", "attn.W_V": "attn.v.weight", "attn.W_O": "attn.o.weight",
+    "attn.b_Q": "attn.q.bias", "attn.b_K": "attn.k.bias", "attn.b_V": "attn.v.bias", "attn.b_O": "attn.o.bias",
+    "mlp.W_in": "mlp.in.weight", "mlp.W_gate": "mlp.gate.weight", "mlp.W_out": "mlp.out.weight",
+    "mlp.b_in": "mlp.in.bias", "mlp.b_out": "mlp.out.bias",
+    "ln1.w": "ln1.weight", "ln1.b": "ln1.bias", "ln2.w": "ln2.weight", "ln2.b": "ln2.bias",
+    "embed.W_E": "embed.weight", "pos_embed.W_pos": "pos_embed.weight", "unembed.W_U": "unembed.weight",
+    "unembed.b_U": "unembed.bias", "ln_final.w": "ln_final.weight", "ln_final.b": "ln_final.bias",
+}
+
+
+def _plain(path: str) -> str:
+    """A path without the wrapper steps."""
+    return ".".join(p for p in path.split(".") if p != WRAPPED)
+
+
+def aliases(model: nn.Module) -> dict[str, str]:
+    """{other name: named_parameters() name} for every parameter reached by more than its own name
+    (module docstring); empty for a model that wraps nothing and has no TransformerLens mapping."""
+    canonical = {id(p): n for n, p in model.named_parameters()}
+    out: dict[str, str] = {}
+    # the module tree's paths, and named_parameters' own (a bridge spells those from the wrapped model)
+    paths = [(f"{path}.{leaf}" if path else leaf, p) for path, module in model.named_modules(remove_duplicate=False)
+             for leaf, p in module._parameters.items()]
+    for full, p in paths + list(model.named_parameters(remove_duplicate=False)):
+        if p is None or id(p) not in canonical:
+            continue
+        for name in sorted({full, _plain(full)}):
+            if name != canonical[id(p)]:
+                out.setdefault(name, canonical[id(p)])
+    translate = getattr(getattr(model, "adapter", None), "translate_transformer_lens_path", None)
+    if callable(translate):
+        blocks = getattr(model, "blocks", None)
+        n_blocks = len(blocks) if isinstance(blocks, (nn.ModuleList, list, tuple)) else 0
+        wanted = [f"blocks.{i}.{n}" for i in range(n_blocks) for n in TL_BLOCK_NAMES] + list(TL_GLOBAL_NAMES)
+        for tl_name in wanted:
+            try:
+                remote = translate(tl_name)
+            except Exception:           # a name this architecture lacks (W_gate of GPT-2, pos_embed of LLaMA)
+                continue
+            target = out.get(remote) or (remote if remote in canonical.values() else None)
+            if target is not None:
+                out.setdefault(tl_name, target)
+    return out
+
+
+def match(model: nn.Module, pattern: str, table: dict[str, str] | None = None) -> list[str]:
+    """The named_parameters() names a name / fnmatch pattern selects among the aliases, first as
+    written, then with a HookedTransformer leaf rewritten by TL_TO_BRIDGE; [] when none does."""
+    table = aliases(model) if table is None else table
+    hits = [table[a] for a in table if fnmatch.fnmatchcase(a, pattern)]
+    if not hits:
+        for tl, bridge in TL_TO_BRIDGE.items():
+            if pattern == tl or pattern.endswith("." + tl):
+                rewritten = pattern[:len(pattern) - len(tl)] + bridge
+                hits = [table[a] for a in table if fnmatch.fnmatchcase(a, rewritten)]
+                break
+    return list(dict.fromkeys(hits))
+
+
+__all__ = ["aliases", "match", "TL_NAMES", "TL_TO_BRIDGE"]
