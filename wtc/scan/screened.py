@@ -53,6 +53,7 @@ class ScreenReport:
     random: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
 
     def summary(self) -> dict:
+        """The figures and the note as JSON data (summary.json's "screen"), without the tensors."""
         return {k: v for k, v in asdict(self).items() if k not in ("estimate", "top", "random")}
 
 
