@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -95,6 +96,23 @@ def test_resolve_finds_a_task_by_variable_by_its_name_and_alone(tmp_path, task_f
     monkeypatch.syspath_prepend(str(tmp_path))
     assert resolve("mytasks_pkg.defs:my_sum", module=True).name == "my_sum"
     assert resolve("sum_last2") is wtc.tasks.get("sum_last2")
+
+
+def test_the_readmes_task_file_defines_the_task_it_says(tmp_path):
+    """The README's shell example (`wtc discover tasks.py:my_sum3`): its tasks.py resolves to a valid
+    task computing x_t + x_{t-1} + x_{t-2}."""
+    import re
+
+    import numpy as np
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "my_sum3 = wtc.Task" in b)
+    (tmp_path / "tasks.py").write_text(block)
+    assert "wtc discover tasks.py:my_sum3" in readme
+    task = resolve(f"{tmp_path}/tasks.py:my_sum3")
+    x = task.sample(np.random.default_rng(0), 50)
+    want = x + np.pad(x, ((0, 0), (1, 0)))[:, :-1] + np.pad(x, ((0, 0), (2, 0)))[:, :-2]
+    assert np.array_equal(task.target(x), want) and len(task.fingerprint()) == 64
 
 
 @pytest.mark.parametrize("argv, message", [
