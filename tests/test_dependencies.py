@@ -25,6 +25,8 @@ OPTIONAL = {
     "transformer_lens": "the tl extra: wtc.models.tl",
     "pysr": "the pysr extra: wtc.sr's backend='pysr'",
     "sklearn": "scikit-learn (the bench extra): only its protocol classes, when the user has it",
+    "pandas": "the test extra: SymbolicRegressor.equations_ is a DataFrame when pandas is installed, a list otherwise",
+    "pdoc": "the test extra: wtc.apidoc builds the API reference (its test runs in CI)",
 }
 
 
