@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 from wtc import arguments
-from wtc.cli_options import TASK_HELP as _TASK_HELP, MODULE_HELP as _MODULE_HELP, task as _task, \
-    verbosity as _verbosity
+from wtc import cli_options as options
 from wtc.errors import WtcError
 
 
@@ -37,7 +36,7 @@ def _cmd_train(args) -> int:
 
     if args.resume and not args.out:
         raise CLIError("--resume continues the checkpoints in --out: give --out DIR")
-    task = _task(args)
+    task = options.task(args)
     overrides = {k: v for k, v in (("steps", args.steps), ("replicas", args.replicas),
                                    ("max_attempts", args.attempts)) if v is not None}
     config = DTConfig(**overrides)
@@ -85,7 +84,7 @@ def _cmd_discover(args) -> int:
         return _discover_suite(args)
     if not args.task and not args.module:
         raise CLIError("give a TASK or --all")
-    task = _task(args)
+    task = options.task(args)
     # the first wave's workers import torch while this process does (wtc.worker_pool)
     with Prestarted(cores() if cores() > 1 else 0, preload=("wtc.discover_job",)) as ready:
         from wtc.discovery import Discovery, DiscoveryError, discover
@@ -329,15 +328,12 @@ _fraction = _argument(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="wtc", description="weights to code: Discrete Transformers read out as programs")
     p.add_argument("--debug", action="store_true", help="show Python tracebacks for errors (also WTC_DEBUG=1)")
-    from wtc import __version__
-
-    p.add_argument("--version", action="version", version=f"wtc {__version__}")
+    p.add_argument("--version", action="version", version=options.VERSION)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("tasks", help="list the built-in tasks").set_defaults(func=_cmd_tasks)
     sub.add_parser("backends", help="report native/CUDA/Triton backends").set_defaults(func=_cmd_backends)
     t = sub.add_parser("train", help="train a Discrete Transformer on a task and print its fresh-data score")
-    t.add_argument("task", nargs="?", help=_TASK_HELP)
-    t.add_argument("--module", default=None, metavar="MODULE:NAME", help=_MODULE_HELP)
+    options.task_arguments(t)
     t.add_argument("--seed", type=_seed, default=0, help="seed of the whole run (data, init, noise; default 0)")
     t.add_argument("--budget", type=_seconds, default=None, help="wall-time budget in seconds (a new attempt "
                    "starts only if the time left covers one more)")
@@ -346,11 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--attempts", type=_positive, default=None, help="maximum attempts (populations)")
     t.add_argument("--out", default=None, help="directory for checkpoint, plot and summary.json")
     t.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
-    _verbosity(t)
+    options.verbosity(t)
     t.set_defaults(func=_cmd_train)
     d = sub.add_parser("discover", help="train, extract and verify a program for a task (or --all)")
-    d.add_argument("task", nargs="?", help=_TASK_HELP)
-    d.add_argument("--module", default=None, metavar="MODULE:NAME", help=_MODULE_HELP)
+    options.task_arguments(d)
     d.add_argument("--all", action="store_true", help="every built-in task; writes results.md/json")
     d.add_argument("--suite", default=None, help="a task suite (mips: the 62-task MIPS benchmark); resumable, "
                    "one result per task in --out, results.md/csv/json")
@@ -360,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "verification; default 0)")
     d.add_argument("--budget", type=_seconds, default=None, help="seconds per task (default 600)")
     d.add_argument("--out", default=None, help="directory for program.py, report.md, plots, summary.json")
-    _verbosity(d)
+    options.verbosity(d)
     d.set_defaults(func=_cmd_discover)
     st = sub.add_parser("suite-table", help="one table from the result directories of a suite's shards")
     st.add_argument("dirs", nargs="+", help="result directories (written by wtc discover --suite / --all)")
@@ -480,11 +475,7 @@ def main(argv: list[str] | None = None) -> int:
             raise CLIError("--out must name a directory, got an empty string")
         if getattr(args, "out", None):
             _check_writable(Path(args.out))       # before the work, not after it
-        from wtc.progress import command_logging
-
-        verbosity = "quiet" if getattr(args, "quiet", False) else "verbose" if getattr(args, "verbose", False) \
-            else "normal"
-        with command_logging(verbosity):          # progress to stderr; the results stay on stdout
+        with options.logging_for(args):          # progress to stderr; the results stay on stdout
             return args.func(args)
     except (WtcError, OSError) as exc:
         if debug:
