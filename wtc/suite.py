@@ -67,7 +67,8 @@ def mips() -> Suite:
     """The 62 tasks of the MIPS benchmark (wtc.tasks.mips), with the published outcomes."""
     from wtc.tasks import mips as m
     items = tuple(SuiteItem(e.name, e.task, {"MIPS": e.mips_solved, "GPT-4": e.gpt4_solved}) for e in m.SUITE)
-    return Suite("mips", items, published={"MIPS": m.PUBLISHED["mips_solved"], "GPT-4": m.PUBLISHED["gpt4_solved"]},
+    return Suite("mips", items, published={"MIPS": m.PUBLISHED["mips_solved"], "GPT-4": m.PUBLISHED["gpt4_solved"],
+                                         "tasks": m.PUBLISHED["tasks"]},
                  note=f"Published outcomes: {m.PAPER}; the per-task outcomes are not recorded here (unknown: ?), "
                       "only the totals.")
 
@@ -76,6 +77,7 @@ SUITES: dict[str, Callable[[], Suite]] = {"builtin": builtin, "mips": mips}
 
 
 def get(name: str) -> Suite:
+    """The suite called `name` ('builtin', 'mips')."""
     if name not in SUITES:
         raise SuiteError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
     return SUITES[name]()
@@ -255,7 +257,8 @@ def totals(suite: Suite, rows: dict[str, dict]) -> list[str]:
         values = [i.columns.get(k) for i in suite.items]
         if not all(isinstance(v, bool) for v in values):
             if k in suite.published:
-                lines.append(f"{k}: {suite.published[k]}/{n} published (per task unknown here)")
+                lines.append(f"{k}: {suite.published[k]}/{suite.published.get('tasks', n)} published "
+                             "(per task unknown here)")
             continue
         lines.append(f"{k}: {sum(values)}/{n}")
         beyond = [i.name for i in solved if i.columns.get(k) is False]
@@ -264,6 +267,7 @@ def totals(suite: Suite, rows: dict[str, dict]) -> list[str]:
 
 
 def markdown(suite: Suite, rows: dict[str, dict]) -> str:
+    """The table (every task of the suite, 'not run' where no result) and the totals under it."""
     header, cells = table_rows(suite, rows)
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(c) + " |" for c in cells]
@@ -274,6 +278,7 @@ def markdown(suite: Suite, rows: dict[str, dict]) -> str:
 
 
 def csv_text(suite: Suite, rows: dict[str, dict]) -> str:
+    """The table's cells as CSV (no totals)."""
     header, cells = table_rows(suite, rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")

@@ -62,14 +62,17 @@ def window_sum(x, w: int):
 
 
 def window_parity(x, w: int):
+    """Parity of the last w values (zeros before the start)."""
     return window_sum(x, w) % 2
 
 
 def prefix_sum(x):
+    """x_0 + ... + x_t."""
     return np.cumsum(x, axis=1)
 
 
 def prefix_mod(x, k: int):
+    """(x_0 + ... + x_t) mod k."""
     return np.cumsum(x, axis=1) % k
 
 
@@ -134,6 +137,7 @@ def alternating(x, w: int):
 
 
 def dot_product_parity(x):
+    """Parity of a_0 b_0 + ... + a_t b_t on two bit channels (a, b)."""
     return np.cumsum(x[..., 0] * x[..., 1], axis=1) % 2
 
 
@@ -196,6 +200,7 @@ class MipsTask:
 
     @property
     def n_inputs(self) -> int:
+        """Input channels."""
         return len(self.inputs)
 
     @property
@@ -204,6 +209,7 @@ class MipsTask:
         return int(np.prod([hi - lo for lo, hi in self.inputs]))
 
     def task(self) -> Task:
+        """The wtc.Task (integer outputs; the definition as its description)."""
         return Task(self.name, self.sample, self.target, seq_len=self.seq_len, n_inputs=self.n_inputs,
                     n_outputs=self.n_outputs, output="integer", description=self.definition,
                     any_length=self.any_length)
@@ -325,6 +331,7 @@ _BY_NAME = {e.name: e for e in SUITE}
 
 
 def names() -> list[str]:
+    """The 62 task names, in the paper's grouping (additions, bitwise, parities, sums, ...)."""
     return [e.name for e in SUITE]
 
 
