@@ -3,6 +3,7 @@
 use said before the scan starts (and bounding what is written), a scan refused when it cannot fit."""
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -85,11 +86,12 @@ def _store_bytes(directory) -> int:
 
 
 @pytest.mark.parametrize("keep", [True, False])
-def test_estimated_disk_use_is_said_first_and_bounds_the_store(tmp_path, capsys, keep):
+def test_estimated_disk_use_is_said_first_and_bounds_the_store(tmp_path, caplog, keep):
     model, tokens = _model_and_tokens()
     out = tmp_path / "scan"
-    res = scan(model, tokens, params="blocks.0.mlp.W_in", out=out, keep_positions=keep)
-    printed = capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="wtc"):
+        res = scan(model, tokens, params="blocks.0.mlp.W_in", out=out, keep_positions=keep)
+    printed = caplog.text
     m = re.search(r"estimated disk use: ([\d.]+)-([\d.]+) MB for (\d+) weights in (\S+)", printed)
     assert m, printed
     assert int(m.group(3)) == res.weights_scanned == int((model.blocks[0].mlp.W_in != 0).sum())
@@ -104,12 +106,15 @@ def test_estimated_disk_use_is_said_first_and_bounds_the_store(tmp_path, capsys,
     assert abs(float(m.group(1)) - est.low / 1e6) < 0.01 and abs(float(m.group(2)) - est.high / 1e6) < 0.01
 
 
-def test_quiet_scan_prints_nothing_and_a_resumed_scan_estimates_only_what_is_left(tmp_path, capsys):
+def test_quiet_scan_says_nothing_and_a_finished_store_needs_no_estimate(tmp_path, caplog):
     model, tokens = _model_and_tokens()
-    scan(model, tokens, params="blocks.0.mlp.W_in", out=tmp_path, progress=False)
-    assert "estimated disk use" not in capsys.readouterr().out
-    scan(model, tokens, params="blocks.0.mlp.W_in", out=tmp_path)          # everything is in the store
-    assert "estimated disk use" not in capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="wtc"):
+        scan(model, tokens, params="blocks.0.mlp.W_in", out=tmp_path, progress=False)
+        assert "estimated disk use" not in caplog.text
+        scan(model, tokens, params="blocks.0.mlp.W_in", out=tmp_path)          # everything is in the store
+        assert "estimated disk use" not in caplog.text
+        scan(model, tokens, params="blocks.0.mlp.W_*", out=tmp_path / "more")
+        assert "for 4096 weights" in caplog.text
 
 
 def test_a_scan_that_cannot_fit_is_refused_before_it_starts(tmp_path, monkeypatch):
@@ -121,7 +126,7 @@ def test_a_scan_that_cannot_fit_is_refused_before_it_starts(tmp_path, monkeypatc
     assert scan_store.ScanStore(tmp_path / "scan.sqlite").count() == 0
 
 
-def test_cli_scan_says_its_disk_use_before_the_progress(tmp_path):
+def test_cli_scan_says_its_disk_use_before_it_starts(tmp_path):
     model, tokens = _model_and_tokens()
     save(model, tmp_path / "model")
     np.save(tmp_path / "tokens.npy", tokens.numpy())
@@ -129,6 +134,9 @@ def test_cli_scan_says_its_disk_use_before_the_progress(tmp_path):
                         str(tmp_path / "tokens.npy"), "--params", "blocks.0.mlp.W_out", "--out", str(tmp_path / "s")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    first = r.stdout.splitlines()[0]
-    assert re.match(rf"estimated disk use: [\d.]+-[\d.]+ MB for 2048 weights in {re.escape(str(tmp_path / 's'))} ", first), r.stdout
+    said = [ln for ln in r.stderr.splitlines() if "estimated disk use" in ln]     # progress: on stderr
+    assert len(said) == 1, r.stderr
+    assert re.search(rf"estimated disk use: [\d.]+-[\d.]+ MB for 2048 weights in {re.escape(str(tmp_path / 's'))} ",
+                     said[0]), said
+    assert r.stderr.index("estimated disk use") < r.stderr.index("0/2048")          # before the first weight
     assert "scanned 2048 weights" in r.stdout

@@ -43,6 +43,7 @@ from wtc.scan.kl import importance_positions, kl_rows, kl_unembed
 from wtc.scan.names import Params, resolve, select as _select_params, wrapper_prefix
 from wtc.scan.result import ScanResult
 from wtc.scan.store import ScanStore, check_space, disk_estimate
+from wtc.progress import enable, log
 from wtc.scan.suffix import Suffix
 
 CHUNK = 4096                 # weights per committed chunk: the unit of resume and of sharding
@@ -410,12 +411,13 @@ def _announce_disk(directory: Path, todo, masks, N: int, keep_positions: bool, p
         rows[name] = rows.get(name, 0) + int(masks[name][start:stop].sum())
     estimate = disk_estimate(rows, N, keep_positions)
     free = check_space(directory, estimate)
-    if progress:
-        print(f"estimated disk use: {estimate.describe()} for {estimate.weights} weights in {directory} "
-              f"({'with' if keep_positions else 'without'} per-position KL; {free / 1e9:.1f} GB free)", flush=True)
-        if estimate.high > free:
-            print(f"wtc: warning: the store may outgrow the {free / 1e9:.2f} GB free in {directory} if many weights "
-                  "spread their KL over many positions", flush=True)
+    if progress:                           # a progress line: the "wtc" logger (stderr under the command)
+        enable()
+        log.info(f"estimated disk use: {estimate.describe()} for {estimate.weights} weights in {directory} "
+                 f"({'with' if keep_positions else 'without'} per-position KL; {free / 1e9:.1f} GB free)")
+    if estimate.high > free:
+        log.warning(f"the store may outgrow the {free / 1e9:.2f} GB free in {directory} if many weights spread "
+                    "their KL over many positions")
 
 
 def _chunk(ev, name, p, idx, A, mass, keep_positions, progress=lambda n: None):
