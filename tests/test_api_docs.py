@@ -128,3 +128,22 @@ def test_from_arrays_spells_out_every_option_of_the_records_task():
     x = np.random.default_rng(0).integers(0, 10, (100, 5))
     with pytest.raises(wtc.tasks.TaskError, match="unknown keyword argument.*'seqlen'.*takes name, output, valid_from"):
         wtc.Task.from_arrays(x, x, seqlen=5)
+
+
+def test_a_module_needing_a_missing_extra_is_skipped_by_name_and_other_failures_raise(monkeypatch):
+    real = importlib.import_module
+
+    def fake(missing):            # wtc.models.tl fails to import, needing `missing`
+        def imp(n, *a):
+            if n == "wtc.models.tl":
+                raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+            return real(n, *a)
+        return imp
+
+    monkeypatch.setattr(apidoc.importlib, "import_module", fake("transformer_lens"))
+    found, skipped = apidoc.public_modules()
+    assert apidoc.Skipped("wtc.models.tl", "transformer_lens", "tl") in skipped
+    assert "wtc.models.tl" not in found and "wtc.models.hf" in found
+    monkeypatch.setattr(apidoc.importlib, "import_module", fake("not_an_extra_of_wtc"))
+    with pytest.raises(ModuleNotFoundError, match="not_an_extra_of_wtc"):
+        apidoc.public_modules()
