@@ -111,6 +111,8 @@ def _fake_discover(calls):
     from wtc.extraction.program import Program
 
     def fake(task, seed=0, budget_s=None, progress=True, **kw):
+        from wtc import tasks
+        task = tasks.get(task)                        # the built-in suite passes names
         calls.append(task.name)
         if task.name == "Current_Number":
             program = Program(task.name, PROGRAM, task.seq_len, 1, 1)
@@ -142,6 +144,7 @@ def test_a_rerun_skips_finished_tasks(tmp_path, monkeypatch, small_suite):
     solved = {r["name"]: r["solved"] for r in rows}
     assert solved["Current_Number"] and not solved["Prev1"]
     assert {r["name"]: r["failure_class"] for r in rows}["Prev1"] == "not learned"
+    assert {r["name"]: r["body_lines"] for r in rows}["Current_Number"] == 1      # the algorithm, not the file
     calls.clear()
     again = suite.run(small_suite, tmp_path, budget_s=5, progress=False, echo=lambda s: None)
     assert calls == []                                   # nothing run twice
@@ -201,6 +204,18 @@ def test_the_cli_runs_a_shard_and_merges(tmp_path, monkeypatch, small_suite):
     assert "not run" not in (tmp_path / "m" / "results.md").read_text()
     assert cli.main(["discover", "Prev1", "--suite", "mips"]) == 2          # one of TASK, --all, --suite
     assert cli.main(["discover", "--suite", "mips", "--shard", "3/2"]) == 2
+
+
+def test_discover_all_runs_through_the_same_runner(tmp_path, monkeypatch):
+    from wtc import cli, discovery, tasks
+    calls = []
+    monkeypatch.setattr(discovery, "discover", _fake_discover(calls))
+    assert cli.main(["discover", "--all", "--out", str(tmp_path), "--quiet"]) == 1      # must tasks not solved
+    assert calls == tasks.names()
+    table = (tmp_path / "results.md").read_text()
+    assert "| tier |" in table and "| parity_last2 | no |" in table
+    rows = json.loads((tmp_path / "results.json").read_text())
+    assert [r["name"] for r in rows] == tasks.names() and rows[0]["columns"]["tier"] == "must"
 
 
 # ---------------------------------------------------------------- exhaustive verification

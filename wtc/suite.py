@@ -122,13 +122,28 @@ def failure_class(row: dict) -> str | None:
     return "read wrong"
 
 
-def result_row(item: SuiteItem, suite: str, summary: dict, seed: int) -> dict:
-    """The row kept for one task: discover's summary figures and the suite's columns."""
+def body_lines(source: str | None) -> int | None:
+    """Lines of the algorithm in a program's source: the statements of `program` without its
+    docstring and its domain check (Program.n_lines counts the whole file, DOMAIN check included)."""
+    import ast
+    if not source:
+        return None
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "program":
+            body = [b for b in node.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))
+                    and not (isinstance(b, ast.If) and isinstance(b.test, ast.Name) and b.test.id == "check_domain")]
+            return sum(b.end_lineno - b.lineno + 1 for b in body)
+    return None
+
+
+def result_row(item: SuiteItem, suite: str, summary: dict, seed: int, source: str | None = None) -> dict:
+    """The row kept for one task: discover's summary figures, the program's body lines and the
+    suite's columns."""
     keep = ("task", "solved", "seconds", "program_lines", "accuracy", "max_rel_err", "agrees_with_model",
             "holds_at_twice_the_length", "holds_at_four_times_the_length", "exhaustive", "failures", "attempts",
             "budget_s", "error")
     row = {"suite": suite, "name": item.name, "seed": seed, **{k: summary.get(k) for k in keep},
-           "columns": dict(item.columns)}
+           "body_lines": body_lines(source), "columns": dict(item.columns)}
     row["failure_class"] = failure_class(row)
     return row
 
@@ -174,11 +189,11 @@ def run(suite: Suite, out, *, seed: int = 0, budget_s: float | None = None, shar
             rows.append(row)
             continue
         d.save(out / item.name)
-        row = result_row(item, suite.name, d.summary(), seed)
+        row = result_row(item, suite.name, d.summary(), seed, d.program.source if d.program is not None else None)
         _write_json(out / item.name / RESULT, row)
         rows.append(row)
         echo(f"{item.name:26s} {'solved' if row['solved'] else 'NOT solved':10s} {row['seconds']:7.1f}s  "
-             f"{row['program_lines'] or '-'} lines" + (f"  ({row['failure_class']})" if row["failure_class"] else ""))
+             f"{row['body_lines'] or '-'} lines" + (f"  ({row['failure_class']})" if row["failure_class"] else ""))
         write_table(suite, [out], out)
     write_table(suite, [out], out)
     return rows
@@ -204,6 +219,9 @@ def collect(suite: Suite, dirs) -> dict[str, dict]:
             if row.get("suite") != suite.name or row.get("name") not in known:
                 raise SuiteError(f"{path}: a result of suite {row.get('suite')!r}, task {row.get('name')!r}, "
                                  f"not of suite {suite.name!r}")
+            if "body_lines" not in row:          # rows written before body lines were counted: from program.py
+                program = path.parent / "program.py"
+                row["body_lines"] = body_lines(program.read_text()) if program.is_file() else None
             if row["name"] in rows and _comparable(rows[row["name"]][0]) != _comparable(row):
                 raise SuiteError(f"{row['name']} has two different results: in {rows[row['name']][1]} and in {d}")
             rows[row["name"]] = (row, d)
@@ -224,7 +242,7 @@ def _exhaustive_cell(e: dict | None) -> str:
     return f"{e['agree']}/{e['sequences']} up to {e['max_length']}"
 
 
-HEADER = ("task", "wtc", "seconds", "program lines", "fresh accuracy", "2T", "4T", "exhaustive", "failure class")
+HEADER = ("task", "wtc", "seconds", "lines", "fresh accuracy", "2T", "4T", "exhaustive", "failure class")
 
 
 def table_rows(suite: Suite, rows: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
@@ -238,7 +256,7 @@ def table_rows(suite: Suite, rows: dict[str, dict]) -> tuple[list[str], list[lis
         else:
             acc = r.get("accuracy")
             line = [item.name, "solved" if r["solved"] else "no", f"{r['seconds']:.0f}" if r.get("seconds") else "",
-                    str(r.get("program_lines") or "-"), "-" if acc is None else f"{acc:.4f}",
+                    str(r.get("body_lines") or "-"), "-" if acc is None else f"{acc:.4f}",
                     _mark(r.get("holds_at_twice_the_length")), _mark(r.get("holds_at_four_times_the_length")),
                     _exhaustive_cell(r.get("exhaustive")), r.get("failure_class") or ""]
         cells.append(line + [_mark(item.columns.get(k)) for k in extra])
