@@ -272,3 +272,17 @@ def test_exhaustive_check_skips_fixed_length_and_wide_domains():
     small = mips.get("Add_Mod_3")
     rec = check(lambda z: np.cumsum(z[..., 0], axis=1) % 3, small, small.draw(0, 500), _run)
     assert rec["solved"] and rec["symbols"] == 3 and rec["max_length"] == 8
+
+
+def test_a_callable_written_for_one_length_is_checked_at_that_length_only():
+    task = _bits_task(seq_len=4)
+
+    def four_only(x):
+        x = np.asarray(x)[..., 0]
+        if x.shape[1] != 4:
+            raise ValueError("written for T = 4")
+        return (np.cumsum(x, axis=1) % 2).astype(float)
+
+    rec = check(four_only, task, task.draw(0, 200), _run)
+    assert rec["solved"] and rec["lengths"] == [4] and rec["sequences"] == 16
+    assert rec["not_run_at"] == [L for L in range(1, 14) if L != 4]

@@ -73,7 +73,9 @@ def check(program, task, x: np.ndarray, run, model=None, cap: int = MAX_SEQUENCE
     errors are verify's). Returns None when the task is not checked, else a dict: max_length,
     lengths, symbols, sequences, agree, solved, first_wrong (length, inputs, position) or None,
     and model_sequences / model_agree (sequences at the model's length, and the share of them on
-    which program and model agree; None when not compared)."""
+    which program and model agree; None when not compared), not_run_at (lengths other than the
+    task's own where the program raised, as a callable written for one length does: skipped, not
+    failed; at its own length that is a failure)."""
     alphabet = symbols(task, x)
     if alphabet is None:
         return None
@@ -81,7 +83,7 @@ def check(program, task, x: np.ndarray, run, model=None, cap: int = MAX_SEQUENCE
     if not todo:
         return None
     record = {"max_length": todo[-1], "lengths": todo, "symbols": len(alphabet), "sequences": 0, "agree": 0,
-              "solved": True, "first_wrong": None, "model_sequences": 0, "model_agree": None}
+              "solved": True, "first_wrong": None, "model_sequences": 0, "model_agree": None, "not_run_at": []}
     for length in todo:
         xs = every_sequence(alphabet, length)
         try:
@@ -92,8 +94,11 @@ def check(program, task, x: np.ndarray, run, model=None, cap: int = MAX_SEQUENCE
             break
         try:
             pred = at._as_3d(run(program, xs, at, len(xs)), "prediction")
-        except WtcError as exc:            # the program raised on some sequence: that is a failure
-            record["sequences"] += len(xs)
+        except WtcError as exc:
+            if length != task.seq_len:     # a callable written for one length (as at 2T): reported, skipped
+                record["not_run_at"].append(length)
+                continue
+            record["sequences"] += len(xs)  # at its own length the program raised on some sequence: a failure
             record["solved"] = False
             record["first_wrong"] = record["first_wrong"] or {"length": length, "error": str(exc)}
             break
@@ -113,6 +118,7 @@ def check(program, task, x: np.ndarray, run, model=None, cap: int = MAX_SEQUENCE
                 continue
             record["model_sequences"] = len(xs)
             record["model_agree"] = float(per_position_agreement(at, pred, theirs).all(axis=1).mean())
+    record["lengths"] = [L for L in record["lengths"] if L not in record["not_run_at"]]
     if not record["lengths"]:
         return None
     record["max_length"] = record["lengths"][-1]
