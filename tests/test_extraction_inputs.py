@@ -27,7 +27,7 @@ def prev2_model():
 def test_extract_refuses_another_tasks_model_and_non_models(prev2_model):
     with pytest.raises(ExtractionInputError, match="trained on task 'prev2', not on 'sum_last2'"):
         extract(prev2_model, "sum_last2")
-    with pytest.raises(ExtractionInputError, match="DiscreteTransformer, got Linear"):
+    with pytest.raises(ExtractionInputError, match="DiscreteTransformer or a torch module built from wtc.dt.layers; torch.nn.Linear holds no DTLayers"):
         extract(torch.nn.Linear(2, 2), "prev2")
 
 
