@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from wtc.hooks import has_hooks, hook_modules
 from wtc.errors import ScanError, UnknownName
 from wtc.arguments import float_readout
-from wtc.scan.inputs import architecture, as_tokens, hooks_identity, model_sha256, positive_int, readout_identity
+from wtc.scan.inputs import architecture, default_readout, as_tokens, hooks_identity, model_sha256, positive_int, readout_identity
 from wtc.scan.generic import Generic
 from wtc.scan.kl import importance_positions, kl_rows, kl_unembed
 from wtc.scan.names import Params, resolve, select as _select_params, wrapper_prefix
@@ -51,15 +51,6 @@ KEEP_POSITIONS_BYTES = 2**30  # keep full per-position KL in the store while it 
 ACTIVATION_BUDGET = 2**25    # floats per batch of ablated copies (~128 MiB of float32): on 2 CPU
                              # cores batches of 1-4 copies ran fastest (bench/RESULTS.md)
 GPU_ACTIVATION_BUDGET = 2**28  # ~1 GiB: a GPU needs many copies per launch to fill its SMs
-
-
-def _default_readout(out):
-    """The logits of a model's output: the output itself, or its .logits (Hugging Face outputs)."""
-    if torch.is_tensor(out):
-        return out
-    if torch.is_tensor(getattr(out, "logits", None)):
-        return out.logits
-    raise ScanError(f"the model returns {type(out).__name__}, not logits: pass readout= (output -> logits (B, T, V))")
 
 
 def _checked(readout):
@@ -78,7 +69,7 @@ class _Evaluator:
 
     def __init__(self, model: nn.Module, tokens: torch.Tensor, readout):
         self.model, self.tokens = model, tokens
-        self.readout = _default_readout if readout is None else _checked(readout)
+        self.readout = default_readout if readout is None else _checked(readout)
         self.readout_given = readout
         self.counted = None          # (N,) bool: positions whose KL counts (scan(positions=...)); None: all
         # prefix caching needs wtc's split forward and logits as the model's own output

@@ -108,6 +108,15 @@ def architecture(model: nn.Module) -> dict:
             "modules_sha256": _sha(repr(model))}
 
 
+def default_readout(out):
+    """The logits of a model's output: the output itself, or its .logits (Hugging Face outputs)."""
+    if torch.is_tensor(out):
+        return out
+    if torch.is_tensor(getattr(out, "logits", None)):
+        return out.logits
+    raise ScanError(f"the model returns {type(out).__name__}, not logits: pass readout= (output -> logits (B, T, V))")
+
+
 def readout_identity(readout) -> str:
     """'default', or the readout's qualified name and a digest of its code, constants and closure
     (two lambdas differ, and so do two closures over different values)."""

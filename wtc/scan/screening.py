@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from wtc import arguments
 from wtc.errors import ScanError
-from wtc.scan.inputs import architecture, as_tokens, hooks_identity, model_sha256, readout_identity
+from wtc.scan.inputs import architecture, default_readout, as_tokens, hooks_identity, model_sha256, readout_identity
 from wtc.scan.names import Params, select
 from wtc.scan.screen_estimators import draw_labels, label_generator, squared_sequence_gradients
 
@@ -40,14 +40,6 @@ ESTIMATOR = "fisher-sampled-labels/1"   # 1/2 w^2 F_ii, F from per-sequence grad
 MAX_SAMPLES = 10_000
 GRADIENT_BUDGET = 2**28                 # bytes of per-sequence gradients held at once (sets the block)
 CHECKPOINT_SECONDS = 30.0
-
-
-def _default_readout(out):
-    if torch.is_tensor(out):
-        return out
-    if torch.is_tensor(getattr(out, "logits", None)):
-        return out.logits
-    raise ScanError(f"the model returns {type(out).__name__}, not logits: pass readout= (output -> logits (B, T, V))")
 
 
 def _dist() -> tuple[int, int]:
@@ -93,7 +85,7 @@ def screen(model: nn.Module, tokens, params: Params = None, readout: Callable[[A
     if world > 1 and out is None:
         raise ScanError("a distributed screen needs out= (a directory shared by the ranks)")
     user = readout
-    read = _default_readout if user is None else (lambda o: arguments.float_readout(user, o, ScanError))
+    read = default_readout if user is None else (lambda o: arguments.float_readout(user, o, ScanError))
     meta = {"estimator": ESTIMATOR, "model_sha256": model_sha256(model), "architecture": architecture(model),
             "hooks": hooks_identity(model), "readout": readout_identity(user), "params": sorted(chosen),
             "tokens_sha256": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest(),
