@@ -384,7 +384,20 @@ class Generic:
 
         def run(p):
             return self.readout(functional_call(self.model, {name: p}, (self.tokens,)))
-        return vmap(run)(copies).reshape(A, -1, self.V)
+        kept = [(m, dict(m._parameters)) for m in self.model.modules()]
+        try:
+            out = vmap(run)(copies).reshape(A, -1, self.V)
+        finally:
+            # functional_call swaps the parameter in and back; a module that forwards attribute
+            # writes to another (TransformerLens bridges: q/k/v are views of a fused weight) gets
+            # something else back, which would break every later pass: put the originals back
+            swapped = [k for m, params in kept for k, v in params.items() if m._parameters.get(k) is not v]
+            for m, params in kept:
+                m._parameters.update(params)
+        if swapped:
+            raise ScanError(f"torch.func could not swap {name!r} in and out cleanly ({', '.join(swapped)} came back "
+                            f"changed); scanning it by zeroing weights in place")
+        return out
 
     # ------------------------------------------------------------------ rows: when it applies
     def _rows_apply(self, name) -> bool:
