@@ -13,8 +13,16 @@ heads learn different offsets at different positions (DT-NOTES). Keys include `p
 positions before the start, where every variable is 0, so an offset-d pointer is the same rule at
 every query. Softmax over keys with Gumbel noise at temperature tau -> argmax pointer as tau -> 0.
 
-Aggregate heads (beyond the paper) output the uniform mean of a chosen variable over the causal
-prefix of real positions: running sums, counts and means become reachable.
+Recency heads (beyond the paper; DTConfig.n_recent_heads: the last heads of a layer) pick the
+LATEST key whose value scores best: their positional term is not free but tied to a descending ramp,
+rel[d] = -RECENCY_SLOPE * d for offsets d >= 1, their abs term is 0 (but at the pads: where they go
+when no key qualifies) and their query term W is 0, so
+the argmax is "the key with the best u . PLE(k), ties to the most recent". With u two-levelled this
+is "the latest j where pred(k_j)" (a carry: the latest position whose digit sum is not base - 1; the
+last value seen; the last non-zero). rel[0] stays learned: very negative it excludes the query's
+own position (j < t), otherwise j <= t. The effective parameters are computed here
+(Attention.score_params) and passed to the same routing kernels as every other head; they score
+content in every replica (the query-only terms of the other heads stay off where content is).
 """
 from __future__ import annotations
 
@@ -102,6 +110,28 @@ def route_reference(zq, zk, val, W, u, rel, abs_, scale, content, *, pad: int, t
 
 
 AGG_CHAIN_PRIOR = 4.0      # selection-logit bonus (tau starts at 10): see Attention.__init__
+RECENCY_SLOPE = 1.0        # a recency head's score falls by this per position back (times exp(c))
+
+
+def recency_params(W, u, rel, abs_, content, recent: torch.Tensor, pad: int, slope: float = RECENCY_SLOPE):
+    """The score parameters the routing kernels get when some heads are recency heads.
+
+    recent (H,) bool. Recency heads: W = 0, rel[d] = -slope * d for d >= 1 (rel[0] their own,
+    learned), abs = 0 at the real positions (the pads' own, learned: where the head goes when no
+    key qualifies), content scored in every replica. The other heads keep their parameters, their
+    content terms zeroed in replicas without content (what content = 0 did), and every replica is
+    marked as scoring content. Differentiable in the parameters that stay free."""
+    m = recent.to(W.dtype)                                                   # (H,)
+    on = content.to(W.dtype)[:, None]                                       # (R, 1)
+    keep = on * (1 - m)[None]                                               # (R, H) content terms kept
+    W = W * keep[..., None, None]
+    u = u * (keep + m[None])[..., None]
+    d = torch.arange(rel.shape[-1], dtype=rel.dtype, device=rel.device)
+    ramp = torch.cat([rel[..., :1], (-slope * d[1:]).expand(*rel.shape[:-1], -1)], dim=-1)
+    rel = torch.where(recent[None, :, None], ramp, rel)
+    real = torch.arange(abs_.shape[-1], device=abs_.device) >= pad
+    abs_ = abs_.masked_fill(recent[None, :, None] & real[None, None, :], 0.0)
+    return W, u, rel, abs_, torch.ones_like(content)
 
 
 class Attention(nn.Module):
@@ -109,7 +139,7 @@ class Attention(nn.Module):
 
     def __init__(self, layer: int, replicas: int, n_heads: int, n_agg: int, n_bins: int,
                  seq_len: int, pad: int, variable_names: list[str], mask_fn, content: torch.Tensor,
-                 offset_prior: float = 1.0, agg_ops: tuple[str, ...] = ("mean",)):
+                 offset_prior: float = 1.0, agg_ops: tuple[str, ...] = ("mean",), n_recent: int = 0):
         super().__init__()
         R, H, A, N = replicas, n_heads, n_agg, n_bins
         self.layer, self.H, self.A, self.T, self.P = layer, H, A, seq_len, pad
@@ -154,6 +184,15 @@ class Attention(nn.Module):
         self.log_scale = nn.Parameter(torch.zeros(R, H))
         # (R,) 1 where the replica's heads may score content (q, k); 0 = positional pointers only
         self.register_buffer("content", content.float().clone())
+        # (H,) the last n_recent heads are recency heads (DTConfig.n_recent_heads; from the config,
+        # not saved). Their rel[0] starts neutral in even replicas and excluding the query in odd
+        # ones: a carry needs j < t, a "last value seen" j <= t, and the population tries both
+        self.n_recent = n_recent
+        self.register_buffer("recent", torch.arange(H) >= H - n_recent, persistent=False)
+        with torch.no_grad():
+            for h in range(H - n_recent, H):
+                self.rel[:, h, 0] = 0.0
+                self.rel[1::2, h, 0] = -offset_prior
         i = torch.arange(seq_len)[:, None] + pad
         j = torch.arange(L)[None, :]
         self.register_buffer("causal", j <= i, persistent=False)                 # (T, L)
@@ -173,8 +212,15 @@ class Attention(nn.Module):
         is one-hot this is exactly PLE of the chosen variable with uniform bins over its range.
         """
         zq, zk = self._query_key(unit, choice)
-        return pointer_scores(zq, zk, self.W, self.u, self.rel, self.abs, self.log_scale.exp(), self.content,
-                              self.P)
+        W, u, rel, abs_, content = self.score_params()
+        return pointer_scores(zq, zk, W, u, rel, abs_, self.log_scale.exp(), content, self.P)
+
+    def score_params(self) -> tuple[torch.Tensor, ...]:
+        """(W, u, rel, abs, content) as the scores use them: the parameters themselves, or with
+        recency heads their tied form (recency_params)."""
+        if not self.n_recent:
+            return self.W, self.u, self.rel, self.abs, self.content
+        return recency_params(self.W, self.u, self.rel, self.abs, self.content, self.recent, self.P)
 
     def _query_key(self, unit: torch.Tensor, choice: Choice) -> tuple[torch.Tensor, torch.Tensor]:
         H, P = self.H, self.P
@@ -203,7 +249,8 @@ class Attention(nn.Module):
                 zq, zk = self._query_key(unit, choice)
                 kw = dict(pad=P, tau=sampling.tau, hard=sampling.hard, straight_through=sampling.straight_through,
                           seed=seed, overlap=want_overlap)
-                args = (zq, zk, val, self.W, self.u, self.rel, self.abs, self.log_scale.exp(), self.content)
+                W, u, rel, abs_, content = self.score_params()
+                args = (zq, zk, val, W, u, rel, abs_, self.log_scale.exp(), content)
                 if fused:
                     out, overlap = kernels.route(*args, **kw)
                 else:   # native: the log's entropies come with the forward instead of the reference scores
@@ -265,11 +312,12 @@ class Attention(nn.Module):
             return np.ascontiguousarray(t.detach().float().cpu().numpy())
 
         bins = f32(torch.linspace(0, 1, N + 1).expand(R * H, -1))
-        on = self.content[:, None, None]
+        W, u, rel, abs_, content = self.score_params()
+        on = content[:, None, None]
         _, value, _ = _native.cpu_module().route_hard(
             f32(pick(unit, idx[:, :H])[:, :, P:]), f32(pick(unit, idx[:, H:2 * H])),
             f32(pick(stream, idx[:, 2 * H:3 * H])), bins, bins,
-            f32((self.W * on[..., None]).reshape(R * H, N, N)), f32((self.u * on).reshape(R * H, N)),
-            f32(self.rel.reshape(R * H, -1)), f32(self.abs.reshape(R * H, -1)), P)
+            f32((W * on[..., None]).reshape(R * H, N, N)), f32((u * on).reshape(R * H, N)),
+            f32(rel.reshape(R * H, -1)), f32(abs_.reshape(R * H, -1)), P)
         # (the positive per-head scale exp(c) does not change an argmax, so the kernel skips it)
         return torch.from_numpy(value).to(stream.dtype).reshape(R, H, B, self.T).permute(0, 2, 1, 3)

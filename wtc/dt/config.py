@@ -47,6 +47,11 @@ class DTConfig(KnownFields):
     Architecture (per layer: pointer heads, then aggregate heads, then sub-MLPs; every module
     appends one named scalar to the residual stream):
       n_heads      pointer heads per layer (int, or one int per layer)
+      n_recent_heads  of each layer's n_heads pointer heads, how many (the last ones) are recency
+                   heads (beyond the paper; int or one per layer, default 0): a head whose argmax is
+                   the LATEST key scoring best on its key variable ("the latest j where pred(k_j)",
+                   j < t or j <= t as it learns): a carry (the latest digit sum that is not base - 1),
+                   the last value seen, the last non-zero (wtc.dt.attention.recency_params)
       n_agg_heads  aggregate heads per layer: uniform over the causal prefix (beyond the paper)
       agg_ops      what each aggregate head computes, cycled over a layer's heads: "mean" (the prefix
                    mean) or "sum" (the prefix sum: a sum of sums, such as a position from its
@@ -104,6 +109,7 @@ class DTConfig(KnownFields):
 
     n_layers: int = 1
     n_heads: int | tuple[int, ...] = 3
+    n_recent_heads: int | tuple[int, ...] = 0
     n_agg_heads: int | tuple[int, ...] = 0
     agg_ops: tuple[str, ...] = ("mean",)
     n_mlps: int | tuple[int, ...] = 3
@@ -162,6 +168,10 @@ class DTConfig(KnownFields):
         self.n_heads = _per_layer(self.n_heads, self.n_layers, "n_heads")
         self.n_agg_heads = _per_layer(self.n_agg_heads, self.n_layers, "n_agg_heads")
         self.n_mlps = _per_layer(self.n_mlps, self.n_layers, "n_mlps")
+        self.n_recent_heads = _per_layer(self.n_recent_heads, self.n_layers, "n_recent_heads")
+        if any(r > h for r, h in zip(self.n_recent_heads, self.n_heads)):
+            raise ConfigError(f"n_recent_heads {self.n_recent_heads} exceeds n_heads {self.n_heads} in some layer: "
+                              "recency heads are some of a layer's pointer heads")
         for name in ("mlp_inputs", "mlp_hidden", "ple_bins", "batch_size", "replicas", "max_attempts",
                      "eval_sequences", "steps"):
             integer(name, 1)
@@ -244,12 +254,18 @@ class DTConfig(KnownFields):
         if "mlp_inputs" in changes and changes["mlp_inputs"] < self.mlp_inputs:   # nor reads fewer inputs
             changes = {**changes, "mlp_inputs": self.mlp_inputs}
             label = label.replace("3-input", f"{self.mlp_inputs}-input")
+        if any(self.n_recent_heads):             # nor loses its recency heads: they stay in the last layer
+            layers = changes.get("n_layers", self.n_layers)
+            recent = (0,) * (layers - 1) + (max(self.n_recent_heads),) if layers != self.n_layers else self.n_recent_heads
+            heads = _per_layer(changes.get("n_heads", self.n_heads), layers, "n_heads")
+            changes = {**changes, "n_recent_heads": recent,
+                       "n_heads": tuple(max(h, r) for h, r in zip(heads, recent))}
         return label, self.replace(**changes)
 
     def replace(self, **changes) -> "DTConfig":
         """A copy with changes; per-layer counts not given follow a new n_layers when uniform."""
         if "n_layers" in changes:
-            for key in ("n_heads", "n_agg_heads", "n_mlps"):
+            for key in ("n_heads", "n_agg_heads", "n_mlps", "n_recent_heads"):
                 values = getattr(self, key)
                 if key not in changes and len(set(values)) == 1:
                     changes[key] = values[0]
@@ -257,7 +273,7 @@ class DTConfig(KnownFields):
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        for key in ("n_heads", "n_agg_heads", "n_mlps", "mlp_periods", "agg_ops"):
+        for key in ("n_heads", "n_agg_heads", "n_mlps", "n_recent_heads", "mlp_periods", "agg_ops"):
             d[key] = list(d[key])
         return d
 

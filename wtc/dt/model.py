@@ -99,7 +99,7 @@ class DiscreteTransformer(Hooked):
             if H + A:
                 attn = Attention(layer, R, H, A, config.ple_bins, seq_len, self.P, names, mask_fn,
                                  content_replicas(R, config.content_fraction), config.offset_prior,
-                                 config.agg_ops)
+                                 config.agg_ops, config.n_recent_heads[layer])
                 names = names + attn.output_names
             if M:
                 mlp = SubMLPs(layer, R, M, config.mlp_inputs, config.mlp_hidden, config.mlp_activation,

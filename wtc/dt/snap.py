@@ -14,6 +14,10 @@ are written into the head's score parameters exactly (`realise`):
   window max/min  a key score strictly monotone in the key variable (u constant over the PLE bins:
                   u . PLE(z) = c N z), a positional mask over the window, pads masked unless the
                   rule includes them, and a tilt of one unit per position for its ties
+  latest where    a key score two-levelled in the key variable (u solved so that u . PLE(z) is
+                  B on the predicate's values, 0 elsewhere), the recency ramp -RECENCY_SLOPE * d,
+                  the query's own position excluded (strict) or not, and the pads above the keys
+                  outside the predicate ("none: a pad"); the only rule a recency head is snapped to
 
 the realised head is checked to route exactly what the rule routes, and of the candidates that
 lower the replica's training loss after the exact head refit (by SNAP_GAIN) the lowest is kept. The model then
@@ -33,7 +37,9 @@ import torch
 from wtc.dt.finish import EXACT_FIT, refit_head
 from wtc.dt.refine import _inputs_of
 from wtc.dt.selection import EVAL
-from wtc.extraction.routing_rules import Rule, candidate_rules, routed, rule_keys
+from wtc.dt.attention import RECENCY_SLOPE
+from wtc.dt.ple import ple_uniform
+from wtc.extraction.routing_rules import Rule, candidate_rules, latest_rules, routed, rule_keys, satisfies
 
 SNAP_MIN_RATE = 0.3      # a rule is tried on heads that follow it on at least this share of queries
 SNAP_CANDIDATES = 3      # ... the best few per head
@@ -63,7 +69,28 @@ def _loss(model, x, y, valid) -> torch.Tensor:
 
 
 def realisable(rule: Rule) -> bool:
-    return rule.kind in ("offset", "absolute", "window")
+    return rule.kind in ("offset", "absolute", "window", "recent")
+
+
+def _latest(attn, r: int, h: int, rule: Rule, key_var: int, unit: torch.Tensor, L: int):
+    """(u, rel, abs) realising a "latest where" rule whose intervals are in the key's unit scale."""
+    P, N = attn.P, attn.W.shape[-1]
+    z = torch.unique(unit[r, :, :, key_var].double().flatten())
+    big = 4.0 * RECENCY_SLOPE * L                      # a qualifying key beats any other at any distance
+    want = torch.as_tensor(satisfies(rule.params, z.cpu().numpy()), dtype=torch.float64) * big
+    # with a constant column: PLE(0) = 0, so only differences between levels are free (a constant
+    # added to every key's score changes no argmax)
+    X = torch.cat([ple_uniform(z, N), torch.ones_like(z)[:, None]], dim=1)
+    u = (torch.linalg.pinv(X) @ want.to(z.device))[:N]       # the least-norm exact solution
+    d = torch.arange(L, dtype=torch.float64)
+    rel = -RECENCY_SLOPE * d
+    rel[0] = -2.0 * big if rule.params["strict"] else 0.0
+    abs_ = torch.zeros(L, dtype=torch.float64)
+    pad_value = unit[r, 0, 0, key_var].double().cpu().numpy()
+    if P and not bool(satisfies(rule.params, pad_value)):
+        abs_[:P] = big / 2                             # none qualifies: a pad, not a key outside the predicate
+    like = dict(dtype=attn.rel.dtype, device=attn.rel.device)
+    return u.to(**like), rel.to(**like), abs_.to(**like)
 
 
 def realise(attn, r: int, h: int, rule: Rule, key_var: int | None, unit: torch.Tensor) -> None:
@@ -80,7 +107,9 @@ def realise(attn, r: int, h: int, rule: Rule, key_var: int | None, unit: torch.T
     tilt = torch.arange(L, **like)
     rel, abs_, u = torch.zeros(L, **like), torch.zeros(L, **like), torch.zeros(N, **like)
     p = rule.params
-    if rule.kind == "window":
+    if rule.kind == "recent":
+        u, rel, abs_ = _latest(attn, r, h, rule, key_var, unit, L)
+    elif rule.kind == "window":
         z = torch.unique(unit[r, :, :, key_var].double().flatten())
         step = float(z.diff().min()) if z.numel() > 1 else 1.0
         reach = min(4.0 * L / max(step, 1e-12), MAX_CONTENT)      # c N: one value step = 4 L tilt units
@@ -116,8 +145,8 @@ def realise(attn, r: int, h: int, rule: Rule, key_var: int | None, unit: torch.T
         attn.rel[r, h] = rel
         attn.abs[r, h] = abs_
         attn.log_scale[r, h] = 0.0
-        if rule.kind == "window":
-            if attn.content[r] == 0:        # other heads had no content score: keep them without one
+        if rule.kind in ("window", "recent"):
+            if attn.content[r] == 0 and not bool(attn.recent[h]):   # other heads had no content score: keep them without one
                 others = [g for g in range(attn.H) if g != h]
                 attn.W[r, others] = 0.0
                 attn.u[r, others] = 0.0
@@ -181,6 +210,19 @@ class _Screen:
         return out
 
 
+def _latest_candidates(screen: "_Screen", unit: torch.Tensor, r: int, value_var: int, key_vars: list[int],
+                       pointer: np.ndarray) -> list[tuple[Rule, np.ndarray, int]]:
+    """"latest where" rules read from where the head stops (routing_rules.latest_rules), their
+    predicates on the key's unit scale (what realise writes), with what each routes."""
+    out = []
+    v = screen.stream[r, :, :, value_var]
+    for kv in key_vars:
+        values = {"k": unit[r, :, :, kv].double().cpu().numpy()}
+        for rule in latest_rules(pointer, values, ["k"], screen.P, screen.T):
+            out.append((rule, routed(v, rule_keys(rule, values, screen.P, screen.T), screen.P), kv))
+    return out
+
+
 @torch.no_grad()
 def snap_heads(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor, until: float | None = None) -> list[Snap]:
     """Snap the pointer heads of a frozen population where that lowers a replica's loss (in place).
@@ -212,11 +254,16 @@ def snap_heads(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor, unt
                 scale = 1.0 + np.abs(got)
                 key_vars = sorted({value_var, key_var} if attn.content[r] else {value_var})
                 key_vars = [k for k in key_vars if bool(attn.select.mask[H + h, k])]
+                recent = bool(attn.recent[h])
+                if recent:
+                    key_vars = [key_var]
                 rated = []
-                for rule, want, kv in screen.wanted(r, value_var, key_vars):
+                candidates = (_latest_candidates(screen, unit, r, value_var, key_vars, pointers[r, :, h]) if recent
+                              else screen.wanted(r, value_var, key_vars))
+                for rule, want, kv in candidates:
                     rate = float((np.abs(got - want) <= 1e-9 * scale).mean())
                     rated.append((rate, rule, want, kv))
-                if max(rate for rate, *_ in rated) >= 1.0:
+                if not rated or max(rate for rate, *_ in rated) >= 1.0:
                     continue                                                      # already a rule
                 tried = _with_real_twins([c for c in sorted(rated, key=lambda c: -c[0])
                                           if c[0] >= SNAP_MIN_RATE][:SNAP_CANDIDATES], rated)

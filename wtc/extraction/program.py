@@ -24,7 +24,7 @@ from sympy.printing.pycode import pycode
 
 from wtc.errors import WtcError
 from wtc.extraction.domain import Domain, DomainError, domain_statements
-from wtc.extraction.routing_rules import Rule
+from wtc.extraction.routing_rules import Rule, predicate_text, satisfies
 
 POSITION = "t"
 _ALLOWED_CALLS = {"max", "min", "abs"}
@@ -142,6 +142,13 @@ def _route_stmts(line: Line) -> list[ast.stmt]:
         table = ", ".join(f"{float(v)!r}: {int(d)}" for v, d in p["table"])
         return _stmt(f"d = {{{table}}}.get({_at(p['var'], 't')}, 0)\n"
                      f"{name}[t] = {_at(src, 't - d')} if t >= d else 0.0")
+    if kind == "recent":        # a value carried forward: what the latest position satisfying the predicate held
+        carried = _carried(name)
+        update = f"if {predicate_text(p, _at(p['var'], 't'))}:\n    {carried} = {_at(src, 't')}\n"
+        latest = (f"{_at(src, 't - 1')} if t >= 1 else 0.0") if p["strict"] else _at(src, "t")
+        read = (f"{name}[t] = {carried}\n" if _carried_start(p) is not None
+                else f"{name}[t] = {carried} if {carried} is not None else {latest}\n")
+        return _stmt(read + update if p["strict"] else update + read)
     if kind == "window" and p["var"] == src and src != POSITION:   # the extremum itself: max(x[lo:hi])
         return _stmt(f"{name}[t] = {_extremum(src, p)}")
     if kind == "window":
@@ -150,6 +157,18 @@ def _route_stmts(line: Line) -> list[ast.stmt]:
                      f"{int(p.get('end', 0))})\n"
                      f"{name}[t] = {_at(src, 'k')} if k >= 0 else 0.0")
     raise ValueError(f"no code for rule kind {kind!r}")
+
+
+def _carried(name: str) -> str:
+    """The variable a "latest where" line carries forward (0 before any position satisfies it: the
+    pads' value). The underscore keeps it apart from line names, which never start with one."""
+    return f"_last_{name}"
+
+
+def _carried_start(p: dict) -> float | None:
+    """A "latest where" line's carried value before the first position: the pads' 0 when they
+    satisfy the predicate or the rule falls back to a pad; None (nothing found yet) otherwise."""
+    return 0.0 if p.get("none", "pad") == "pad" or bool(satisfies(p, np.float64(0.0))) else None
 
 
 def _extremum(src: str, p: dict) -> str:
@@ -187,6 +206,8 @@ def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: lis
             body += _stmt(f"{name} = [float(v[{i}]) for v in xs]")
     for ln in lines:
         body += _stmt(f"{ln.name} = [0.0] * T")
+        if ln.kind == "route" and ln.rule.kind == "recent":
+            body += _stmt(f"{_carried(ln.name)} = {_carried_start(ln.rule.params)!r}")
     body += _stmt("out = []")
     loop: list[ast.stmt] = []
     for ln in lines:

@@ -88,6 +88,8 @@ def _route_name(rule, source: str, var: str) -> str:
         return f"first_{source}" if p["p"] == 0 else f"at{p['p']}_{source}"
     if rule.kind == "switch":
         return f"{source}_by_{p['var']}"
+    if rule.kind == "recent":
+        return f"latest_{source}" if var == source else f"{source}_at_latest_{var}"
     span = "run" if p["w"] is None else str(p["w"])
     if p.get("end", 0):
         span = f"_before{span}"
@@ -189,6 +191,8 @@ class _Extraction:
                 slots = ["v"] if mod.kind != "mlp" else list(mod.reads)
                 if mod.kind == "head" and mod.content:
                     slots += ["q", "k"]
+                elif mod.kind == "head" and self._recent(mod):
+                    slots += ["k"]
                 live |= {mod.reads[s] for s in slots}
         return live
 
@@ -223,12 +227,16 @@ class _Extraction:
                 self.readings.append(reading)
         return self._assemble(outputs)
 
+    def _recent(self, mod) -> bool:
+        """A recency head (wtc.dt.attention): it scores its key, never its query."""
+        return bool(self.model.blocks[mod.layer].attn.recent[mod.index])
+
     def _head(self, mod) -> None:
         P, T = self.P, self.T
         src = mod.reads["v"]
         view = {self.pname[k]: v for k, v in self.prog.items()}
         fit = fit_head(mod.name, self.ro.pointers[mod.name], self.pname[src], view, P, T,
-                       window_vars=[self.pname[mod.reads["k"]]] if mod.content else [],
+                       window_vars=[self.pname[mod.reads["k"]]] if mod.content or self._recent(mod) else [],
                        query_vars=[self.pname[mod.reads["q"]]] if mod.content else [])
         best = fit.rule or fit.candidates[0]
         if fit.rule is None:
@@ -258,7 +266,8 @@ class _Extraction:
         snapped = [s for s in (getattr(self.model, "train_info", None) or {}).get("snaps", []) if s["head"] == mod.name]
         if snapped:   # set to its rule at the end of training (wtc.dt.snap), not learned to it
             evidence += f"; set after training to {snapped[0]['rule']} (it followed that on {snapped[0]['rate']:.3f})"
-        reads = f"v={src}" + (f", q={mod.reads['q']}, k={mod.reads['k']}" if mod.content else "")
+        reads = f"v={src}" + (f", q={mod.reads['q']}, k={mod.reads['k']}" if mod.content else
+                              f", k={mod.reads['k']} (recency head)" if self._recent(mod) else "")
         self.readings.append(Reading(mod.name, "head", name, reads, best.describe(), evidence, fit.rule is not None))
 
     def _aggregate(self, mod) -> None:
@@ -465,7 +474,7 @@ class _Extraction:
             if line.name in needed:
                 kept.append(line)
                 needed |= {line.source} if line.source else set()
-                if line.rule is not None and line.rule.kind in ("window", "switch"):
+                if line.rule is not None and line.rule.kind in ("window", "switch", "recent"):
                     needed.add(line.rule.params["var"])
                 if line.expr is not None:
                     needed |= {s.name for s in line.expr.free_symbols}

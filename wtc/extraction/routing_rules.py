@@ -11,6 +11,13 @@ simplest first:
   window max/min   key = argmax/argmin of a variable u over [t-w+1, t] (w >= 2) or the whole prefix,
                    or over the w positions before t ([t-w, t-1], "previous");
                    "real": pads excluded; ties go to the earliest ("first") or latest ("last") key
+  latest where     key = the latest j < t ("strict") or j <= t whose key variable k_j satisfies a
+                   predicate; when none does, a pad (0; "none": "pad") or the latest key of any
+                   value ("latest": t - 1 or t, for a head with no pull toward the pads). The predicate is a union of open intervals
+                   of k with bounds midway between the values seen (a set of values for a key with
+                   few of them, a threshold for one with many); it is read from the pointers
+                   themselves: values the head stops at are in it, values it skips over are not
+                   (recency heads, wtc.dt.attention; a carry, the last value seen, the last non-zero)
 
 A rule is accepted when the routed values agree with what the rule routes (pads all route 0, so
 which pad is immaterial) at a rate whose one-sided binomial lower confidence bound (Clopper-Pearson,
@@ -103,6 +110,9 @@ class Rule:
         if self.kind == "switch":
             table = ", ".join(f"{_num(k)}: t-{d}" for k, d in p["table"])
             return f"offset chosen by {p['var']}: {{{table}}}"
+        if self.kind == "recent":
+            none = "0" if p.get("none", "pad") == "pad" else f"t{'-1' if p['strict'] else ''}"
+            return f"latest j {'<' if p['strict'] else '<='} t where {predicate_text(p)} ({none} if none)"
         if self.kind == "window":
             span = "whole prefix" if p["w"] is None else f"last {p['w']} positions"
             if p.get("end", 0):
@@ -118,6 +128,101 @@ def _num(v: float) -> str:
 
 
 MAX_SWITCH_VALUES = 4
+MAX_SET_LEVELS = 16      # a "latest where" key with more distinct values gets a threshold, not a set
+
+
+def satisfies(params: dict, k: np.ndarray) -> np.ndarray:
+    """Whether key values k satisfy a "latest where" rule's predicate (its open intervals)."""
+    ok = np.zeros(np.shape(k), dtype=bool)
+    for lo, hi in params["intervals"]:
+        ok |= (k > (-math.inf if lo is None else lo)) & (k < (math.inf if hi is None else hi))
+    return ok
+
+
+def predicate_text(params: dict, name: str | None = None) -> str:
+    """The predicate as a Python condition on `name` (the key variable by default): its intervals,
+    or the complement's when that is shorter ("not 0.5 < s < 1.5" for s != 1 of 0, 1, 2)."""
+    k = params["var"] if name is None else name
+
+    def chain(intervals):
+        parts = []
+        for lo, hi in intervals:
+            parts.append(" < ".join([*([_num(lo)] if lo is not None else []), k, *([_num(hi)] if hi is not None else [])]))
+        return " or ".join(parts) if parts else "False"
+
+    inside = [tuple(iv) for iv in params["intervals"]]
+    cuts = sorted({b for iv in inside for b in iv if b is not None})
+    edges = [None] + cuts + [None]       # every segment between cuts is an interval or a gap between two
+    outside = [seg for seg in zip(edges[:-1], edges[1:]) if seg not in inside]
+    if len(outside) == 1 and len(inside) > 1:
+        return f"not {chain(outside)}"
+    return chain(inside)
+
+
+def _between(a: float, b: float) -> float:
+    """The simplest number strictly between two levels (an integer, a half, a tenth, ...), the one
+    nearest their midpoint: the program then reads "not -1 < m0 < 1", not "not -0.7615 < m0 < 0.835"."""
+    mid = (a + b) / 2
+    for digits in range(0, 13):
+        for step in (10.0 ** -digits, 0.5 * 10.0 ** -digits):
+            c = round(mid / step) * step
+            for v in (round(c, digits + 1), round(c - step, digits + 1), round(c + step, digits + 1)):
+                if a < v < b:
+                    return float(v)
+    return float(mid)
+
+
+def _intervals(levels: np.ndarray, member: np.ndarray) -> list[list]:
+    """Open intervals (None: unbounded) covering the member levels, bounds between levels (_between)."""
+    out, start = [], None
+    for i, m in enumerate(member):
+        if m and start is None:
+            start = i
+        if m and (i == len(member) - 1 or not member[i + 1]):
+            lo = None if start == 0 else _between(float(levels[start - 1]), float(levels[start]))
+            hi = None if i == len(levels) - 1 else _between(float(levels[i]), float(levels[i + 1]))
+            out.append([lo, hi])
+            start = None
+    return out
+
+
+def latest_rules(pointer: np.ndarray, values: dict[str, np.ndarray], key_vars: list[str], P: int, T: int) -> list[Rule]:
+    """"latest where" candidates for each key variable, both strict and not, with the predicate
+    read from where the head stops: a value it stops at more often than it skips over it is in.
+    Many distinct values: the best single threshold (k above or below a cut) instead."""
+    rules = []
+    n, L = pointer.shape[0], P + T
+    j = np.arange(L)[None, None, :]
+    t = P + np.arange(T)[None, :, None]
+    picked = j == pointer[:, :, None]                                             # (n, T, L)
+    for var in key_vars:
+        k = values[var]                                                            # (n, L)
+        levels, inverse = np.unique(k, return_inverse=True)
+        inverse = inverse.reshape(k.shape)
+        for strict in (True, False):
+            skipped = (j > pointer[:, :, None]) & (j <= t - int(strict))             # passed over
+            stop = np.bincount(np.broadcast_to(inverse[:, None, :], picked.shape)[picked], minlength=len(levels))
+            skip = np.bincount(np.broadcast_to(inverse[:, None, :], skipped.shape)[skipped], minlength=len(levels))
+            if len(levels) <= MAX_SET_LEVELS:
+                member = stop > skip
+            else:            # one cut: members above it, or below it, whichever explains more stops and skips
+                above = np.cumsum((stop - skip)[::-1])[::-1]                               # sum over levels >= i
+                below = np.cumsum(stop - skip)                                            # sum over levels <= i
+                i_up, i_down = int(above.argmax()), int(below.argmax())
+                member = np.arange(len(levels)) >= i_up if above[i_up] >= below[i_down] else np.arange(len(levels)) <= i_down
+            # the pads' value is stopped at where nothing else can be (t = 0), never skipped over:
+            # its membership is tried both ways
+            flipped = member.copy()
+            if P:
+                flipped[inverse[0, 0]] = not member[inverse[0, 0]]
+            for m in (member, flipped) if P else (member,):
+                if not m.any() or m.all():
+                    continue
+                params = {"var": var, "strict": strict, "intervals": _intervals(levels, m)}
+                rules.append(Rule("recent", {**params, "none": "pad"}))
+                if P and not satisfies(params, k[0, 0]):     # pads outside the predicate: "none" can happen
+                    rules.append(Rule("recent", {**params, "none": "latest"}))
+    return rules
 
 
 @dataclass
@@ -150,6 +255,15 @@ def rule_keys(rule: Rule, values: dict[str, np.ndarray], P: int, T: int) -> np.n
         for value, offset in p["table"]:
             d = np.where(q == value, offset, d)
         return np.maximum(P + t - d, 0)
+    if kind == "recent":
+        ok = satisfies(p, values[p["var"]])                                     # (n, L)
+        L = ok.shape[1]
+        last = np.where(ok, np.arange(L)[None, :], -1)
+        last = np.maximum.accumulate(last, axis=1)                              # latest satisfying j <= index
+        hi = P + np.arange(T) - int(p["strict"])
+        keys = np.where(hi >= 0, last[:, np.maximum(hi, 0)], -1)
+        fallback = 0 if p.get("none", "pad") == "pad" else np.maximum(hi, 0)    # a pad, or the latest key
+        return np.where(keys >= 0, keys, fallback)
     if kind == "window":
         u = values[p["var"]]                                                    # (n, L)
         sign = 1.0 if p["op"] == "max" else -1.0
@@ -220,16 +334,19 @@ def fit_head(head: str, pointer: np.ndarray, value_var: str, values: dict[str, n
 
     pointer (n, T): keys the head picked; values: {variable: (n, L)} in program units with the pads
     in front (zeros); value_var: the variable the head routes; window_vars / query_vars: the
-    variables a content head scores keys / queries by.
+    variables a content head scores keys / queries by (window_vars are also the keys of the
+    "latest where" candidates).
     """
     v = values[value_var]
     got = routed(v, pointer, P)
     scale = 1.0 + np.abs(got)
+    key_vars = window_vars
     window_vars = list(dict.fromkeys([value_var] + list(window_vars or [])))
     tested = []
     rules = candidate_rules(T, window_vars)
     n_simple = next(i for i, r in enumerate(rules) if r.kind == "window") if any(r.kind == "window" for r in rules) else len(rules)
-    rules[n_simple:n_simple] = switch_rules(pointer, values, list(query_vars or []), P, T)
+    rules[n_simple:n_simple] = (switch_rules(pointer, values, list(query_vars or []), P, T)
+                                + latest_rules(pointer, values, list(key_vars or []), P, T))
     near = None                  # the best extremum rule whose misses are all near-ties
     for rule in rules:
         want = routed(v, rule_keys(rule, values, P, T), P)
