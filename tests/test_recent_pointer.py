@@ -207,3 +207,27 @@ def test_a_model_without_recency_heads_is_unchanged():
     attn = a.blocks[0].attn
     assert attn.score_params() == (attn.W, attn.u, attn.rel, attn.abs, attn.content)
     assert "blocks.0.attn.recent" not in a.state_dict()     # old checkpoints load: nothing new is saved
+
+
+def last_nonzero(x):
+    out = np.zeros_like(x)
+    current = np.zeros(len(x), dtype=x.dtype)
+    for t in range(x.shape[1]):
+        current = np.where(x[:, t] != 0, x[:, t], current)
+        out[:, t] = current
+    return out
+
+
+def test_discover_starts_with_recency_heads_on_a_tail_of_rare_reads():
+    import wtc
+    from wtc.discovery import sized_for
+    from wtc.tasks.probe import dependence
+
+    task = wtc.Task("last_nonzero", sample=lambda rng, n: rng.integers(0, 4, size=(n, 10)), target=last_nonzero,
+                    seq_len=10)
+    grown, why = sized_for(DTConfig(), dependence(task))
+    assert grown.n_recent_heads == (0, 2) and grown.n_layers == 2 and "recency heads" in why, why
+    kept, _ = sized_for(DTConfig(n_heads=4), dependence(task))        # a layout set by hand is kept
+    assert kept.n_recent_heads == (0,) and kept.n_layers == 1
+    for name in ("sum_last5", "max_last3", "prev4", "running_max"):   # bands and prefixes: no tail
+        assert not any(sized_for(DTConfig(), dependence(wtc.tasks.get(name)))[0].n_recent_heads), name

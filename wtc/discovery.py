@@ -32,6 +32,7 @@ from wtc.discover_job import (REPLICAS_TO_READ, VERIFY_SEQUENCES, RungResult, pl
                               program_from_dict, program_to_dict)
 from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
 from wtc.dt.ladder import READ_SHARE, Deadline, check_budget, climb, margin_s
+from wtc.dt.recency import recent_layout
 from wtc.dt.workers import JobTask, job_task, run_wave, worker_count
 from wtc.errors import WtcError
 from wtc.extraction import verify
@@ -363,23 +364,27 @@ def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:
     prefix (instead of two rungs later), periodic sub-MLP units when the output oscillates in an
     input it reads (parity, residues, digit tables: no bounded stack of ReLUs has the kinks), and
     sub-MLPs that read as many inputs as interact (a one-layer model sums parts of at most
-    mlp_inputs inputs: a majority of five is no such sum). Only fields the given config leaves at
+    mlp_inputs inputs: a majority of five is no such sum); with a tail of rarely read offsets (a
+    carry, the last non-zero: wtc.dt.recency) two layers with recency heads instead of a head per
+    offset, aggregate heads and wide sub-MLPs. Only fields the given config leaves at
     DTConfig's defaults grow (SIZED_FIELDS): what a user set is kept. Returns (config, what changed
     and why, or "")."""
     default = DTConfig(n_layers=config.n_layers)
     left = {f for f in SIZED_FIELDS if getattr(config, f) == getattr(default, f)}   # fields set by hand stay
-    changes, why = {}, []
-    routes = dep.pointer_routes
+    changes, why = recent_layout(config, dep)      # a tail of rare reads: "latest j where" heads (wtc.dt.recency)
+    why = [why] if why else []
+    routes = 0 if changes else dep.pointer_routes  # the offsets read are the recency heads' to route
     if "n_heads" in left and routes > max(config.n_heads):
         changes["n_heads"] = routes
         why.append(f"{routes} pointer heads, one per offset")
-    if "n_agg_heads" in left and any(dep.prefix) and max(config.n_agg_heads) == 0:
+    if "n_agg_heads" in left and any(dep.prefix) and max(config.n_agg_heads) == 0 and "n_recent_heads" not in changes:
         changes["n_agg_heads"] = 2
         why.append("aggregate heads from the first attempt")
     if "mlp_periods" in left and dep.oscillating and not config.mlp_periods:
         changes["mlp_periods"] = PERIODS
         why.append(f"periodic sub-MLP units (periods {', '.join(map(str, PERIODS))})")
-    if "mlp_inputs" in left and dep.order > max(config.mlp_inputs, 3):      # three: the ladder's second rung has them anyway
+    # three: the ladder's second rung has them anyway; a tail's interacting offsets are the recency heads'
+    if "mlp_inputs" in left and dep.order > max(config.mlp_inputs, 3) and "n_recent_heads" not in changes:
         changes["mlp_inputs"] = dep.order
         why.append(f"{dep.order}-input sub-MLPs ({dep.order} inputs interact)")
     if not changes:
