@@ -275,6 +275,8 @@ class DTConfig(KnownFields):
         d = dataclasses.asdict(self)
         for key in ("n_heads", "n_agg_heads", "n_mlps", "n_recent_heads", "mlp_periods", "agg_ops"):
             d[key] = list(d[key])
+        if not any(self.n_recent_heads):   # the records of models without them read as they did before the field
+            del d["n_recent_heads"]
         return d
 
     @classmethod
