@@ -72,8 +72,9 @@ def test_bridge_and_transformerlens_names_select_the_underlying_parameter(with_a
     assert list(select(model, "transformer.h.1.mlp.c_proj.weight")) == ["transformer.h.1.mlp.c_proj.weight"]
     # every alias names a parameter the model has, and the parameter it names
     named = dict(model.named_parameters())
+    tl_leaves = {n.rsplit(".", 1)[-1] for n in bridge_names.TL_NAMES}
     for alias, full in bridge_names.aliases(model).items():
-        if ".W_" in alias:
+        if alias.rsplit(".", 1)[-1] in tl_leaves:         # HookedTransformer names: no such attribute path
             continue
         obj = model                         # the path walked, stepping into a component's wrapped module
         for part in alias.split("."):       # where the component itself lacks the step

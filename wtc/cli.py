@@ -172,11 +172,10 @@ def _cmd_lm_train(args) -> int:
 
 
 def _cmd_scan(args) -> int:
-    from wtc.scan import scan
-    from wtc.models.io import load, load_tokens
+    from wtc.scan import scan, sources
 
-    model = load(args.checkpoint)
-    tokens = load_tokens(args.tokens)
+    model = sources.load_model(args.checkpoint, bridge=args.bridge)
+    tokens = sources.load_tokens(args.tokens, model)
     params = args.params.split(",") if args.params else None
     t0 = time.perf_counter()
     try:
@@ -186,8 +185,8 @@ def _cmd_scan(args) -> int:
         import sqlite3
         db = Path(args.out) / "scan.sqlite"
         done = sqlite3.connect(str(db)).execute("SELECT COUNT(*) FROM weights").fetchone()[0] if db.exists() else 0
-        print(f"\ninterrupted: {done} weights are safely in {db}; run the same command again to resume",
-              file=sys.stderr)
+        kept = f" (the screen's finished blocks in {args.out}/screen)" if args.screen else ""
+        print(f"\ninterrupted: {done} weights are safely in {db}{kept}; run the same command again to resume", file=sys.stderr)
         return 130
     summary = result.summary()
     summary["seconds_total"] = round(time.perf_counter() - t0, 3)
@@ -363,9 +362,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--out", default=None, help="where results.md/csv/json go (default: the first directory)")
     st.set_defaults(func=_cmd_suite_table)
     s = sub.add_parser("scan", help="per-weight ablation scan of a transformer checkpoint (resumable)")
-    s.add_argument("checkpoint", help="directory written by wtc.models.io.save (or `wtc lm-train`)")
-    s.add_argument("--tokens", required=True, help="(B, T) integer tokens, .npy or .pt")
+    s.add_argument("checkpoint", help="directory written by wtc.models.io.save (or `wtc lm-train`), or a local "
+                                      "Hugging Face model directory")
+    s.add_argument("--tokens", required=True, help="(B, T) integer tokens, .npy or .pt; or a text file (.txt, .md, .py) "
+                                                   "read through the model's own tokenizer (wtc.scan.sources)")
     s.add_argument("--params", default=None, help="comma-separated names or patterns (default: all matrices)")
+    s.add_argument("--bridge", action="store_true", help="load the Hugging Face directory as a TransformerLens "
+                   "TransformerBridge, to name parameters as TransformerLens does (blocks.0.attn.W_Q, W_out)")
     s.add_argument("--out", required=True, help="directory for scan.sqlite and summary.json; rerun to resume")
     s.add_argument("--batch", type=_positive, default=None, help="ablated copies per forward (default: by memory)")
     s.add_argument("--mass", type=_fraction, default=0.9, help="KL share the importance positions hold, in (0, 1]")

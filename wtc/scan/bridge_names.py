@@ -14,6 +14,11 @@ Other names reach the same parameter object:
     3.x and 4.x), for the names of TL_NAMES in every block; where it has none (or a pattern such as
     `blocks.*.mlp.W_out`), through TL_TO_BRIDGE, which rewrites the HookedTransformer leaf into the
     bridge component's (`mlp.W_out` -> `mlp.out.weight`).
+  - the short forms a TransformerLens user types (wtc.scan.bridge_names.short_form): a bare leaf
+    stands for it in every block or its one global place (`W_Q` -> `blocks.*.attn.W_Q`, `W_E` ->
+    `embed.W_E`), a block-relative name for it in every block (`mlp.W_out` -> `blocks.*.mlp.W_out`).
+A bridge's aliases hold the HookedTransformer name of every bridge parameter TL_TO_BRIDGE reaches
+in every block, so a pattern (`blocks.*.attn.W_*`) matches as it does on a HookedTransformer.
 A name selects the parameter in its own layout: W_Q of a bridge over GPT-2 is the q projection's
 nn.Linear weight (d_head * n_heads, d_model), not HookedTransformer's (n_heads, d_model, d_head), and
 results are reported under the parameter's named_parameters() name.
@@ -21,6 +26,7 @@ results are reported under the parameter's named_parameters() name.
 from __future__ import annotations
 
 import fnmatch
+import re
 
 from torch import nn
 
@@ -42,6 +48,24 @@ TL_TO_BRIDGE = {
     "embed.W_E": "embed.weight", "pos_embed.W_pos": "pos_embed.weight", "unembed.W_U": "unembed.weight",
     "unembed.b_U": "unembed.bias", "ln_final.w": "ln_final.weight", "ln_final.b": "ln_final.bias",
 }
+
+
+BRIDGE_TO_TL = {bridge: tl for tl, bridge in TL_TO_BRIDGE.items()}
+_BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
+
+# a bare HookedTransformer leaf -> its place (HookedTransformer's own model.W_Q, model.W_E, ... properties)
+SHORT = {n.split(".")[-1]: ("blocks.*." + n) for n in TL_BLOCK_NAMES if not n.startswith("ln")}
+SHORT.update({n.split(".")[-1]: n for n in TL_GLOBAL_NAMES if not n.startswith("ln_final")})
+
+
+def short_form(pattern: str) -> str | None:
+    """The full TransformerLens pattern a short form stands for (`W_Q` -> `blocks.*.attn.W_Q`,
+    `mlp.W_out` -> `blocks.*.mlp.W_out`, `ln1.w` -> `blocks.*.ln1.w`), None for any other name."""
+    if pattern in SHORT:
+        return SHORT[pattern]
+    if pattern in TL_BLOCK_NAMES:
+        return "blocks.*." + pattern
+    return None
 
 
 def _plain(path: str) -> str:
@@ -76,6 +100,14 @@ def aliases(model: nn.Module) -> dict[str, str]:
             target = out.get(remote) or (remote if remote in canonical.values() else None)
             if target is not None:
                 out.setdefault(tl_name, target)
+    if callable(translate) or any(hasattr(m, WRAPPED) for m in model.modules()):
+        # a bridge: the HookedTransformer name of each component parameter its tree has (the
+        # adapter cannot translate every one: GPT-2's W_Q lies in the fused c_attn)
+        for alias, target in list(out.items()) + [(n, n) for n in canonical.values()]:
+            m = _BLOCK.fullmatch(alias)
+            tl = BRIDGE_TO_TL.get(m.group(2) if m else alias)
+            if tl is not None and (m is not None) == (tl in TL_BLOCK_NAMES):
+                out.setdefault(f"blocks.{m.group(1)}.{tl}" if m else tl, target)
     return out
 
 
@@ -93,4 +125,4 @@ def match(model: nn.Module, pattern: str, table: dict[str, str] | None = None) -
     return list(dict.fromkeys(hits))
 
 
-__all__ = ["aliases", "match", "TL_NAMES", "TL_TO_BRIDGE"]
+__all__ = ["aliases", "match", "short_form", "TL_NAMES", "TL_TO_BRIDGE"]

@@ -7,7 +7,8 @@ accepted: a pattern that matches no full name is tried again under the wrapper's
 child module that holds every parameter). Results keep the full names (the store's identity), and
 ScanResult looks a name up in either spelling. A pattern that matches neither is tried on the
 parameters' other names (wtc.scan.bridge_names: a TransformerBridge's `blocks.1.mlp.out.weight`,
-HookedTransformer names such as `blocks.1.mlp.W_out`, a tied weight's other path). A name that
+HookedTransformer names such as `blocks.1.mlp.W_out`, a tied weight's other path), and a
+TransformerLens short form (`W_Q`, `mlp.W_out`) as the full pattern it stands for. A name that
 matches none is a one-line UnknownName that lists the closest names.
 """
 from __future__ import annotations
@@ -40,7 +41,8 @@ def _close(name: str, names: list[str], prefix: str) -> list[str]:
     return difflib.get_close_matches(name, spelled, n=3, cutoff=0.6)
 
 
-def _unknown(what: str, pattern: str, names: list[str], prefix: str, among: str = "parameter") -> UnknownName:
+def _unknown(what: str, pattern: str, names: list[str], prefix: str, among: str = "parameter",
+             tl_hint: str = "") -> UnknownName:
     close = _close(pattern, names, prefix)
     if close:
         hint = f"closest: {', '.join(close)}"
@@ -48,7 +50,7 @@ def _unknown(what: str, pattern: str, names: list[str], prefix: str, among: str 
         shown = [n[len(prefix):] for n in names[:8]] if prefix else names[:8]
         hint = f"{among}s are: {', '.join(shown)}{' ...' if len(names) > 8 else ''}"
     also = f" (with or without the wrapper's {prefix!r})" if prefix else ""
-    return UnknownName(f"{what + ': ' if what else ''}no {among} matches {pattern!r}{also}; {hint}")
+    return UnknownName(f"{what + ': ' if what else ''}no {among} matches {pattern!r}{also}; {hint}{tl_hint}")
 
 
 def match(pattern: str, names: list[str], prefix: str | None = None) -> list[str]:
@@ -84,11 +86,24 @@ def select(model: nn.Module, params: Params) -> dict[str, nn.Parameter]:
         if not hits:
             from wtc.scan import bridge_names
             table = bridge_names.aliases(model) if table is None else table
-            hits = bridge_names.match(model, pat, table)
+            short = bridge_names.short_form(pat)
+            for p in (pat,) if short is None else (pat, short):
+                hits = hits or match(p, names, prefix) or bridge_names.match(model, p, table)
         if not hits:
-            raise _unknown("", pat, names + list(table or {}), prefix)
+            raise _unknown("", pat, names + list(table or {}), prefix, tl_hint=_tl_hint(model, pat))
         chosen.update((n, named[n]) for n in hits)
     return chosen
+
+
+def _tl_hint(model: nn.Module, pattern: str) -> str:
+    """What to do when a TransformerLens name meets a model that has no such names (a Hugging Face
+    model read by wtc.models.hf: its own names only)."""
+    from wtc.scan import bridge_names
+    leaf = pattern.rsplit(".", 1)[-1]
+    if leaf not in bridge_names.SHORT and leaf not in ("w", "b") and bridge_names.short_form(pattern) is None:
+        return ""
+    return ("; TransformerLens names need a HookedTransformer or a TransformerBridge over the model "
+            "(wtc.models.tl.load_bridge; `wtc scan --bridge`)")
 
 
 def resolve(name: str, names: list[str], prefix: str, what: str = "name", among: str = "scanned parameter") -> str:

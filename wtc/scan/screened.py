@@ -24,6 +24,7 @@ import torch
 
 from wtc import arguments
 from wtc.errors import ScanError
+from wtc.scan.names import select
 from wtc.scan.screening import ESTIMATOR, flat_ranking, screen
 
 SPEARMAN_TRUSTED = 0.8      # the targets: below these the summary says the screen is not to be trusted
@@ -97,6 +98,10 @@ def screened_scan(scan_fn, model, tokens, *, params, readout, screen_k, screen_r
         raise ScanError("screen= chooses the weights to scan exactly itself: pass weights= or screen=, not both")
     n_random = max(k, 200) if screen_random is None else int(arguments.positive_int(screen_random, "screen_random", ScanError))
     seed = arguments.seed(seed, error=ScanError)
+    nonzero_total = sum(int((p.detach() != 0).sum()) for p in select(model, params).values())
+    if k >= nonzero_total:     # a screen that picks every weight ranks nothing: said before it runs
+        raise ScanError(f"screen={k} asks for at least every nonzero weight of the chosen parameters "
+                        f"({nonzero_total}); scan them all exactly (no screen), or pass a K below {nonzero_total}")
     estimate = screen(model, tokens, params, readout, samples=screen_samples, seed=seed, positions=positions,
                       out=None if out is None else Path(out) / "screen", progress=progress)
     shapes = {n: tuple(e.shape) for n, e in estimate.items()}

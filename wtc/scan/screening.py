@@ -121,31 +121,39 @@ def _run(model, tokens, counted, chosen, read, samples, seed, block, state, prog
     bar = tqdm(total=sum(min(block, tokens.shape[0] - starts[b]) for b in mine) * samples, disable=not progress,
                unit="seq", desc=f"screen rank {state.rank}" if state.world > 1 else "screen")
     vectorised = True
-    for b in mine:
-        seqs, cnt = tokens[starts[b]:starts[b] + block], counted[starts[b]:starts[b] + block]
-        with torch.no_grad():
-            logits = read(model(seqs))
-        if logits.ndim != 3 or logits.shape[:2] != seqs.shape:
-            raise ScanError(f"readout must give logits (B, T, V) for tokens {tuple(seqs.shape)}, got {tuple(logits.shape)}")
-        if not torch.isfinite(logits).all():
-            raise ScanError(f"the clean logits of sequences {starts[b]}.. hold NaN or inf; the model or readout is broken there")
-        # every draw of the block in as few vmap'd backwards as the gradient budget allows
-        per_call = max(1, block_size(chosen, samples * len(seqs)) // len(seqs))
-        for first in range(0, samples, per_call):
-            draws = range(first, min(samples, first + per_call))
-            labels = torch.cat([draw_labels(logits, label_generator(state.meta["seed"], b, d)) for d in draws])
-            many, cnts = seqs.repeat(len(draws), 1), cnt.repeat(len(draws), 1)
-            try:
-                sq = squared_sequence_gradients(model, chosen, many, labels, cnts, read, vectorised)
-            except RuntimeError as exc:      # torch.func cannot vmap this model: one backward per sequence
-                if not vectorised or "vmap" not in str(exc):
-                    raise
-                vectorised = False
-                sq = squared_sequence_gradients(model, chosen, many, labels, cnts, read, vectorised)
-            state.add(sq)
-            bar.update(len(many))
-        state.finish(b)
-    bar.close()
+    try:
+        for b in mine:
+            seqs, cnt = tokens[starts[b]:starts[b] + block], counted[starts[b]:starts[b] + block]
+            with torch.no_grad():
+                logits = read(model(seqs))
+            if logits.ndim != 3 or logits.shape[:2] != seqs.shape:
+                raise ScanError(f"readout must give logits (B, T, V) for tokens {tuple(seqs.shape)}, got {tuple(logits.shape)}")
+            if not torch.isfinite(logits).all():
+                raise ScanError(f"the clean logits of sequences {starts[b]}.. hold NaN or inf; the model or readout is broken there")
+            # every draw of the block in as few vmap'd backwards as the gradient budget allows; the
+            # block's sums join the state only whole, so a state saved at any moment holds whole blocks
+            per_call = max(1, block_size(chosen, samples * len(seqs)) // len(seqs))
+            sums = None
+            for first in range(0, samples, per_call):
+                draws = range(first, min(samples, first + per_call))
+                labels = torch.cat([draw_labels(logits, label_generator(state.meta["seed"], b, d)) for d in draws])
+                many, cnts = seqs.repeat(len(draws), 1), cnt.repeat(len(draws), 1)
+                try:
+                    sq = squared_sequence_gradients(model, chosen, many, labels, cnts, read, vectorised)
+                except RuntimeError as exc:      # torch.func cannot vmap this model: one backward per sequence
+                    if not vectorised or "vmap" not in str(exc):
+                        raise
+                    vectorised = False
+                    sq = squared_sequence_gradients(model, chosen, many, labels, cnts, read, vectorised)
+                sums = sq if sums is None else {n: sums[n] + sq[n] for n in sums}
+                bar.update(len(many))
+            state.add(sums)
+            state.finish(b)
+    except KeyboardInterrupt:
+        state.save()             # the blocks finished so far are kept for a rerun
+        raise
+    finally:
+        bar.close()
     state.save()
 
 
