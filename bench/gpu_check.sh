@@ -11,14 +11,15 @@
 #   device run:  bash bench/gpu_check.sh                       (every section; ~5-6 min warm)
 #                GPU_CHECK_ONLY="build native tests" bash bench/gpu_check.sh   (a rerun of some)
 #                GPU_CHECK_TESTS="tests/test_graph_step.py" ...                 (some test files only)
-# Sections: build native tests kernels train_step profile ablation discover. Measured on an H200
-# (2026-12-04, bench/RESULTS.md "GPU"): build 22 s, kernels ~70 s, ablation ~90 s.
+# Sections: build native tests kernels train_step profile ablation discover screen (screen_exact: not
+# run by default, ~5 min). Measured on an H200 (2026-12-04, bench/RESULTS.md "GPU"): build 22 s,
+# kernels ~70 s, ablation ~90 s; screen not yet run on a GPU (budget ~3 min).
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 PY=python3
-ONLY=${GPU_CHECK_ONLY:-build native tests kernels train_step profile ablation discover}
+ONLY=${GPU_CHECK_ONLY:-build native tests kernels train_step profile ablation discover screen}
 want() { [[ " $ONLY " == *" $1 "* ]]; }
 step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 {
@@ -131,6 +132,30 @@ print(f"parity_last2: cuda {time.time() - t:.1f} s, accuracy {v.accuracy}, max_r
       f"attempts {len(d.attempts)}")
 print(d.program.source.strip().splitlines()[-3:])
 PYEOF
+  fi
+
+  if want screen; then
+    # issue 39 on the GPU: screen every weight of a 10M-weight wtc Transformer (d 256, 10 layers, vocab
+    # 8192, 16 x 128 tokens; the image has no transformers, so not the GPT-2 of the CPU numbers) and
+    # time the exact scan of a sample; then scan(..., screen=200) as a user runs it: the screen, then
+    # the exact confirmation of its top 200 + 200 drawn at random (Spearman / recall on the sample)
+    step "screen: GPU tests (screen and confirmation equal the CPU's), then the bench"
+    $PY -c "import scipy, transformers" 2>&1 | tail -1 || true
+    timeout 120 $PY -m pytest -q -p no:cacheprovider tests/test_scan_screen.py -k cuda 2>&1 | tail -5
+    timeout 300 $PY -m bench.screen --device cuda --threads 8 --family wtc --models "" --throughput \
+        --exact-sample 64 --confirm 200 --confirm-random 200 2>&1 | grep -vE "it/s\]|w/s\]|seq/s\]"
+    cp bench/results/screen_throughput_cuda.csv bench/results/screen_confirm_cuda.csv "$OUT/" 2>/dev/null || true
+  fi
+
+  if want screen_exact; then
+    # the accuracy table of bench/RESULTS.md "Session 22" with everything on the GPU: the exact scan of
+    # every matrix weight of the small wtc model (~30k weights), then screens k=1,4,16 against it
+    step "screen_exact: every weight of the small wtc model scanned exactly on the GPU, screens compared"
+    timeout 240 $PY -m bench.screen_models --device cuda --npz "$OUT/screen_exact" wtc 2>&1 | grep -vE "w/s\]" | tail -3
+    timeout 120 $PY -m bench.screen --device cuda --threads 8 --models wtc --exact-dir "$OUT/screen_exact" \
+        2>&1 | grep -vE "seq/s\]"
+    rm -rf "$OUT/screen_exact/exact_wtc"          # the store (large); the totals stay in exact_wtc.npz
+    cp bench/results/screen_cuda.csv "$OUT/" 2>/dev/null || true
   fi
 
   step "done"

@@ -323,3 +323,54 @@ def test_short_forms_on_models_with_transformerlens_names():
     assert list(select(model, "W_pos")) == ["pos_embed.W_pos"]
     with pytest.raises(UnknownName, match="W_gate"):
         select(model, "W_gate")
+
+
+def test_spearman_equals_scipys_with_ties():
+    stats = pytest.importorskip("scipy.stats")
+    from wtc.scan.screened import spearman
+    rng = np.random.default_rng(0)
+    for trial in range(100):
+        n = int(rng.integers(3, 40))
+        a = rng.integers(0, 4, n).astype(float) if trial % 2 else rng.normal(size=n)
+        b = rng.normal(size=n)
+        want = stats.spearmanr(a, b)[0]
+        got = spearman(a, b)
+        assert (got is None and np.isnan(want)) or got == pytest.approx(want, abs=1e-12)
+    assert spearman([1, 1, 1], [1, 2, 3]) is None and spearman([1, 2], [2, 1]) is None
+
+
+TORCHRUN = """
+import json, sys
+import numpy as np, torch
+import torch.distributed as dist
+from wtc.models import hf
+from wtc.scan import scan
+dist.init_process_group("gloo")
+res = scan(hf.load(sys.argv[1]), np.load(sys.argv[2]), screen=5, screen_random=12, out=sys.argv[3], progress=False)
+torch.save(dict(res.total_kl), f"{sys.argv[3]}/rank{dist.get_rank()}.pt")
+json.dump(res.screen.summary(), open(f"{sys.argv[3]}/screen{dist.get_rank()}.json", "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_screened_scan_under_torchrun_equals_one_process(dirs, tmp_path):
+    """scan(..., screen=K) under torchrun (2 ranks, gloo, CPU): the screen and the exact scan are
+    sharded, every rank returns the one-process result, rank 0 writes the one-process files."""
+    script, out = tmp_path / "run.py", tmp_path / "dist"
+    script.write_text(TORCHRUN)
+    toks = dirs["base"] / "tokens.npy"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), str(dirs["llama"]), str(toks), str(out)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    single = scan(hf.load(dirs["llama"]), np.load(toks), screen=5, screen_random=12, out=tmp_path / "one",
+                  progress=False)
+    assert json.loads((out / "screen" / "meta.json").read_text())["world"] == 2
+    for r in range(2):
+        got = torch.load(out / f"rank{r}.pt")
+        for n, t in single.total_kl.items():
+            torch.testing.assert_close(got[n], t, rtol=1e-6, atol=1e-12)
+        assert json.loads((out / f"screen{r}.json").read_text()) == single.screen.summary()
+    ours = [{k: v for k, v in r.items() if k != "exact"} for r in rows(out / "screened.csv")]
+    assert ours == [{k: v for k, v in r.items() if k != "exact"} for r in rows(tmp_path / "one" / "screened.csv")]

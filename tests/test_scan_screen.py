@@ -241,3 +241,22 @@ def test_cli_scan_screen(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["screen"]["top_k"] == 5 and summary["screen"]["random_sample"] == 30
     assert (out / "screened.csv").exists() and (out / "screen_vs_exact.png").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_screen_and_confirmation_on_cuda_equal_the_cpu_ones(tmp_path):
+    """The screen draws its labels on the CPU, so on the GPU it estimates the same quantity from the
+    same labels; the exact confirmation of the chosen weights equals the CPU's exact KLs."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = TransformerConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=64, d_vocab=20, n_ctx=12)
+    model = Transformer(cfg, seed=0).eval()
+    tokens = torch.randint(0, 20, (6, 12), generator=torch.Generator().manual_seed(0))
+    cpu = screen(model, tokens, samples=4, progress=False)
+    gpu = screen(model.cuda(), tokens.cuda(), samples=4, progress=False)
+    for n in cpu:
+        torch.testing.assert_close(gpu[n].cpu(), cpu[n], rtol=1e-3, atol=1e-9)
+    res = scan(model, tokens.cuda(), screen=30, screen_random=40, out=tmp_path / "gpu", progress=False)
+    chosen = {n: res.screen.top[n] | res.screen.random[n] for n in res.screen.top}
+    ref = scan(model.cpu(), tokens, params=list(chosen), weights=chosen, progress=False)
+    for n in chosen:
+        torch.testing.assert_close(res.total_kl[n].cpu()[chosen[n]], ref.total_kl[n][chosen[n]], rtol=1e-3, atol=1e-8)

@@ -34,11 +34,17 @@ def label_generator(seed: int, block: int, draw: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
 
 
-def draw_labels(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """(m, T) labels, y_bt ~ softmax(logits_bt), drawn on the CPU (reproducible on any device)."""
-    probs = torch.softmax(logits.detach().double(), -1).cpu()
+def label_probs(logits: torch.Tensor) -> torch.Tensor:
+    """softmax(logits) in float64 on the CPU, where the labels are drawn (computed once per block:
+    every draw of the block reads them)."""
+    return torch.softmax(logits.detach().double(), -1).cpu()
+
+
+def draw_labels(probs: torch.Tensor, generator: torch.Generator, device=None) -> torch.Tensor:
+    """(m, T) labels, y_bt ~ probs_bt (label_probs of the logits), drawn on the CPU (reproducible on
+    any device), returned on `device`."""
     flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1]).to(logits.device)
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1]).to(device or probs.device)
 
 
 def _logits(readout, out) -> torch.Tensor:

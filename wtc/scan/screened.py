@@ -58,11 +58,22 @@ class ScreenReport:
         return {k: v for k, v in asdict(self).items() if k not in ("estimate", "top", "random")}
 
 
-def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 0..n-1, ties sharing their mean rank (scipy.stats.rankdata's "average", less one)."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x))
+    _, group, counts = np.unique(x, return_inverse=True, return_counts=True)
+    return (np.bincount(group, weights=ranks) / counts)[group]
+
+
+def spearman(a, b) -> float | None:
+    """Spearman's rank correlation of a and b (numpy only: the GPU image has no scipy); None when
+    it is undefined (fewer than 3 values, or either side constant)."""
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     if len(a) < 3 or np.all(a == a[0]) or np.all(b == b[0]):
         return None
-    from scipy.stats import spearmanr
-    return float(spearmanr(a, b)[0])
+    return float(np.corrcoef(_ranks(a), _ranks(b))[0, 1])
 
 
 def choose(estimate: dict[str, torch.Tensor], nonzero_weights: dict[str, torch.Tensor], k: int, n_random: int, seed: int):
@@ -126,8 +137,8 @@ def _rank0() -> bool:
 
 
 def _report(flat, exact, rank, top, random, n_nonzero, k, samples) -> ScreenReport:
-    sp_random = _spearman(flat[random], exact[random])
-    sp_top = _spearman(flat[top], exact[top])
+    sp_random = spearman(flat[random], exact[random])
+    sp_top = spearman(flat[top], exact[top])
     # the random sample's own top 1% by exact KL (at least one weight): where the screen ranked it
     n_best = max(1, int(round(0.01 * len(random))))
     best = random[np.argsort(-exact[random], kind="stable")[:n_best]] if len(random) else random

@@ -34,7 +34,7 @@ from wtc import arguments
 from wtc.errors import ScanError
 from wtc.scan.inputs import architecture, default_readout, as_tokens, hooks_identity, model_sha256, readout_identity
 from wtc.scan.names import Params, select
-from wtc.scan.screen_estimators import draw_labels, label_generator, squared_sequence_gradients
+from wtc.scan.screen_estimators import draw_labels, label_generator, label_probs, squared_sequence_gradients
 
 ESTIMATOR = "fisher-sampled-labels/1"   # 1/2 w^2 F_ii, F from per-sequence gradients under y ~ p
 MAX_SAMPLES = 10_000
@@ -133,10 +133,11 @@ def _run(model, tokens, counted, chosen, read, samples, seed, block, state, prog
             # every draw of the block in as few vmap'd backwards as the gradient budget allows; the
             # block's sums join the state only whole, so a state saved at any moment holds whole blocks
             per_call = max(1, block_size(chosen, samples * len(seqs)) // len(seqs))
-            sums = None
+            sums, probs = None, label_probs(logits)
             for first in range(0, samples, per_call):
                 draws = range(first, min(samples, first + per_call))
-                labels = torch.cat([draw_labels(logits, label_generator(state.meta["seed"], b, d)) for d in draws])
+                labels = torch.cat([draw_labels(probs, label_generator(state.meta["seed"], b, d), seqs.device)
+                                    for d in draws])
                 many, cnts = seqs.repeat(len(draws), 1), cnt.repeat(len(draws), 1)
                 try:
                     sq = squared_sequence_gradients(model, chosen, many, labels, cnts, read, vectorised)

@@ -53,8 +53,8 @@ def load_tokens(path, model: nn.Module) -> torch.Tensor:
         return as_tokens(load_ids(p), model, name=str(p))
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
-        raise ScanError(f"{p}: a text file is read through the model's own tokenizer, and this model has none "
-                        "(a Hugging Face model directory with its tokenizer files has one); pass token ids (.npy / .pt)")
+        raise ScanError(f"{p}: a text file is read through the model's own tokenizer, and this model has none (a "
+                        "Hugging Face model directory with its tokenizer files has one); pass token ids (.npy / .pt)")
     if not p.is_file():
         raise ScanError(f"{p}: no such text file")
     try:
