@@ -232,3 +232,19 @@ def test_discover_starts_with_recency_heads_on_a_tail_of_rare_reads():
     assert kept.n_recent_heads == (0,) and kept.n_layers == 1
     for name in ("sum_last5", "max_last3", "prev4", "running_max"):   # bands and prefixes: no tail
         assert not any(sized_for(DTConfig(), dependence(wtc.tasks.get(name)))[0].n_recent_heads), name
+
+
+def test_a_sub_mlp_on_a_small_grid_is_read_as_its_interpolating_polynomial():
+    """A digit-sum key on digits 0..2 is a 3 x 3 table of reals (wtc.extraction.grid)."""
+    import sympy as sp
+    from wtc.extraction.grid import grid_polynomial
+
+    rng = np.random.default_rng(0)
+    X = rng.integers(0, 3, (500, 2)).astype(float)
+    table = rng.normal(size=(3, 3))
+    y = table[X[:, 0].astype(int), X[:, 1].astype(int)]
+    tol = 1e-3 * float(np.sqrt(np.mean(y ** 2)))
+    expr = grid_polynomial(X, y, ("a", "b"), tol)
+    f = sp.lambdify(sp.symbols("a b"), expr)
+    assert np.sqrt(np.mean((f(X[:, 0], X[:, 1]) - y) ** 2)) <= tol
+    assert grid_polynomial(rng.uniform(size=(50, 2)), rng.normal(size=50), ("a", "b"), 0.01) is None   # no grid

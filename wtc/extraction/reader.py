@@ -29,6 +29,7 @@ from wtc import tasks as task_registry
 from wtc.extraction.compose import snap_output
 from wtc.extraction.domain import Domain
 from wtc.extraction.equivalence import immaterial_heads
+from wtc.extraction.grid import grid_polynomial
 from wtc.extraction.formulas import (DECISION_SLACK, MAX_SR_POINTS, MIN_DECISION_AGREEMENT, ExtractionError,  # noqa: F401
                                       ExtractionTimeout, formula as _formula, reading_deadline, sr_fit as _sr_fit)
 from wtc.extraction.program import POSITION, Line, Program, build_source
@@ -552,5 +553,10 @@ def _read_mlp(mod, ro, prog, pname, *, rel_tol: float | None = None, abs_tol: fl
     y = ro.model_values(mod.name)[:, P:].ravel()
     rms = float(np.sqrt(np.mean(y**2))) + 1e-12
     tol = abs_tol if abs_tol is not None else rel_tol * rms
-    expr, evidence, ok = _formula(X, y, tuple(pname[v] for v in inputs), tol, time_limit=time_limit, widen=widen)
+    names = tuple(pname[v] for v in inputs)
+    expr, evidence, ok = _formula(X, y, names, tol, time_limit=time_limit, widen=widen)
+    poly = None if ok else grid_polynomial(X, y, names, tol)
+    if poly is not None:       # a table on a few input values: its interpolating polynomial (wtc.extraction.grid)
+        expr, ok = poly, True
+        evidence = f"exact on the {len(np.unique(X, axis=0))} input combinations seen (the regression: {evidence})"
     return Reading(mod.name, "mlp", "", _reads(mod), str(expr), evidence, ok), expr
