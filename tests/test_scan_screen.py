@@ -260,3 +260,28 @@ def test_screen_and_confirmation_on_cuda_equal_the_cpu_ones(tmp_path):
     ref = scan(model.cpu(), tokens, params=list(chosen), weights=chosen, progress=False)
     for n in chosen:
         torch.testing.assert_close(res.total_kl[n].cpu()[chosen[n]], ref.total_kl[n][chosen[n]], rtol=1e-3, atol=1e-8)
+
+
+def test_a_parameter_that_comes_back_changed_is_put_back_and_screened_per_sequence(monkeypatch):
+    """functional_call gives a parameter back as something else (as TransformerLens bridges' q/k/v
+    views did in the exact scan): the screen restores the model's own parameters and computes the
+    same estimate with one autograd backward per sequence."""
+    from wtc.scan import screen_estimators
+
+    model = Transformer(SMALL, seed=0).eval()
+    tokens = _tokens(SMALL, 3)
+    want = screen(model, tokens, samples=2, progress=False)
+    params = dict(model.named_parameters())
+    real = screen_estimators.functional_call
+
+    def swaps_back_a_copy(module, values, args):
+        out = real(module, values, args)
+        target = model.blocks[0].attn
+        target._parameters["W_Q"] = torch.nn.Parameter(params["blocks.0.attn.W_Q"].detach().clone())
+        return out
+
+    monkeypatch.setattr(screen_estimators, "functional_call", swaps_back_a_copy)
+    got = screen(model, tokens, samples=2, progress=False)
+    assert all(p is params[n] for n, p in model.named_parameters())
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-6, atol=1e-12)

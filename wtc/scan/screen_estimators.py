@@ -14,8 +14,8 @@ torch.func vmap'd backward over a block of sequences) rather than one gradient o
 batch: the estimate's noise falls with the number of sequences per draw, not only with draws.
 
 Accumulation is float64 whatever the model's precision. A model torch.func cannot vmap (data-
-dependent control flow, in-place ops on inputs) falls back to one backward per sequence: the same
-numbers, slower.
+dependent control flow, in-place ops on inputs), or whose parameters functional_call cannot swap
+back cleanly (SwapError), falls back to one backward per sequence: the same numbers, slower.
 """
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from wtc.errors import ScanError
+
+
+class SwapError(RuntimeError):
+    """torch.func's functional_call did not give a parameter back as it was: the screen puts it
+    back and goes on with one autograd backward per sequence (the same numbers)."""
 
 
 def label_generator(seed: int, block: int, draw: int) -> torch.Generator:
@@ -91,7 +96,18 @@ def squared_sequence_gradients(model: nn.Module, chosen: dict[str, torch.Tensor]
 
     acc = {n: torch.zeros(p.shape, dtype=torch.float64, device=p.device) for n, p in chosen.items()}
     if vectorised:
-        grads = vmap(grad(log_likelihood), in_dims=(None, 0, 0, 0))(values, tokens, labels, counted)
+        kept = [(m, dict(m._parameters)) for m in module.modules()]
+        try:
+            grads = vmap(grad(log_likelihood), in_dims=(None, 0, 0, 0))(values, tokens, labels, counted)
+        finally:
+            # functional_call swaps parameters in and back; a module that forwards attribute writes to
+            # another (TransformerLens bridges: q/k/v views of a fused weight) can get something else
+            # back, which would break every later pass: the originals are put back
+            swapped = [k for m, params in kept for k, v in params.items() if m._parameters.get(k) is not v]
+            for m, params in kept:
+                m._parameters.update(params)
+        if swapped:
+            raise SwapError(f"torch.func could not swap {', '.join(swapped[:3])} in and out cleanly")
         for n, g in zip(names, grads):
             acc[n] += g.detach().double().square().sum(0)
         return acc

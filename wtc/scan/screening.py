@@ -34,7 +34,8 @@ from wtc import arguments
 from wtc.errors import ScanError
 from wtc.scan.inputs import architecture, default_readout, as_tokens, hooks_identity, model_sha256, readout_identity
 from wtc.scan.names import Params, select
-from wtc.scan.screen_estimators import draw_labels, label_generator, label_probs, squared_sequence_gradients
+from wtc.scan.screen_estimators import (SwapError, draw_labels, label_generator, label_probs,
+                                        squared_sequence_gradients)
 
 ESTIMATOR = "fisher-sampled-labels/1"   # 1/2 w^2 F_ii, F from per-sequence gradients under y ~ p
 MAX_SAMPLES = 10_000
@@ -142,7 +143,7 @@ def _run(model, tokens, counted, chosen, read, samples, seed, block, state, prog
                 try:
                     sq = squared_sequence_gradients(model, chosen, many, labels, cnts, read, vectorised)
                 except RuntimeError as exc:      # torch.func cannot vmap this model: one backward per sequence
-                    if not vectorised or "vmap" not in str(exc):
+                    if not vectorised or not (isinstance(exc, SwapError) or "vmap" in str(exc)):
                         raise
                     vectorised = False
                     sq = squared_sequence_gradients(model, chosen, many, labels, cnts, read, vectorised)
