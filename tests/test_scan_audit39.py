@@ -309,6 +309,11 @@ def test_transformerlens_names_and_short_forms_select_and_scan_the_bridged_weigh
     by_hf = scan(hf.load(dirs[kind]), tokens, params=[names[n] for n in picked], progress=False)
     for n in picked:
         torch.testing.assert_close(by_tl.total_kl[names[n]], by_hf.total_kl[names[n]], rtol=1e-4, atol=1e-9)
+        # the result answers to the name the scan was asked for, as to the parameter's own
+        assert by_tl.total_kl[n] is by_tl.total_kl[names[n]]
+        index = tuple(int(i) for i in np.unravel_index(int(by_tl.total_kl[n].argmax()), by_tl.total_kl[n].shape))
+        torch.testing.assert_close(by_tl.position_kl(n, index).sum(), by_tl.total_kl[n][index].double(),
+                                   rtol=1e-5, atol=1e-12)
     assert all(p is params[n] for n, p in bridge.named_parameters())
     with pytest.raises(UnknownName) as err:
         select(bridge, "blocks.0.attn.W_QQ")

@@ -125,4 +125,10 @@ def match(model: nn.Module, pattern: str, table: dict[str, str] | None = None) -
     return list(dict.fromkeys(hits))
 
 
-__all__ = ["aliases", "match", "short_form", "TL_NAMES", "TL_TO_BRIDGE"]
+def scanned_aliases(model: nn.Module, names) -> dict[str, str]:
+    """The aliases of the parameters `names` only (a scan result looks names up in them)."""
+    names = set(names)
+    return {a: n for a, n in aliases(model).items() if n in names}
+
+
+__all__ = ["aliases", "match", "scanned_aliases", "short_form", "TL_NAMES", "TL_TO_BRIDGE"]

@@ -40,6 +40,7 @@ from wtc.arguments import float_readout
 from wtc.scan.inputs import architecture, default_readout, as_tokens, hooks_identity, model_sha256, positive_int, readout_identity
 from wtc.scan.generic import Generic
 from wtc.scan.kl import importance_positions, kl_rows, kl_unembed
+from wtc.scan import bridge_names
 from wtc.scan.names import Params, resolve, select as _select_params, wrapper_prefix
 from wtc.scan.result import ScanResult
 from wtc.scan.store import ScanStore, check_space, disk_estimate
@@ -391,7 +392,8 @@ def _scan(model, tokens, chosen, masks, ev, batch, out, mass, keep_positions, pr
     seconds = time.perf_counter() - t0
     return ScanResult(store, {n: tuple(p.shape) for n, p in chosen.items()}, N, seconds, scanned,
                       recompute=lambda name, index: _position_kl_one(ev, name, chosen[name], index),
-                      prefix=wrapper_prefix(n for n, _ in model.named_parameters()))
+                      prefix=wrapper_prefix(n for n, _ in model.named_parameters()),
+                      aliases=bridge_names.scanned_aliases(model, chosen))
 
 
 def _announce_disk(directory: Path, todo, masks, N: int, keep_positions: bool, progress: bool) -> None:

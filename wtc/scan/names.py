@@ -106,11 +106,15 @@ def _tl_hint(model: nn.Module, pattern: str) -> str:
             "(wtc.models.tl.load_bridge; `wtc scan --bridge`)")
 
 
-def resolve(name: str, names: list[str], prefix: str, what: str = "name", among: str = "scanned parameter") -> str:
+def resolve(name: str, names: list[str], prefix: str, what: str = "name", among: str = "scanned parameter",
+            aliases: dict[str, str] | None = None) -> str:
     """The full name `name` stands for among `names` (exact, or under `prefix`: the wrapped model's
-    own spelling); `prefix` is the model's wrapper_prefix (of all its parameters, not of `names`)."""
+    own spelling, or one of its `aliases`: wtc.scan.bridge_names); `prefix` is the model's
+    wrapper_prefix (of all its parameters, not of `names`)."""
     if name in names:
         return name
     if prefix and prefix + name in names:
         return prefix + name
+    if aliases and aliases.get(name) in names:
+        return aliases[name]
     raise _unknown(what, name, names, prefix, among)

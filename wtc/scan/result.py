@@ -12,14 +12,14 @@ from wtc.scan.names import resolve
 class _Totals(dict):
     """total_kl: keyed by the full parameter names; a wrapped model's own spelling finds them too."""
 
-    def __init__(self, items, prefix: str):
+    def __init__(self, items, prefix: str, aliases: dict[str, str] | None = None):
         super().__init__(items)
-        self.prefix = prefix
+        self.prefix, self.aliases = prefix, aliases or {}
 
     def __missing__(self, name):
         if not isinstance(name, str):
             raise KeyError(name)
-        return self[resolve(name, list(self), self.prefix, what="total_kl key")]
+        return self[resolve(name, list(self), self.prefix, what="total_kl key", aliases=self.aliases)]
 
 
 class ScanResult:
@@ -28,18 +28,22 @@ class ScanResult:
     importance_positions(name, index, mass) the smallest set of positions holding `mass` of it."""
 
     def __init__(self, store, shapes: dict[str, tuple[int, ...]], n_positions: int, seconds: float,
-                 weights_scanned: int, recompute=None, prefix: str = ""):
+                 weights_scanned: int, recompute=None, prefix: str = "", aliases: dict[str, str] | None = None):
         self.store, self.shapes, self.n_positions = store, shapes, n_positions
         self.seconds, self.weights_scanned = seconds, weights_scanned
         self._recompute = recompute
         self._prefix = prefix       # a wrapper's 'child.' (wtc.scan.names): names may be given without it
         self.mass = store.meta().get("mass", 0.9)
-        self.total_kl = _Totals({n: torch.from_numpy(store.totals(n, s)) for n, s in shapes.items()}, prefix)
+        self._aliases = aliases or {}  # other names of the scanned parameters (a bridge's TransformerLens names)
+        self.total_kl = _Totals({n: torch.from_numpy(store.totals(n, s)) for n, s in shapes.items()}, prefix,
+                                self._aliases)
         self.screen = None          # scan(..., screen=K): the screen's estimate and how it compares (wtc.scan.screened)
 
     def _name(self, name: str) -> str:
         if not isinstance(name, str):
             raise UnknownName(f"a parameter name is a str, got {type(name).__name__} {name!r}")
+        if self._aliases.get(name) in self.shapes:
+            return self._aliases[name]
         if name not in self.shapes and not (self._prefix and self._prefix + name in self.shapes):
             raise UnknownName(f"{name!r} was not scanned; scanned: {', '.join(self.shapes)}")
         return name if name in self.shapes else self._prefix + name

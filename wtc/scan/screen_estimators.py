@@ -24,10 +24,10 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from wtc.errors import ScanError
+from wtc.errors import ScanError, WtcError
 
 
-class SwapError(RuntimeError):
+class SwapError(WtcError, RuntimeError):
     """torch.func's functional_call did not give a parameter back as it was: the screen puts it
     back and goes on with one autograd backward per sequence (the same numbers)."""
 
