@@ -174,7 +174,7 @@ def _cmd_lm_train(args) -> int:
 def _cmd_scan(args) -> int:
     from wtc.scan import scan, sources
 
-    model = sources.load_model(args.checkpoint, bridge=args.bridge)
+    model = sources.load_model(args.checkpoint, bridge=args.bridge, device=sources.start(args.device))
     tokens = sources.load_tokens(args.tokens, model)
     params = args.params.split(",") if args.params else None
     t0 = time.perf_counter()
@@ -182,12 +182,10 @@ def _cmd_scan(args) -> int:
         result = scan(model, tokens, params=params, out=args.out, batch=args.batch, mass=args.mass,
                       progress=not args.quiet, screen=args.screen, screen_random=args.screen_random)
     except KeyboardInterrupt:
-        import sqlite3
-        db = Path(args.out) / "scan.sqlite"
-        done = sqlite3.connect(str(db)).execute("SELECT COUNT(*) FROM weights").fetchone()[0] if db.exists() else 0
-        kept = f" (the screen's finished blocks in {args.out}/screen)" if args.screen else ""
-        print(f"\ninterrupted: {done} weights are safely in {db}{kept}; run the same command again to resume", file=sys.stderr)
+        print(f"\n{sources.interrupted(args.out, screened=args.screen is not None)}", file=sys.stderr)
         return 130
+    if not sources.rank0():                  # under torchrun: rank 0 writes and says what was found
+        return 0
     summary = result.summary()
     summary["seconds_total"] = round(time.perf_counter() - t0, 3)
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -367,8 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tokens", required=True, help="(B, T) integer tokens, .npy or .pt; or a text file (.txt, .md, .py) "
                                                    "read through the model's own tokenizer (wtc.scan.sources)")
     s.add_argument("--params", default=None, help="comma-separated names or patterns (default: all matrices)")
-    s.add_argument("--bridge", action="store_true", help="load the Hugging Face directory as a TransformerLens "
-                   "TransformerBridge, to name parameters as TransformerLens does (blocks.0.attn.W_Q, W_out)")
+    s.add_argument("--bridge", action="store_true", help="read a Hugging Face directory as a TransformerLens bridge")
+    s.add_argument("--device", default=None, help="cpu (default), cuda or cuda:N; under torchrun the ranks share the work")
     s.add_argument("--out", required=True, help="directory for scan.sqlite and summary.json; rerun to resume")
     s.add_argument("--batch", type=_positive, default=None, help="ablated copies per forward (default: by memory)")
     s.add_argument("--mass", type=_fraction, default=0.9, help="KL share the importance positions hold, in (0, 1]")

@@ -258,8 +258,8 @@ def scan(model: nn.Module, tokens: torch.Tensor | ArrayLike, params: Params = No
         batch = positive_int(batch, "batch")
     if not (readout is None or callable(readout)):
         raise ScanError(f"readout must be a callable (model output -> logits) or None, got {type(readout).__name__}")
-    tokens = as_tokens(tokens, model)
     chosen = _select_params(model, params)
+    tokens = as_tokens(tokens, model).to(next(iter(chosen.values())).device)   # ids from numpy for a GPU model
     prefix = wrapper_prefix(n for n, _ in model.named_parameters())
     masks = _check_masks(weights, chosen, prefix)
     if positions is not None:

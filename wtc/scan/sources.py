@@ -1,6 +1,7 @@
 """What `wtc scan` reads: the model (a wtc checkpoint, a local Hugging Face model directory, or a
 TransformerLens TransformerBridge over one) and the tokens (ids in .npy / .pt, or a text file read
-through the model's own tokenizer).
+through the model's own tokenizer), and where it runs (start(): the device; under torchrun, the
+process group, so the scan and the screen share their work across the ranks).
 
 A text file is tokenised whole by the model's tokenizer and cut into consecutive windows of
 min(context, TEXT_WINDOW) tokens (the tail that fills no window is dropped), so the scan reads
@@ -9,6 +10,8 @@ the text the model was trained to read, in its own ids.
 from __future__ import annotations
 
 from pathlib import Path
+
+import os
 
 import numpy as np
 import torch
@@ -25,23 +28,45 @@ def is_hf_directory(path) -> bool:
     return (Path(path) / "config.json").is_file()
 
 
-def load_model(path, bridge: bool = False) -> nn.Module:
+def start(device: str | None = None) -> str:
+    """The device this process scans on (None: cpu). Launched by torchrun (WORLD_SIZE > 1 in the
+    environment), the process group is initialised first (nccl on CUDA, else gloo) and each rank
+    takes cuda:LOCAL_RANK when the device is cuda."""
+    device = device or "cpu"
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise ScanError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ScanError(f"--device {device}: torch sees no CUDA GPU here")
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1 and torch.distributed.is_available() and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+        if device == "cuda":
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return device
+
+
+def rank0() -> bool:
+    """Whether this process writes the command's files and prints its results (the only one, or rank 0)."""
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or torch.distributed.get_rank() == 0
+
+
+def load_model(path, bridge: bool = False, device: str = "cpu") -> nn.Module:
     """A wtc checkpoint directory (wtc.models.io.load), or a Hugging Face model directory
-    (wtc.models.hf.load; bridge=True: wtc.models.tl.load_bridge, for TransformerLens names)."""
+    (wtc.models.hf.load; bridge=True: wtc.models.tl.load_bridge, for TransformerLens names), on `device`."""
     if bridge:
         if not is_hf_directory(path):
             raise ScanError(f"{path}: --bridge reads a local Hugging Face model directory (config.json and weights); "
                             "this is not one")
         from wtc.models.tl import load_bridge
         try:
-            return load_bridge(path)
+            return load_bridge(path, device=device)
         except ImportError as exc:
             raise ScanError(f"{exc} (needed by --bridge)") from None
     if is_hf_directory(path):
         from wtc.models import hf
-        return hf.load(path)
+        return hf.load(path).to(device)
     from wtc.models.io import load
-    return load(path)
+    return load(path).to(device)
 
 
 def load_tokens(path, model: nn.Module) -> torch.Tensor:
@@ -69,4 +94,17 @@ def load_tokens(path, model: nn.Module) -> torch.Tensor:
     return as_tokens(ids[:n * window].reshape(n, window), model, name=str(p))
 
 
-__all__ = ["load_model", "load_tokens", "is_hf_directory", "TEXT_WINDOW"]
+def interrupted(out, screened: bool) -> str:
+    """What an interrupted `wtc scan` kept in `out`, and how to go on."""
+    import sqlite3
+
+    db = Path(out) / "scan.sqlite"
+    try:
+        done = sqlite3.connect(str(db)).execute("SELECT COUNT(*) FROM weights").fetchone()[0] if db.exists() else 0
+    except sqlite3.Error:                  # interrupted before the store had its tables
+        done = 0
+    kept = f" (the screen's finished blocks in {Path(out) / 'screen'})" if screened else ""
+    return f"interrupted: {done} weights are safely in {db}{kept}; run the same command again to resume"
+
+
+__all__ = ["start", "interrupted", "rank0", "load_model", "load_tokens", "is_hf_directory", "TEXT_WINDOW"]
