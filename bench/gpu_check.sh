@@ -13,7 +13,7 @@
 #                GPU_CHECK_TESTS="tests/test_graph_step.py" ...                 (some test files only)
 # Sections: build native tests kernels train_step profile ablation discover screen (screen_exact: not
 # run by default, ~5 min). Measured on an H200 (2026-12-04, bench/RESULTS.md "GPU"): build 22 s,
-# kernels ~70 s, ablation ~90 s; screen not yet run on a GPU (budget ~3 min).
+# kernels ~70 s, ablation ~90 s; screen not yet run on a GPU (its timeouts add up to 7.5 min; expected 2-4).
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
@@ -145,6 +145,14 @@ PYEOF
     timeout 300 $PY -m bench.screen --device cuda --threads 8 --family wtc --models "" --throughput \
         --exact-sample 64 --confirm 200 --confirm-random 200 2>&1 | grep -vE "it/s\]|w/s\]|seq/s\]"
     cp bench/results/screen_throughput_cuda.csv bench/results/screen_confirm_cuda.csv "$OUT/" 2>/dev/null || true
+    # the command as a user runs it on the GPU: a small trained model, `wtc scan --screen --device cuda`
+    lm=$(mktemp -d)
+    timeout 90 $PY -m wtc lm-train --layers 2 --d-model 64 --heads 4 --vocab 64 --seq-len 64 --steps 200 \
+        --scan-sequences 16 --out "$lm" --quiet | tail -1
+    TIMEFORMAT="wtc scan --screen 200 --device cuda: %R s wall"
+    time timeout 150 $PY -m wtc scan "$lm/model" --tokens "$lm/tokens.npy" --out "$lm/scan" --screen 200 \
+        --device cuda --quiet
+    cp "$lm/scan/summary.json" "$OUT/screen_cli_summary.json" 2>/dev/null || true
   fi
 
   if want screen_exact; then
