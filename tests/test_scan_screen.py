@@ -195,6 +195,22 @@ def test_screen_note_warns_when_the_ranking_is_poor():
     assert "NOT a reliable ranking" in rep.note and abs(rep.spearman_random) < 0.2
 
 
+def test_a_perfect_screen_is_trusted_whatever_the_size_of_its_random_sample():
+    """A random sample under 100 weights has no top 1% (its best weight is only about the model's
+    top 1/R, which a perfect screen often ranks outside its top 5%): the recall is not measured
+    then, rather than calling a perfect ranking unreliable."""
+    from wtc.scan.screened import _report
+    rng = np.random.default_rng(1)
+    exact = rng.lognormal(size=5000)
+    rank = np.empty(5000, np.int64)
+    rank[np.argsort(-exact)] = np.arange(5000)
+    for size, recall in ((20, None), (99, None), (200, 1.0)):
+        sample = np.sort(rng.choice(5000, size, replace=False))
+        rep = _report(exact, exact, rank, np.argsort(-exact)[:10], sample, 5000, 10, 4)
+        assert rep.recall_top1pct_in_screen_top5pct == recall and rep.spearman_random == pytest.approx(1.0)
+        assert "NOT" not in rep.note and ("not measured" in rep.note) == (recall is None)
+
+
 DIST_SCRIPT = """
 import sys, torch, torch.distributed as dist
 from wtc.scan import screen

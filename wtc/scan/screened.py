@@ -29,6 +29,7 @@ from wtc.scan.screening import ESTIMATOR, flat_ranking, screen
 
 SPEARMAN_TRUSTED = 0.8      # the targets: below these the summary says the screen is not to be trusted
 RECALL_TRUSTED = 0.9
+RECALL_SAMPLE = 100         # random weights needed for the sample to have a top 1% (the recall figure)
 
 
 @dataclass
@@ -139,9 +140,11 @@ def _rank0() -> bool:
 def _report(flat, exact, rank, top, random, n_nonzero, k, samples) -> ScreenReport:
     sp_random = spearman(flat[random], exact[random])
     sp_top = spearman(flat[top], exact[top])
-    # the random sample's own top 1% by exact KL (at least one weight): where the screen ranked it
-    n_best = max(1, int(round(0.01 * len(random))))
-    best = random[np.argsort(-exact[random], kind="stable")[:n_best]] if len(random) else random
+    # the random sample's own top 1% by exact KL: where the screen ranked it. Below RECALL_SAMPLE
+    # weights the sample has no top 1% (its best weight is only about the model's top 1/R), and a
+    # perfect screen would often rank it outside its top 5%: the recall is not measured then
+    n_best = int(0.01 * len(random))
+    best = random[np.argsort(-exact[random], kind="stable")[:n_best]]
     best = best[exact[best] > 0]
     five = max(1, int(math.ceil(0.05 * n_nonzero)))
     recall5 = float(np.mean(rank[best] < five)) if len(best) else None
@@ -154,18 +157,26 @@ def _report(flat, exact, rank, top, random, n_nonzero, k, samples) -> ScreenRepo
     trusted = (sp_random is not None and sp_random >= SPEARMAN_TRUSTED
                and (recall5 is None or recall5 >= RECALL_TRUSTED))
     if trusted:
+        recall = "" if recall5 is not None else (f"; its recall of the top 1% is not measured (a random sample of "
+                                                 f"at least {RECALL_SAMPLE} weights has a top 1%)")
         note = (f"on {len(random)} weights drawn at random and scanned exactly, the screen's ranking agrees with the "
-                f"exact KL (Spearman {sp_random:.3f}); {missed} of them rank outside the screen's top {k} yet move the "
-                f"output as much as a weight in it (about {missed_estimate:.0f} such weights in the model)")
+                f"exact KL (Spearman {sp_random:.3f}){recall}; {missed} of them rank outside the screen's top {k} yet "
+                f"move the output as much as a weight in it (about {missed_estimate:.0f} such weights in the model)")
     else:
         note = (f"the screen is NOT a reliable ranking here: on {len(random)} weights drawn at random and scanned exactly, "
                 f"Spearman {'n/a' if sp_random is None else f'{sp_random:.3f}'} (trusted from {SPEARMAN_TRUSTED}), the "
                 f"random sample's top 1% lies in the screen's top 5% for "
-                f"{'n/a' if recall5 is None else f'{recall5:.0%}'} (trusted from {RECALL_TRUSTED:.0%}); {missed} of them rank "
+                f"{_recall_text(recall5, len(random))} (trusted from {RECALL_TRUSTED:.0%}); {missed} of them rank "
                 f"outside the top {k} yet move the output as much as a weight in it (about {missed_estimate:.0f} in the "
                 "model): scan more weights exactly (a larger K, or the whole scan)")
     return ScreenReport(ESTIMATOR, samples, k, len(random), n_nonzero, sp_random, sp_top, recall5, recall_k, missed,
                         missed_estimate, note)
+
+
+def _recall_text(recall: float | None, sample: int) -> str:
+    if recall is not None:
+        return f"{recall:.0%}"
+    return f"n/a (a sample of {sample} < {RECALL_SAMPLE} has no top 1%)" if sample < RECALL_SAMPLE else "n/a"
 
 
 def _write(out: Path, names, offsets, shapes, flat, exact, rank, top, random, estimate, report) -> None:
