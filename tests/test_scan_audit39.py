@@ -364,3 +364,16 @@ def test_screened_scan_under_torchrun_equals_one_process(dirs, tmp_path):
     assert (tmp_path / "dist" / "screened.csv").read_text() == (tmp_path / "one" / "screened.csv").read_text()
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("dist", "one"))
     assert a["screen"] == b["screen"] and a["top_weights"] == b["top_weights"]
+
+def test_a_tied_heads_own_name_selects_masks_and_reads_the_embedding(dirs):
+    """GPT-2's head is its token embedding: `lm_head.weight`, in the Hugging Face model's own
+    spelling (no wrapper prefix), selects it, keys weights= and reads the result."""
+    model, tokens = hf.load(dirs["gpt2"]), np.load(dirs["base"] / "tokens.npy")
+    assert list(select(model, "lm_head.weight")) == ["hf.transformer.wte.weight"]
+    mask = torch.zeros(model.hf.transformer.wte.weight.shape, dtype=torch.bool)
+    mask[int(tokens[0, 3]), :2] = True
+    by_head = scan(model, tokens, params="lm_head.weight", weights={"lm_head.weight": mask}, progress=False)
+    by_wte = scan(model, tokens, params="transformer.wte.weight", weights={"transformer.wte.weight": mask},
+                  progress=False)
+    assert torch.equal(by_head.total_kl["lm_head.weight"], by_wte.total_kl["transformer.wte.weight"])
+    assert float(by_head.total_kl["lm_head.weight"][mask].min()) > 0

@@ -7,6 +7,8 @@
     fisher     1/2 w^2 F_ii estimates for pre-filtering; reference: the naive zero-forward-restore loop
     screening  screen(): every weight's estimated total KL at once (batched, resumable, sharded);
                screen_estimators its math; screened: scan(..., screen=K), the screen checked exactly
+    names      which parameters a name / pattern means (bridge_names: TransformerLens and bridge names)
+    sources    what `wtc scan` reads: wtc checkpoints, Hugging Face directories, ids or text; torchrun
 """
 from wtc.scan.engine import scan
 from wtc.scan.fisher import fisher_estimate

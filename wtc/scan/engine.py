@@ -261,7 +261,8 @@ def scan(model: nn.Module, tokens: torch.Tensor | ArrayLike, params: Params = No
     chosen = _select_params(model, params)
     tokens = as_tokens(tokens, model).to(next(iter(chosen.values())).device)   # ids from numpy for a GPU model
     prefix = wrapper_prefix(n for n, _ in model.named_parameters())
-    masks = _check_masks(weights, chosen, prefix)
+    aliases = bridge_names.scanned_aliases(model, chosen)     # other names of the chosen parameters
+    masks = _check_masks(weights, chosen, prefix, aliases)
     if positions is not None:
         positions = torch.as_tensor(positions)
         if positions.dtype != torch.bool or positions.shape != tokens.shape:
@@ -308,12 +309,12 @@ def _wtc_twin(model: nn.Module, tokens: torch.Tensor, chosen: dict) -> nn.Module
     return twin
 
 
-def _check_masks(weights, chosen, prefix: str = "") -> dict[str, torch.Tensor]:
+def _check_masks(weights, chosen, prefix: str = "", aliases: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
     """Flat bool masks of the weights to scan (nonzero and selected); a key of `weights` may be
-    written in the wrapped model's own spelling (wtc.scan.names)."""
+    written in the wrapped model's own spelling or as another name of the parameter (wtc.scan.names)."""
     if weights is not None and not isinstance(weights, dict):
         raise ScanError(f"weights must be None or a dict {{parameter name: bool mask}}, got {type(weights).__name__}")
-    weights = {resolve(k, list(chosen), prefix, what="weights= key") if isinstance(k, str) else k: v
+    weights = {resolve(k, list(chosen), prefix, what="weights= key", aliases=aliases) if isinstance(k, str) else k: v
                for k, v in (weights or {}).items()}
     unknown = set(weights) - set(chosen)
     if unknown:

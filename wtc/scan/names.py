@@ -88,7 +88,8 @@ def select(model: nn.Module, params: Params) -> dict[str, nn.Parameter]:
             table = bridge_names.aliases(model) if table is None else table
             short = bridge_names.short_form(pat)
             for p in (pat,) if short is None else (pat, short):
-                hits = hits or match(p, names, prefix) or bridge_names.match(model, p, table)
+                hits = (hits or match(p, names, prefix) or bridge_names.match(model, p, table)
+                        or (prefix and bridge_names.match(model, prefix + p, table)) or [])
         if not hits:
             raise _unknown("", pat, names + list(table or {}), prefix, tl_hint=_tl_hint(model, pat))
         chosen.update((n, named[n]) for n in hits)
@@ -115,6 +116,7 @@ def resolve(name: str, names: list[str], prefix: str, what: str = "name", among:
         return name
     if prefix and prefix + name in names:
         return prefix + name
-    if aliases and aliases.get(name) in names:
-        return aliases[name]
+    for alias in (name, prefix + name) if aliases else ():
+        if aliases.get(alias) in names:
+            return aliases[alias]
     raise _unknown(what, name, names, prefix, among)

@@ -42,8 +42,9 @@ class ScanResult:
     def _name(self, name: str) -> str:
         if not isinstance(name, str):
             raise UnknownName(f"a parameter name is a str, got {type(name).__name__} {name!r}")
-        if self._aliases.get(name) in self.shapes:
-            return self._aliases[name]
+        for alias in (name, self._prefix + name):
+            if self._aliases.get(alias) in self.shapes:
+                return self._aliases[alias]
         if name not in self.shapes and not (self._prefix and self._prefix + name in self.shapes):
             raise UnknownName(f"{name!r} was not scanned; scanned: {', '.join(self.shapes)}")
         return name if name in self.shapes else self._prefix + name
