@@ -248,3 +248,24 @@ def test_a_sub_mlp_on_a_small_grid_is_read_as_its_interpolating_polynomial():
     f = sp.lambdify(sp.symbols("a b"), expr)
     assert np.sqrt(np.mean((f(X[:, 0], X[:, 1]) - y) ** 2)) <= tol
     assert grid_polynomial(rng.uniform(size=(50, 2)), rng.normal(size=50), ("a", "b"), 0.01) is None   # no grid
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_rule_reader_recognises_a_hand_set_recency_head_and_rejects_a_scrambled_one(strict):
+    from wtc.extraction.readout import pad, read
+
+    x = np.random.default_rng(4).integers(0, 4, size=(800, T)).astype(float)
+    m = hand_model(strict)
+    ro = read(m, x[..., None])
+    P = ro.P
+    values = {"x": pad(x, P), "t": pad(np.tile(np.arange(T, dtype=float), (len(x), 1)), P)}
+    fit = fit_head("L0.h0", ro.pointers["L0.h0"], "t", values, P, T, window_vars=["x"])
+    assert fit.rule is not None and fit.rule.kind == "recent" and fit.rule.params["strict"] == strict
+    assert fit.rule.params["intervals"] == [[0.5, None]]            # x != 0 for digits 0..3
+    with torch.no_grad():           # graded scores, x = 0, 1, 2, 3 -> 0, 20, 5, 12: an order, not a predicate
+        attn = m.blocks[0].attn
+        attn.u[0, 0] = 0.0
+        attn.u[0, 0, 0], attn.u[0, 0, 6], attn.u[0, 0, 11] = 20.0, -15.0, 7.0
+        attn.abs[0, 0] = 0.0
+    scrambled = read(m, x[..., None]).pointers["L0.h0"]
+    assert fit_head("L0.h0", scrambled, "t", values, P, T, window_vars=["x"]).rule is None
