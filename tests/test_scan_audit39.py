@@ -172,11 +172,14 @@ sys.exit(main(argv))
 """
 
 
-def test_a_killed_screened_scan_resumes_to_the_uninterrupted_result(dirs, tmp_path):
+def test_a_killed_screened_scan_resumes_to_the_uninterrupted_result(tmp_path):
     """A `wtc scan --screen` process killed with SIGKILL mid-screen, run again and killed mid exact
     scan, then run again to the end, writes what an uninterrupted run writes."""
-    argv = ["scan", str(dirs["llama"]), "--tokens", str(dirs["base"] / "tokens.npy"), "--screen", "5",
-            "--screen-random", "12", "--quiet"]
+    lm = tmp_path / "lm"          # a wtc model: the subprocesses start without importing transformers
+    assert main(["lm-train", "--layers", "1", "--d-model", "16", "--heads", "2", "--vocab", "12", "--seq-len", "8",
+                 "--steps", "5", "--scan-sequences", "3", "--out", str(lm), "--quiet"]) == 0
+    argv = ["scan", str(lm / "model"), "--tokens", str(lm / "tokens.npy"), "--screen", "5", "--screen-random", "12",
+            "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def run(how, out):
