@@ -2,7 +2,8 @@
 
     DOMAIN = {...}            # what it was verified on (wtc.extraction.domain)
     def program(xs, check_domain=True):   # xs: seq_len items (float, or tuple of n_inputs floats)
-        ...                   # one list per live variable, filled position by position
+        ...                   # one list per live variable, filled position by position (a "latest
+                              # where" route also carries the value it last saw forward: _last_<name>)
         return out            # seq_len outputs (float, or tuple of n_outputs floats)
 
 Lines are data (Line), expressions are sympy; the source is produced by building a Python AST
