@@ -131,7 +131,7 @@ class DiscoverJob:
         started = time.perf_counter()
         attempt = rung.attempt
         deadline = Deadline.from_json(opts.get("deadline"))
-        run = Attempt(task, rung.config, seed, attempt)
+        run = Attempt(task, rung.config, seed, attempt, settle=True)
         milestone(opts, f"{task.name} attempt {attempt} ({rung.label}): training")
         scores = run_attempt(run, mode(opts), deadline=deadline)
         milestone(opts, f"{task.name} attempt {attempt}: {sum(bool(s['solved']) for s in scores)}/{len(scores)} "
@@ -139,8 +139,9 @@ class DiscoverJob:
         record = {"attempt": attempt, "label": rung.label, "replicas": len(scores),
                   "replicas_solved": sum(bool(s["solved"]) for s in scores), "replicas_read": 0,
                   "verified": False}
-        if "stopped_at_step" in run.history.final:
-            record["stopped_at_step"] = run.history.final["stopped_at_step"]
+        for key in ("stopped_at_step", "settled_at_step"):
+            if key in run.history.final:
+                record[key] = run.history.final[key]
         best = read_replicas(run, scores, record, seed, opts, started, deadline)
         if best is None:             # nothing read (cut, or every reading failed): keep the top replica
             top = max(range(len(scores)), key=lambda i: rank_key(task, scores[i]))

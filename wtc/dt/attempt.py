@@ -24,7 +24,7 @@ from wtc.dt.ladder import Deadline
 from wtc.dt.model import DiscreteTransformer
 from wtc.dt.refine import refine_pointers
 from wtc.dt.schedule import Anneal
-from wtc.dt.selection import Sampling, entropy
+from wtc.dt.selection import EVAL, Sampling, entropy
 from wtc.dt.snap import SNAP_SEQUENCES, snap_heads
 from wtc.errors import CheckpointError
 from wtc.progress import Steps, mode, say
@@ -37,6 +37,11 @@ REFINE_SEQUENCES = 512   # batch of the pointer refinement (counterfactual forwa
 PRECISION_REPLICAS = 2   # nearly-solved replicas that get the float64 polish
 PRECISION_CHUNK = 250    # L-BFGS iterations between checks whether they are solved
 PRECISION_GAIN = 0.01    # a chunk lowering no replica's loss by 1% ends the pass
+# Settling early (discover, integer tasks): a population often computes the target exactly long
+# before the annealing ends (parity_last2: every batch right from step ~150 of 1000). From SETTLE_FROM,
+# every SETTLE_EVERY steps, the argmax model is scored on SETTLE_SEQUENCES of the fit data; a replica
+# right everywhere ends the annealing there, and the whole hard phase follows.
+SETTLE_FROM, SETTLE_EVERY, SETTLE_SEQUENCES = 100, 50, 512
 # DTConfig fields that steer the ladder, not what one attempt computes: a resume may change them
 LADDER_FIELDS = ("max_attempts", "workers")
 
@@ -98,11 +103,14 @@ def check_run(path, recorded: dict, task, seed: int, attempt: int, config: DTCon
 class Attempt:
     """One population run: all state needed to checkpoint and resume it lives here."""
 
-    def __init__(self, task, config: DTConfig, seed: int, attempt: int, device: str | torch.device | None = None):
+    def __init__(self, task, config: DTConfig, seed: int, attempt: int, device: str | torch.device | None = None,
+                 settle: bool = False):
         """device (default config.device): where the steps run (a CUDA device takes the Triton
         kernels); the model is built and normalised on the CPU first, so a seed gives the same
-        initial model anywhere."""
+        initial model anywhere. settle: end the annealing once a replica is exact (SETTLE_FROM;
+        integer tasks only; discover's attempts: wtc.train keeps the whole schedule it was given)."""
         self.task, self.config, self.seed, self.attempt = task, config, seed, attempt
+        self.settle = settle and task.output == "integer"
         config.check_size(task.seq_len, task.n_inputs)
         self.device = torch.device(device or config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -125,6 +133,7 @@ class Attempt:
         self.fit_data = tuple(t.to(self.device) for t in self.fit_data)
         self.optimizer = adamw(self.model, config)
         self.step, self.phase = 0, "anneal"
+        self.hard_from = config.steps          # the step the hard phase starts at (earlier once settled)
         self.graphed: graph_step.GraphedStep | None = None   # hard-phase steps from a CUDA graph (GPU only)
         self.snaps, self.snap_seconds = [], 0.0   # heads set to routing rules at the finish (wtc.dt.snap), CPU s
         heads = [n for b in self.model.blocks if b.attn is not None for n in b.attn.head_names]
@@ -164,7 +173,7 @@ class Attempt:
             sampling = Sampling.hard_phase(tau)
         x, y = self.task.batch(self.rng, cfg.batch_size)
         xt, yt, valid, y_raw = self._tensors(x, y)
-        log_entropy = self.step % LOG_EVERY == 0 or self.step + 1 == cfg.steps + cfg.hard_steps
+        log_entropy = self.step % LOG_EVERY == 0 or self.step + 1 == self.hard_from + cfg.hard_steps
         if self.phase == "hard" and not log_entropy and graph_step.enabled(self.device):
             if self.graphed is None:
                 self.graphed = graph_step.GraphedStep(self._hard_update, self.optimizer,
@@ -180,13 +189,28 @@ class Attempt:
                 self.history.record(self.step, self.phase, tau, loss_r.detach().cpu().numpy(),
                                     self._batch_metric(pred.detach(), y_raw, valid), sel_h.cpu().numpy(), attn_h.cpu().numpy())
         self.step += 1
-        if self.phase == "anneal" and self.step >= cfg.steps:
-            self.phase = "hard"
+        if self.phase == "anneal" and (self.step >= cfg.steps or self._settled()):
+            self.phase, self.hard_from = "hard", self.step
             for group in self.optimizer.param_groups:
                 group["lr"] = cfg.lr * cfg.hard_lr_scale
-        elif self.phase == "hard" and self.step >= cfg.steps + cfg.hard_steps:
+        elif self.phase == "hard" and self.step >= self.hard_from + cfg.hard_steps:
             self.phase = "finish"
             self.graphed = None      # its buffers and memory pool are of no further use
+
+    @property
+    def planned_steps(self) -> int:
+        """Steps this attempt trains: the annealing (cut short once settled) and the hard phase."""
+        return self.hard_from + self.config.hard_steps
+
+    @torch.no_grad()
+    def _settled(self) -> bool:
+        """Whether the annealing may end here: some replica's argmax model is right at every position
+        of the settle check (SETTLE_FROM)."""
+        if not self.settle or self.step < SETTLE_FROM or self.step % SETTLE_EVERY:
+            return False
+        x, _, valid, y_raw = (t[:SETTLE_SEQUENCES] for t in self.fit_data)
+        pred, _ = self.model(x, EVAL)
+        return bool((self._batch_metric(pred, y_raw, valid) >= 1.0).any())
 
     def _update(self, xt: torch.Tensor, yt: torch.Tensor, valid: torch.Tensor, sampling: Sampling):
         """One optimizer step on a batch: forward (module ranges tracked), loss, backward, AdamW.
@@ -278,7 +302,7 @@ class Attempt:
             tensors[f"hist.{k}"] = torch.from_numpy(np.ascontiguousarray(arrays[k]))
         meta = {"model": checkpoint.model_meta(self.model), "task": self.task.name,
                 "task_sha256": self.task.fingerprint(), "seed": self.seed,
-                "attempt": self.attempt, "step": self.step, "phase": self.phase,
+                "attempt": self.attempt, "step": self.step, "phase": self.phase, "hard_from": self.hard_from,
                 "rng_numpy": self.rng.bit_generator.state, "opt_groups": opt["param_groups"],
                 "hist_step": self.history.step, "hist_phase": self.history.phase, "hist_tau": self.history.tau}
         checkpoint_io.write_atomic(path, tensors, meta)
@@ -298,6 +322,7 @@ class Attempt:
         self.generator.set_state(tensors["rng.torch"])
         self.rng.bit_generator.state = meta["rng_numpy"]
         self.step, self.phase = meta["step"], meta["phase"]
+        self.hard_from = meta.get("hard_from", self.config.steps)   # states written before settling existed
         self.graphed = None          # a graph captured the model and optimizer replaced above
         h = self.history
         h.step, h.phase, h.tau = list(meta["hist_step"]), list(meta["hist_phase"]), list(meta["hist_tau"])
@@ -342,12 +367,14 @@ def run_attempt(run: Attempt, progress: bool | str = False, state_path: Path | N
     if cfg.precision_iters and stopped is None:
         scores = run.precision_pass(scores, deadline)
     run.history.final = {"scores": scores}
+    if run.hard_from < cfg.steps:
+        run.history.final["settled_at_step"] = run.hard_from
     if run.snaps:
         run.history.final["snaps"] = [dataclasses.asdict(s) for s in run.snaps]
     if stopped is not None:
-        run.history.final.update(stopped_at_step=stopped, planned_steps=total)
+        run.history.final.update(stopped_at_step=stopped, planned_steps=run.planned_steps)
         if mode(progress) == "on":      # in a worker the parent reports the attempt's end itself
-            say(progress, f"{run.task.name} attempt {run.attempt}: the budget ran out at step {stopped} of {total}; "
+            say(progress, f"{run.task.name} attempt {run.attempt}: the budget ran out at step {stopped} of {run.planned_steps}; "
                           "finished and scored as it stands")
     run.history.seconds = time.perf_counter() - t_start
     if mode(progress) == "on":

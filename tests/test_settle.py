@@ -1,0 +1,87 @@
+"""Settling early (wtc.dt.attempt.SETTLE_FROM): discover's attempts end the annealing once a
+replica's argmax model is right everywhere on the settle check; the hard phase follows in full."""
+import numpy as np
+import torch
+
+import wtc
+from wtc.tasks.task import shift
+from wtc.dt import DTConfig
+from wtc.dt.attempt import SETTLE_EVERY, SETTLE_FROM, SETTLE_SEQUENCES, Attempt, run_attempt
+from wtc.dt.selection import EVAL
+
+SMALL = DTConfig(n_heads=1, n_mlps=1, mlp_hidden=8, steps=600, hard_steps=10, polish_iters=5, replicas=4,
+                 batch_size=32, eval_sequences=128, precision_iters=0, workers=1)
+
+
+def flip_task():
+    """y_t = 1 - x_t over bits, declared as a user would: exact within a few hundred steps."""
+    return wtc.Task("flip", sample=lambda rng, n: rng.integers(0, 2, size=(n, 6)), target=lambda x: 1 - x,
+                    seq_len=6)
+
+
+def table_task():
+    """y_t a fixed random table of (x_{t-1}, x_t) over [0, 12): nothing is exact in 150 steps."""
+    table = np.random.default_rng(5).integers(0, 12, size=(12, 12))
+    return wtc.Task("table", sample=lambda rng, n: rng.integers(0, 12, size=(n, 6)),
+                    target=lambda x: table[shift(x, 1), x], seq_len=6)
+
+
+def test_settled_attempt_starts_the_hard_phase_at_an_exact_check():
+    run = Attempt(flip_task(), SMALL, seed=0, attempt=0, settle=True)
+    scores = run_attempt(run)
+    settled = run.history.final["settled_at_step"]
+    assert SETTLE_FROM <= settled < SMALL.steps and settled % SETTLE_EVERY == 0
+    assert run.hard_from == settled and run.step == settled + SMALL.hard_steps == run.planned_steps
+    assert any(s["solved"] for s in scores)
+
+
+def test_the_settle_check_reads_the_argmax_model():
+    run = Attempt(flip_task(), SMALL, seed=0, attempt=0, settle=True)
+    while run.phase == "anneal":
+        run.train_step()
+    x, _, valid, y = (t[:SETTLE_SEQUENCES] for t in run.fit_data)
+    with torch.no_grad():   # the model at the settle step (the hard phase has not stepped yet)
+        pred, _ = run.model(x, EVAL)
+    assert (run._batch_metric(pred, y, valid) >= 1.0).any()
+
+
+def test_without_settle_the_whole_schedule_runs():
+    run = Attempt(flip_task(), SMALL.replace(steps=200), seed=0, attempt=0, settle=False)
+    run_attempt(run)
+    assert run.step == 200 + SMALL.hard_steps and "settled_at_step" not in run.history.final
+
+
+def test_the_check_changes_nothing_until_it_settles():
+    """The check draws no randomness: an attempt that has not settled is step for step the one
+    without checks (parameters equal after several checks)."""
+    task, steps = table_task(), SETTLE_FROM + 2 * SETTLE_EVERY
+    runs = [Attempt(task, SMALL, seed=1, attempt=0, settle=s) for s in (True, False)]
+    for run in runs:
+        for _ in range(steps):
+            run.train_step()
+    assert runs[0].phase == "anneal"
+    for (name, a), b in zip(runs[0].model.state_dict().items(), runs[1].model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_continuous_tasks_do_not_settle():
+    task = wtc.Task("half", sample=lambda rng, n: rng.uniform(0, 1, size=(n, 6)), target=lambda x: 0.5 * x,
+                    seq_len=6,
+                    output="real")
+    assert not Attempt(task, SMALL, seed=0, attempt=0, settle=True).settle
+
+
+def test_a_settled_state_resumes_where_it_was(tmp_path):
+    run = Attempt(flip_task(), SMALL, seed=0, attempt=0, settle=True)
+    while run.phase == "anneal":
+        run.train_step()
+    run.train_step()
+    run.save(tmp_path / "state.safetensors")
+    again = Attempt(flip_task(), SMALL, seed=0, attempt=0, settle=True)
+    again.restore(tmp_path / "state.safetensors")
+    assert (again.step, again.phase, again.hard_from) == (run.step, "hard", run.hard_from) and run.hard_from < SMALL.steps
+    for _ in range(3):
+        run.train_step()
+        again.train_step()
+    for a, b in zip(run.model.parameters(), again.model.parameters()):
+        assert torch.equal(a, b)
