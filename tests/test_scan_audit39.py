@@ -318,6 +318,10 @@ def test_transformerlens_names_and_short_forms_select_and_scan_the_bridged_weigh
         index = tuple(int(i) for i in np.unravel_index(int(by_tl.total_kl[n].argmax()), by_tl.total_kl[n].shape))
         torch.testing.assert_close(by_tl.position_kl(n, index).sum(), by_tl.total_kl[n][index].double(),
                                    rtol=1e-5, atol=1e-12)
+    # the top weights say the name they were asked by beside the stored one
+    top = by_tl.top(len(picked) * 4)
+    assert {row["also_named"] for row in top} <= set(picked) and all(names[row["also_named"]] == row["param"] for row in top)
+    assert all("also_named" not in row for row in by_hf.top(4))
     assert all(p is params[n] for n, p in bridge.named_parameters())
     with pytest.raises(UnknownName) as err:
         select(bridge, "blocks.0.attn.W_QQ")

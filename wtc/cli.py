@@ -193,7 +193,8 @@ def _cmd_scan(args) -> int:
     print(f"scanned {summary['weights_scanned']} weights in this run ({summary['weights_in_store']} in the store) "
           f"in {summary['seconds']:.1f}s; wrote {args.out}/summary.json")
     for row in summary["top_weights"][:5]:
-        print(f"  {row['param']}{row['index']}: total KL {row['total_kl']:.4g}")
+        also = f" [{row['also_named']}; index in the stored layout]" if "also_named" in row else ""
+        print(f"  {row['param']}{row['index']}: total KL {row['total_kl']:.4g}{also}")
     if result.screen is not None:
         print(f"screen (estimates, not exact): {result.screen.note}; {args.out}/screened.csv, {args.out}/screen_vs_exact.png")
     return 0

@@ -95,9 +95,20 @@ class ScanResult:
             raise ScanError(f"k must be a non-negative integer, got {k!r}")
         out = []
         for name, flat, total in self.store.top(k):
-            out.append({"param": name, "index": [int(i) for i in np.unravel_index(flat, self.shapes[name])],
-                        "total_kl": total})
+            row = {"param": name, "index": [int(i) for i in np.unravel_index(flat, self.shapes[name])],
+                   "total_kl": total}
+            also = self.alias_of(name)
+            if also is not None:
+                row["also_named"] = also
+            out.append(row)
         return out
+
+    def alias_of(self, name: str) -> str | None:
+        """The name a user scanned `name` by, when it has another (a bridge parameter's TransformerLens
+        name, the shortest of them); None otherwise. Indices stay those of `name`'s own layout (a
+        bridge's W_Q is stored as the wrapped model's (d_model, d_model) q weight)."""
+        others = [a for a, n in self._aliases.items() if n == name and a != name]
+        return min(others, key=lambda a: (len(a), a)) if others else None
 
     def summary(self) -> dict:
         return {"weights_scanned": self.weights_scanned, "weights_in_store": self.store.count(),
