@@ -22,6 +22,7 @@ from wtc.dt.finish import masked_mse, polish, refit_head
 from wtc.dt.history import History
 from wtc.dt.ladder import Deadline
 from wtc.dt.model import DiscreteTransformer
+from wtc.dt.periodic import snap_coefficients
 from wtc.dt.refine import refine_pointers
 from wtc.dt.schedule import Anneal
 from wtc.dt.selection import Sampling, entropy
@@ -127,6 +128,7 @@ class Attempt:
         self.step, self.phase = 0, "anneal"
         self.graphed: graph_step.GraphedStep | None = None   # hard-phase steps from a CUDA graph (GPU only)
         self.snaps, self.snap_seconds = [], 0.0   # heads set to routing rules at the finish (wtc.dt.snap), CPU s
+        self.coefficient_snaps: list[dict] = []   # periodic aggregates set to integers (wtc.dt.periodic)
         heads = [n for b in self.model.blocks if b.attn is not None for n in b.attn.head_names]
         slots = [s for sel in self.model.selectors() for s in sel.slot_names]
         self.history = History(task.name, "accuracy" if task.output == "integer" else "max_rel_err",
@@ -221,6 +223,7 @@ class Attempt:
             self.snaps = snap_heads(self.model, x[:k], y[:k], valid[:k], until=end)
             self.snap_seconds = time.process_time() - started
             refit_head(self.model, x, y, valid)      # candidates were scored on a subset
+            self.coefficient_snaps = snap_coefficients(self.model, x[:k], y[:k], valid[:k])
         if self.config.polish_iters:
             polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters, until=end)
         if self.config.refine_steps and refine_pointers(self.model, x[:REFINE_SEQUENCES], y[:REFINE_SEQUENCES],
@@ -344,6 +347,8 @@ def run_attempt(run: Attempt, progress: bool | str = False, state_path: Path | N
     run.history.final = {"scores": scores}
     if run.snaps:
         run.history.final["snaps"] = [dataclasses.asdict(s) for s in run.snaps]
+    if run.coefficient_snaps:
+        run.history.final["coefficient_snaps"] = run.coefficient_snaps
     if stopped is not None:
         run.history.final.update(stopped_at_step=stopped, planned_steps=total)
         if mode(progress) == "on":      # in a worker the parent reports the attempt's end itself

@@ -1,0 +1,176 @@
+"""Periodic aggregate heads (DTConfig.agg_ops "per2" .. "per8"; beyond the paper): a prefix sum
+weighted by a learned periodic function of the distance,
+
+    out_t = sum_{j <= t} c[(t - j) mod p] * v_j          (written to the stream divided by T)
+
+A number read digit by digit in base g, modulo d, is such a sum: N_t = sum_j b_j g^(t - j), and
+g^k mod d has a period p (d = 3, g = 2: c = (1, 2) = (1, -1) mod 3, an alternating sum; d = 5:
+c = (1, 2, 4, 3); d = 7: c = (1, 2, 4)); so are the impulse responses of an oscillation whose
+period is a whole number of steps (a spring: sin((k + 1) theta) / sin(theta)). A sub-MLP's periodic
+units (DTConfig.mlp_periods) then read the residue exactly when c is integral.
+
+Computed in O(p T): one masked cumulative sum per phase s = j mod p, S_s[t] = sum_{j <= t, j = s
+mod p} v_j, then out_t = sum_s c[(t - s) mod p] S_s[t] (no T x T matrix). Written divided by T, as a
+"sum" head (wtc.dt.attention): the raw sum grows with T and would dominate the early selections.
+
+Initialisation: integer patterns, a different one per replica and head (a population searches the
+patterns; gradients adjust within one), simplest first: the powers of g modulo d of period p
+(centred residues), the oscillations of period p, then small integer patterns. Near-integral
+coefficients are set to the integers after training when the replica's loss does not rise
+(snap_coefficients), so the program's line is exact.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import torch
+from torch import nn
+
+PERIODS = range(2, 9)                  # the periods an op name may give ("per2" .. "per8")
+SNAP_DISTANCE = 0.15                   # coefficients this close to integers are tried as integers
+SNAP_SLACK = 1.05                      # ... and kept when the loss after a short polish is below this x before
+SNAP_POLISH = 50                       # L-BFGS iterations of the snapped replicas' sub-MLPs
+
+
+def period_of(op: str) -> int | None:
+    """The period of a periodic aggregate op ("per3" -> 3), None for any other op."""
+    m = re.fullmatch(r"per(\d+)", op)
+    return int(m.group(1)) if m and int(m.group(1)) in PERIODS else None
+
+
+def periodic_sum(val: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """val (..., T), coef (..., p) with the same leading dims -> (..., T):
+    out_t = sum_{j <= t} coef[(t - j) mod p] val_j, in O(p T)."""
+    p, T = coef.shape[-1], val.shape[-1]
+    t = torch.arange(T, device=val.device)
+    s = torch.arange(p, device=val.device)
+    phase = (t[None, :] % p == s[:, None]).to(val.dtype)                  # (p, T): j mod p == s
+    sums = (val.unsqueeze(-2) * phase).cumsum(-1)                         # (..., p, T)
+    weights = coef[..., (t[None, :] - s[:, None]) % p]                    # (..., p, T): c[(t - s) mod p]
+    return (weights * sums).sum(-2)
+
+
+def _centred(v: int, d: int) -> int:
+    v %= d
+    return v - d if v > d / 2 else v
+
+
+def _canonical(c: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Primitive, first nonzero entry positive, not constant (a constant pattern is a "sum" head)."""
+    if len(set(c)) == 1:
+        return None
+    g = math.gcd(*c)
+    c = tuple(v // g for v in c)
+    first = next(v for v in c if v)
+    return tuple(-v for v in c) if first < 0 else c
+
+
+def initial_patterns(p: int, limit: int = 64) -> list[tuple[int, ...]]:
+    """Integer patterns of period p, simplest first: powers of g modulo d (order p, centred
+    residues, d ascending), oscillations of period p with integer responses, then small patterns by
+    largest magnitude and total size."""
+    out: list[tuple[int, ...]] = []
+
+    def add(c):
+        c = _canonical(tuple(int(v) for v in c))
+        if c is not None and c not in out:
+            out.append(c)
+
+    for d in range(3, 2 * p + 4):
+        for g in range(2, d):
+            if math.gcd(g, d) == 1 and min(k for k in range(1, d) if pow(g, k, d) == 1) == p:
+                add([_centred(pow(g, k, d), d) for k in range(p)])
+    for m in range(1, p // 2 + 1):            # sin((k + 1) theta) / sin(theta), theta = 2 pi m / p
+        theta = 2 * math.pi * m / p
+        if abs(math.sin(theta)) > 1e-9:
+            c = [math.sin((k + 1) * theta) / math.sin(theta) for k in range(p)]
+            if all(abs(v - round(v)) < 1e-9 for v in c):
+                add([round(v) for v in c])
+    small = sorted(itertools.product(range(-2, 3), repeat=p), key=lambda c: (max(map(abs, c)), sum(map(abs, c))))
+    for c in small:
+        if len(out) >= limit:
+            break
+        if any(c):
+            add(c)
+    return out[:limit]
+
+
+class PeriodicAggregates(nn.Module):
+    """The periodic heads of one layer's aggregates: coefficients (R, n, p_max), entries past a
+    head's own period unused (zero gradient)."""
+
+    def __init__(self, replicas: int, agg_ops: list[str]):
+        super().__init__()
+        self.heads = [a for a, op in enumerate(agg_ops) if period_of(op)]
+        self.periods = [period_of(agg_ops[a]) for a in self.heads]
+        width = max(self.periods)
+        coef = torch.zeros(replicas, len(self.heads), width)
+        for i, p in enumerate(self.periods):
+            patterns = initial_patterns(p)
+            for r in range(replicas):      # head i of replica r: a different pattern per (replica, head)
+                coef[r, i, :p] = torch.tensor(patterns[(r * len(self.heads) + i) % len(patterns)], dtype=torch.float32)
+        self.coef = nn.Parameter(coef)
+
+    def forward(self, val: torch.Tensor, out: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """val (R, B, A, T) the aggregates' values, out (R, B, A, T) what the uniform ops wrote ->
+        out with the periodic heads' weighted prefix sums / seq_len in their places."""
+        cols = list(out.unbind(2))
+        for i, (a, p) in enumerate(zip(self.heads, self.periods)):
+            cols[a] = periodic_sum(val[:, :, a], self.coef[:, None, i, :p]) / seq_len
+        return torch.stack(cols, 2)
+
+    def coefficients(self, replica: int, head: int) -> list[float]:
+        """Aggregate head `head`'s coefficients c[0 .. p-1] in replica `replica`."""
+        i = self.heads.index(head)
+        return [float(v) for v in self.coef.detach()[replica, i, :self.periods[i]]]
+
+
+def snap_coefficients(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> list[dict]:
+    """Replicas whose periodic coefficients lie within SNAP_DISTANCE of integers (and are not
+    integers already) get those integers, then the exact head refit and SNAP_POLISH L-BFGS
+    iterations of their sub-MLPs (which were tuned to the inexact sums); kept when the replica's
+    loss is then within SNAP_SLACK of before. Returns what was set: [{replica, head, before, after,
+    loss_before, loss_after}]."""
+    from wtc.dt.finish import masked_mse, polish, refit_head
+    from wtc.dt.selection import EVAL
+
+    def periodic_of(m):
+        return [(layer, b.attn.periodic) for layer, b in enumerate(m.blocks)
+                if b.attn is not None and b.attn.periodic is not None]
+
+    if not periodic_of(model):
+        return []
+    with torch.no_grad():
+        near = torch.zeros(model.R, dtype=torch.bool)
+        for _, m in periodic_of(model):
+            off = (m.coef - m.coef.round()).abs()
+            near |= ((off <= SNAP_DISTANCE).all(dim=2) & (off > 0).any(dim=2)).any(dim=1).cpu()
+        if not near.any():
+            return []
+        before = refit_head(model, x, y, valid).cpu()
+        idx = near.nonzero().ravel().tolist()
+        sub = model.select_replicas(idx)
+        olds = [m.coef.detach().clone() for _, m in periodic_of(sub)]
+        for _, m in periodic_of(sub):
+            off = (m.coef - m.coef.round()).abs()
+            close = (off <= SNAP_DISTANCE).all(dim=2, keepdim=True)
+            m.coef.copy_(torch.where(close, m.coef.round(), m.coef))
+        refit_head(sub, x, y, valid)
+    polish(sub, x, y, valid, iters=SNAP_POLISH)
+    with torch.no_grad():
+        after = masked_mse(sub(x, EVAL)[0], y, valid).cpu()
+    keep = [k for k, r in enumerate(idx) if after[k] <= SNAP_SLACK * before[r] + 1e-12]
+    out = []
+    for k in keep:
+        for (layer, m), old in zip(periodic_of(sub), olds):
+            for i, a in enumerate(m.heads):
+                if not torch.equal(old[k, i], m.coef[k, i]):
+                    out.append({"replica": idx[k], "head": f"L{layer}.a{a}",
+                                "before": [round(float(v), 4) for v in old[k, i, :m.periods[i]]],
+                                "after": [int(v) for v in m.coef[k, i, :m.periods[i]]],
+                                "loss_before": float(before[idx[k]]), "loss_after": float(after[k])})
+    if keep:
+        model.assign_replicas([idx[k] for k in keep], sub.select_replicas(keep))
+    return out
