@@ -159,3 +159,36 @@ def test_checkpoint_round_trip_keeps_the_coefficients(tmp_path):
     torch.testing.assert_close(back(x)[0], model(x)[0])
     one = model.replica(1)
     torch.testing.assert_close(one.blocks[0].attn.periodic.coef[0], model.blocks[0].attn.periodic.coef[1])
+
+
+def _div(d):
+    def target(x):
+        out, r = np.zeros_like(x), np.zeros(len(x), dtype=x.dtype)
+        for t in range(x.shape[1]):
+            v = 2 * r + x[:, t]
+            out[:, t], r = v // d, v % d
+        return out
+    return Task(f"div{d}", lambda rng, n: rng.integers(0, 2, (n, 10)), target, seq_len=10)
+
+
+@pytest.mark.parametrize("d, p", [(3, 2), (5, 4), (7, 3)])
+def test_the_probe_finds_the_period_of_long_division_and_discover_sizes_for_it(d, p):
+    from wtc.discovery import sized_for
+    from wtc.tasks.probe import dependence
+
+    dep = dependence(_div(d))
+    assert dep.prefix == [True] and dep.periods == [p], dep.describe()
+    config, why = sized_for(DTConfig(), dep)
+    assert config.agg_ops == (f"per{p}", "mean") and f"per{p}" in why
+    assert d in config.mlp_periods
+    kept, _ = sized_for(DTConfig(agg_ops=("sum",), mlp_periods=(2,)), dep)      # what a user set stays
+    assert kept.agg_ops == ("sum",) and kept.mlp_periods == (2,)
+
+
+def test_plain_prefix_reads_have_no_period():
+    from wtc.tasks.probe import dependence
+
+    counter = Task("cm3", lambda rng, n: rng.integers(0, 3, (n, 10)), lambda x: np.cumsum(x, 1) % 3, seq_len=10)
+    running_max = Task("rmax", lambda rng, n: rng.integers(0, 5, (n, 10)), lambda x: np.maximum.accumulate(x, 1),
+                       seq_len=10)
+    assert dependence(counter).periods == [0] and dependence(running_max).periods == [0]

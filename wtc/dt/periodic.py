@@ -67,6 +67,19 @@ def _canonical(c: tuple[int, ...]) -> tuple[int, ...] | None:
     return tuple(-v for v in c) if first < 0 else c
 
 
+def _powers(p: int) -> list[tuple[int, int]]:
+    """(d, g) with 3 <= d <= 2 p + 3 and g of multiplicative order p modulo d: the powers of g
+    modulo d have period p."""
+    return [(d, g) for d in range(3, 2 * p + 4) for g in range(2, d)
+            if math.gcd(g, d) == 1 and min(k for k in range(1, d) if pow(g, k, d) == 1) == p]
+
+
+def moduli(p: int) -> tuple[int, ...]:
+    """The moduli d of the initial patterns of period p (the residues a sub-MLP then reads from
+    such a sum: its periodic units need these periods)."""
+    return tuple(sorted({d for d, _ in _powers(p)}))
+
+
 def initial_patterns(p: int, limit: int = 64) -> list[tuple[int, ...]]:
     """Integer patterns of period p, simplest first: powers of g modulo d (order p, centred
     residues, d ascending), oscillations of period p with integer responses, then small patterns by
@@ -78,10 +91,8 @@ def initial_patterns(p: int, limit: int = 64) -> list[tuple[int, ...]]:
         if c is not None and c not in out:
             out.append(c)
 
-    for d in range(3, 2 * p + 4):
-        for g in range(2, d):
-            if math.gcd(g, d) == 1 and min(k for k in range(1, d) if pow(g, k, d) == 1) == p:
-                add([_centred(pow(g, k, d), d) for k in range(p)])
+    for d, g in _powers(p):
+        add([_centred(pow(g, k, d), d) for k in range(p)])
     for m in range(1, p // 2 + 1):            # sin((k + 1) theta) / sin(theta), theta = 2 pi m / p
         theta = 2 * math.pi * m / p
         if abs(math.sin(theta)) > 1e-9:
@@ -174,3 +185,26 @@ def snap_coefficients(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tens
     if keep:
         model.assign_replicas([idx[k] for k in keep], sub.select_replicas(keep))
     return out
+
+
+def periodic_sizing(config, dep, left: set[str], changes: dict) -> str:
+    """discover's sizing (wtc.discovery.sized_for) where the probe found a prefix read through
+    sums weighted with period p (Dependence.periods): periodic aggregate heads of those periods
+    before a mean head, and sub-MLP periodic units for the moduli of their initial patterns
+    (besides wtc.discovery.PERIODS). Fields the user set (not in `left`) stay. Updates `changes`;
+    returns what it did, or ""."""
+    from wtc.discovery import PERIODS
+
+    found = sorted({p for p in getattr(dep, "periods", []) if p})
+    if "agg_ops" not in left or not found:
+        return ""
+    ops = tuple(f"per{p}" for p in found) + ("mean",)
+    changes["agg_ops"] = ops
+    if "n_agg_heads" in left:
+        changes["n_agg_heads"] = max(len(ops), max(config.n_agg_heads), changes.get("n_agg_heads", 0))
+    said = f"periodic aggregate heads ({', '.join(ops[:-1])})"
+    if "mlp_periods" in left and not config.mlp_periods:
+        periods = tuple(sorted(set(changes.get("mlp_periods", PERIODS)).union(*(moduli(p) for p in found))))
+        changes["mlp_periods"] = periods
+        said += f" and periodic sub-MLP units (periods {', '.join(map(str, periods))})"
+    return said
