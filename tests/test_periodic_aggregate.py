@@ -13,7 +13,8 @@ from wtc.dt import checkpoint
 from wtc.dt.attempt import Attempt
 from wtc.dt.config import ConfigError
 from wtc.dt.finish import refit_head
-from wtc.dt.periodic import initial_patterns, period_of, periodic_sum, snap_coefficients
+from wtc.dt.periodic import initial_patterns, period_of, periodic_sum
+from wtc.dt.periodic_snap import snap_coefficients
 from wtc.extraction import extract, verify
 from wtc.extraction.weighted import periodic_source, simple_number, weighted_prefix
 from wtc.tasks import Task

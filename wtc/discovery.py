@@ -380,7 +380,7 @@ def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:
     if "mlp_periods" in left and dep.oscillating and not config.mlp_periods:
         changes["mlp_periods"] = PERIODS
         why.append(f"periodic sub-MLP units (periods {', '.join(map(str, PERIODS))})")
-    periodic = periodic_sizing(config, dep, left, changes)
+    periodic = periodic_sizing(config, dep, left, changes, PERIODS)
     if periodic:
         why.append(periodic)
     if "mlp_inputs" in left and dep.order > max(config.mlp_inputs, 3):      # three: the ladder's second rung has them anyway

@@ -22,7 +22,7 @@ from wtc.dt.finish import masked_mse, polish, refit_head
 from wtc.dt.history import History
 from wtc.dt.ladder import Deadline
 from wtc.dt.model import DiscreteTransformer
-from wtc.dt.periodic import snap_coefficients
+from wtc.dt.periodic_snap import snap_coefficients
 from wtc.dt.refine import refine_pointers
 from wtc.dt.schedule import Anneal
 from wtc.dt.selection import Sampling, entropy

@@ -17,7 +17,7 @@ Initialisation: integer patterns, a different one per replica and head (a popula
 patterns; gradients adjust within one), simplest first: the powers of g modulo d of period p
 (centred residues), the oscillations of period p, then small integer patterns. Near-integral
 coefficients are set to the integers after training when the replica's loss does not rise
-(snap_coefficients), so the program's line is exact.
+(wtc.dt.periodic_snap), so the program's line is exact.
 """
 from __future__ import annotations
 
@@ -29,9 +29,6 @@ import torch
 from torch import nn
 
 PERIODS = range(2, 9)                  # the periods an op name may give ("per2" .. "per8")
-SNAP_DISTANCE = 0.15                   # coefficients this close to integers are tried as integers
-SNAP_SLACK = 1.05                      # ... and kept when the loss after a short polish is below this x before
-SNAP_POLISH = 50                       # L-BFGS iterations of the snapped replicas' sub-MLPs
 
 
 def period_of(op: str) -> int | None:
@@ -138,62 +135,12 @@ class PeriodicAggregates(nn.Module):
         return [float(v) for v in self.coef.detach()[replica, i, :self.periods[i]]]
 
 
-def snap_coefficients(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> list[dict]:
-    """Replicas whose periodic coefficients lie within SNAP_DISTANCE of integers (and are not
-    integers already) get those integers, then the exact head refit and SNAP_POLISH L-BFGS
-    iterations of their sub-MLPs (which were tuned to the inexact sums); kept when the replica's
-    loss is then within SNAP_SLACK of before. Returns what was set: [{replica, head, before, after,
-    loss_before, loss_after}]."""
-    from wtc.dt.finish import masked_mse, polish, refit_head
-    from wtc.dt.selection import EVAL
-
-    def periodic_of(m):
-        return [(layer, b.attn.periodic) for layer, b in enumerate(m.blocks)
-                if b.attn is not None and b.attn.periodic is not None]
-
-    if not periodic_of(model):
-        return []
-    with torch.no_grad():
-        near = torch.zeros(model.R, dtype=torch.bool)
-        for _, m in periodic_of(model):
-            off = (m.coef - m.coef.round()).abs()
-            near |= ((off <= SNAP_DISTANCE).all(dim=2) & (off > 0).any(dim=2)).any(dim=1).cpu()
-        if not near.any():
-            return []
-        before = refit_head(model, x, y, valid).cpu()
-        idx = near.nonzero().ravel().tolist()
-        sub = model.select_replicas(idx)
-        olds = [m.coef.detach().clone() for _, m in periodic_of(sub)]
-        for _, m in periodic_of(sub):
-            off = (m.coef - m.coef.round()).abs()
-            close = (off <= SNAP_DISTANCE).all(dim=2, keepdim=True)
-            m.coef.copy_(torch.where(close, m.coef.round(), m.coef))
-        refit_head(sub, x, y, valid)
-    polish(sub, x, y, valid, iters=SNAP_POLISH)
-    with torch.no_grad():
-        after = masked_mse(sub(x, EVAL)[0], y, valid).cpu()
-    keep = [k for k, r in enumerate(idx) if after[k] <= SNAP_SLACK * before[r] + 1e-12]
-    out = []
-    for k in keep:
-        for (layer, m), old in zip(periodic_of(sub), olds):
-            for i, a in enumerate(m.heads):
-                if not torch.equal(old[k, i], m.coef[k, i]):
-                    out.append({"replica": idx[k], "head": f"L{layer}.a{a}",
-                                "before": [round(float(v), 4) for v in old[k, i, :m.periods[i]]],
-                                "after": [int(v) for v in m.coef[k, i, :m.periods[i]]],
-                                "loss_before": float(before[idx[k]]), "loss_after": float(after[k])})
-    if keep:
-        model.assign_replicas([idx[k] for k in keep], sub.select_replicas(keep))
-    return out
-
-
-def periodic_sizing(config, dep, left: set[str], changes: dict) -> str:
+def periodic_sizing(config, dep, left: set[str], changes: dict, base_periods: tuple[int, ...]) -> str:
     """discover's sizing (wtc.discovery.sized_for) where the probe found a prefix read through
     sums weighted with period p (Dependence.periods): periodic aggregate heads of those periods
     before a mean head, and sub-MLP periodic units for the moduli of their initial patterns
-    (besides wtc.discovery.PERIODS). Fields the user set (not in `left`) stay. Updates `changes`;
-    returns what it did, or ""."""
-    from wtc.discovery import PERIODS
+    (besides base_periods, those discover gives for oscillation). Fields the user set (not in
+    `left`) stay. Updates `changes`; returns what it did, or ""."""
 
     found = sorted({p for p in getattr(dep, "periods", []) if p})
     if "agg_ops" not in left or not found:
@@ -204,7 +151,7 @@ def periodic_sizing(config, dep, left: set[str], changes: dict) -> str:
         changes["n_agg_heads"] = max(len(ops), max(config.n_agg_heads), changes.get("n_agg_heads", 0))
     said = f"periodic aggregate heads ({', '.join(ops[:-1])})"
     if "mlp_periods" in left and not config.mlp_periods:
-        periods = tuple(sorted(set(changes.get("mlp_periods", PERIODS)).union(*(moduli(p) for p in found))))
+        periods = tuple(sorted(set(changes.get("mlp_periods", base_periods)).union(*(moduli(p) for p in found))))
         changes["mlp_periods"] = periods
         said += f" and periodic sub-MLP units (periods {', '.join(map(str, periods))})"
     return said
