@@ -3,6 +3,7 @@ weighted by a learned periodic function of the distance, checked against a brute
 double loop (values and gradients), read back as a plain-Python line whose source, exec'd in a fresh
 namespace, agrees with the model on fresh and longer sequences; config errors; checkpoints."""
 import ast
+import json
 
 import numpy as np
 import pytest
@@ -105,7 +106,7 @@ def _planted(task, coefficients, noise=0.0):
         slot = sel.slot_names.index("L0.a0.v")
         sel.logits[0, slot] = -10.0
         sel.logits[0, slot, sel.variable_names.index("x")] = 10.0
-        model.blocks[0].attn.periodic.coef[0, 0] = torch.tensor(coefficients) + noise
+        model.blocks[0].attn.periodic.set_coef(torch.tensor(coefficients)[None, None] + noise)
     model.freeze()
     model.eval()
     x, y, valid, _ = run.fit_data
@@ -130,6 +131,9 @@ def test_a_planted_head_reads_as_a_periodic_line_that_holds_longer(rng, c):
     line = periodic_source(program.lines[0].name, "x", program.lines[0].rule.params["coefficients"])
     assert ast.unparse(ast.parse(line)) in program.source
     assert verify(program, task, n=500, seed=int(rng.integers(2**31))).solved
+    from wtc.discover_job import program_from_dict, program_to_dict
+    back = program_from_dict(json.loads(json.dumps(program_to_dict(program))))   # as rungs hand it over
+    assert back.source == program.source and back.lines[0].rule == program.lines[0].rule
     fresh = rng.integers(-3, 4, (40, 8)).astype(float)
     np.testing.assert_allclose(_run_source(program.source, fresh), model.predict(fresh[..., None]).reshape(40, 8),
                                atol=1e-3)
@@ -151,7 +155,7 @@ def test_checkpoint_round_trip_keeps_the_coefficients(tmp_path):
     cfg = DTConfig(n_heads=1, n_agg_heads=2, n_mlps=1, agg_ops=("per3", "sum"), replicas=2)
     model = DiscreteTransformer(cfg, seq_len=6)
     with torch.no_grad():
-        model.blocks[0].attn.periodic.coef.normal_()
+        model.blocks[0].attn.periodic.set_coef(torch.randn(2, 1, 3))
     checkpoint.save(model, tmp_path / "m")
     back = checkpoint.load(tmp_path / "m")
     torch.testing.assert_close(back.blocks[0].attn.periodic.coef, model.blocks[0].attn.periodic.coef)

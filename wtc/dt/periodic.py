@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 PERIODS = range(2, 9)                  # the periods an op name may give ("per2" .. "per8")
+COEF_STEP = 0.125                      # a coefficient moves COEF_STEP times as fast as other parameters
 
 
 def period_of(op: str) -> int | None:
@@ -107,7 +108,10 @@ def initial_patterns(p: int, limit: int = 64) -> list[tuple[int, ...]]:
 
 class PeriodicAggregates(nn.Module):
     """The periodic heads of one layer's aggregates: coefficients (R, n, p_max), entries past a
-    head's own period unused (zero gradient)."""
+    head's own period unused (zero gradient). Stored in units of COEF_STEP (the parameter theta =
+    c / COEF_STEP): Adam moves a parameter by about lr per step whatever its gradient's scale, and
+    at the DT's lr a coefficient left free drifted from its integer pattern by 0.3-0.6 before the
+    sub-MLPs read the sum (Div_3, one loaded core: 8 of 8 replicas off the integers, none solved)."""
 
     def __init__(self, replicas: int, agg_ops: list[str]):
         super().__init__()
@@ -119,7 +123,17 @@ class PeriodicAggregates(nn.Module):
             patterns = initial_patterns(p)
             for r in range(replicas):      # head i of replica r: a different pattern per (replica, head)
                 coef[r, i, :p] = torch.tensor(patterns[(r * len(self.heads) + i) % len(patterns)], dtype=torch.float32)
-        self.coef = nn.Parameter(coef)
+        self.theta = nn.Parameter(coef / COEF_STEP)
+
+    @property
+    def coef(self) -> torch.Tensor:
+        """(R, n, p_max) the coefficients c (differentiable)."""
+        return self.theta * COEF_STEP
+
+    @torch.no_grad()
+    def set_coef(self, values: torch.Tensor) -> None:
+        """Set the coefficients c (R, n, p_max)."""
+        self.theta.copy_(values / COEF_STEP)
 
     def forward(self, val: torch.Tensor, out: torch.Tensor, seq_len: int) -> torch.Tensor:
         """val (R, B, A, T) the aggregates' values, out (R, B, A, T) what the uniform ops wrote ->

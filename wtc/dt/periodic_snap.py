@@ -35,11 +35,11 @@ def snap_coefficients(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tens
         before = refit_head(model, x, y, valid).cpu()
         idx = near.nonzero().ravel().tolist()
         sub = model.select_replicas(idx)
-        olds = [m.coef.detach().clone() for _, m in periodic_of(sub)]
+        olds = [m.coef.clone() for _, m in periodic_of(sub)]
         for _, m in periodic_of(sub):
             off = (m.coef - m.coef.round()).abs()
             close = (off <= SNAP_DISTANCE).all(dim=2, keepdim=True)
-            m.coef.copy_(torch.where(close, m.coef.round(), m.coef))
+            m.set_coef(torch.where(close, m.coef.round(), m.coef))
         refit_head(sub, x, y, valid)
     polish(sub, x, y, valid, iters=SNAP_POLISH)
     with torch.no_grad():
@@ -52,7 +52,7 @@ def snap_coefficients(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tens
                 if not torch.equal(old[k, i], m.coef[k, i]):
                     out.append({"replica": idx[k], "head": f"L{layer}.a{a}",
                                 "before": [round(float(v), 4) for v in old[k, i, :m.periods[i]]],
-                                "after": [int(v) for v in m.coef[k, i, :m.periods[i]]],
+                                "after": [int(round(float(v))) for v in m.coef[k, i, :m.periods[i]]],
                                 "loss_before": float(before[idx[k]]), "loss_after": float(after[k])})
     if keep:
         model.assign_replicas([idx[k] for k in keep], sub.select_replicas(keep))
