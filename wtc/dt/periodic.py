@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 PERIODS = range(2, 9)                  # the periods an op name may give ("per2" .. "per8")
-COEF_STEP = 0.125                      # a coefficient moves COEF_STEP times as fast as other parameters
+COEF_STEP = 2.0 ** -5                  # a coefficient moves this times as fast as other parameters
 
 
 def period_of(op: str) -> int | None:
@@ -110,8 +110,10 @@ class PeriodicAggregates(nn.Module):
     """The periodic heads of one layer's aggregates: coefficients (R, n, p_max), entries past a
     head's own period unused (zero gradient). Stored in units of COEF_STEP (the parameter theta =
     c / COEF_STEP): Adam moves a parameter by about lr per step whatever its gradient's scale, and
-    at the DT's lr a coefficient left free drifted from its integer pattern by 0.3-0.6 before the
-    sub-MLPs read the sum (Div_3, one loaded core: 8 of 8 replicas off the integers, none solved)."""
+    at the DT's lr coefficients left free drifted from their integer patterns by 0.2-0.6 before the
+    sub-MLPs read the sums (Div_3, two per2 heads: 7 of 8 replicas off the integers, none solved),
+    and at 1/8 of it still by 0.5 (discover's Div_3: its one replica solved at (1.51, -1.70), a
+    reading that fails at twice the length). A power of two keeps integers exact."""
 
     def __init__(self, replicas: int, agg_ops: list[str]):
         super().__init__()
