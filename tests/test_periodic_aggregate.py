@@ -184,7 +184,7 @@ def test_the_probe_finds_the_period_of_long_division_and_discover_sizes_for_it(d
     dep = dependence(_div(d))
     assert dep.prefix == [True] and dep.periods == [p], dep.describe()
     config, why = sized_for(DTConfig(), dep)
-    assert config.agg_ops == (f"per{p}", "mean") and f"per{p}" in why
+    assert config.agg_ops == (f"per{p}",) and config.n_agg_heads == (2,) and f"per{p}" in why
     assert d in config.mlp_periods
     kept, _ = sized_for(DTConfig(agg_ops=("sum",), mlp_periods=(2,)), dep)      # what a user set stays
     assert kept.agg_ops == ("sum",) and kept.mlp_periods == (2,)

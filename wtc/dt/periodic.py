@@ -154,18 +154,19 @@ class PeriodicAggregates(nn.Module):
 def periodic_sizing(config, dep, left: set[str], changes: dict, base_periods: tuple[int, ...]) -> str:
     """discover's sizing (wtc.discovery.sized_for) where the probe found a prefix read through
     sums weighted with period p (Dependence.periods): periodic aggregate heads of those periods
-    before a mean head, and sub-MLP periodic units for the moduli of their initial patterns
+    only (a mean head beside them was live in the output and its third leaf kept the regression
+    from ((A mod 3) + x) mod 2 on Div_3; every head is a pattern tried), and sub-MLP periodic units for the moduli of their initial patterns
     (besides base_periods, those discover gives for oscillation). Fields the user set (not in
     `left`) stay. Updates `changes`; returns what it did, or ""."""
 
     found = sorted({p for p in getattr(dep, "periods", []) if p})
     if "agg_ops" not in left or not found:
         return ""
-    ops = tuple(f"per{p}" for p in found) + ("mean",)
+    ops = tuple(f"per{p}" for p in found)
     changes["agg_ops"] = ops
     if "n_agg_heads" in left:
         changes["n_agg_heads"] = max(len(ops), max(config.n_agg_heads), changes.get("n_agg_heads", 0))
-    said = f"periodic aggregate heads ({', '.join(ops[:-1])})"
+    said = f"periodic aggregate heads ({', '.join(ops)})"
     if "mlp_periods" in left and not config.mlp_periods:
         periods = tuple(sorted(set(changes.get("mlp_periods", base_periods)).union(*(moduli(p) for p in found))))
         changes["mlp_periods"] = periods
