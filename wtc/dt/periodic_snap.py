@@ -49,10 +49,10 @@ def snap_coefficients(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tens
     for k in keep:
         for (layer, m), old in zip(periodic_of(sub), olds):
             for i, a in enumerate(m.heads):
-                if not torch.equal(old[k, i], m.coef[k, i]):
+                if not torch.equal(old[k, i], m.coef.detach()[k, i]):
                     out.append({"replica": idx[k], "head": f"L{layer}.a{a}",
                                 "before": [round(float(v), 4) for v in old[k, i, :m.periods[i]]],
-                                "after": [int(round(float(v))) for v in m.coef[k, i, :m.periods[i]]],
+                                "after": [int(round(float(v))) for v in m.coef.detach()[k, i, :m.periods[i]]],
                                 "loss_before": float(before[idx[k]]), "loss_after": float(after[k])})
     if keep:
         model.assign_replicas([idx[k] for k in keep], sub.select_replicas(keep))
