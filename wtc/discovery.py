@@ -31,6 +31,7 @@ from wtc import tasks as task_registry
 from wtc.discover_job import (REPLICAS_TO_READ, VERIFY_SEQUENCES, RungResult, plain_json,  # noqa: F401 (re-exported)
                               program_from_dict, program_to_dict)
 from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
+from wtc.dt.periodic import periodic_sizing
 from wtc.dt.ladder import READ_SHARE, Deadline, check_budget, climb, margin_s
 from wtc.dt.recency import recent_layout
 from wtc.dt.workers import JobTask, job_task, run_wave, worker_count
@@ -52,7 +53,7 @@ if TYPE_CHECKING:                      # annotations only (the model classes imp
 DEFAULT_BUDGET_S = 600.0
 PERIODS = (2, 3, 4, 5, 6)   # periodic units when the probe sees oscillation: every residue mod 2..6
 JOB = "wtc.discover_job:DiscoverJob"
-SIZED_FIELDS = ("n_heads", "n_agg_heads", "mlp_periods", "mlp_inputs")   # what sized_for may grow
+SIZED_FIELDS = ("n_heads", "n_agg_heads", "agg_ops", "mlp_periods", "mlp_inputs")   # what sized_for may grow
 
 
 class DiscoveryError(WtcError, ValueError):
@@ -383,6 +384,9 @@ def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:
     if "mlp_periods" in left and dep.oscillating and not config.mlp_periods:
         changes["mlp_periods"] = PERIODS
         why.append(f"periodic sub-MLP units (periods {', '.join(map(str, PERIODS))})")
+    periodic = periodic_sizing(config, dep, left, changes, PERIODS)
+    if periodic:
+        why.append(periodic)
     # three: the ladder's second rung has them anyway; a tail's interacting offsets are the recency heads'
     if "mlp_inputs" in left and dep.order > max(config.mlp_inputs, 3) and "n_recent_heads" not in changes:
         changes["mlp_inputs"] = dep.order

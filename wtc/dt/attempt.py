@@ -22,6 +22,7 @@ from wtc.dt.finish import masked_mse, polish, refit_head
 from wtc.dt.history import History
 from wtc.dt.ladder import Deadline
 from wtc.dt.model import DiscreteTransformer
+from wtc.dt.periodic_snap import snap_coefficients
 from wtc.dt.refine import refine_pointers
 from wtc.dt.schedule import Anneal
 from wtc.dt.selection import EVAL, Sampling, entropy
@@ -37,10 +38,9 @@ REFINE_SEQUENCES = 512   # batch of the pointer refinement (counterfactual forwa
 PRECISION_REPLICAS = 2   # nearly-solved replicas that get the float64 polish
 PRECISION_CHUNK = 250    # L-BFGS iterations between checks whether they are solved
 PRECISION_GAIN = 0.01    # a chunk lowering no replica's loss by 1% ends the pass
-# Settling early (discover, integer tasks): a population often computes the target exactly long
-# before the annealing ends (parity_last2: every batch right from step ~150 of 1000). From SETTLE_FROM,
-# every SETTLE_EVERY steps, the argmax model is scored on SETTLE_SEQUENCES of the fit data; a replica
-# right everywhere ends the annealing there, and the whole hard phase follows.
+# Settling early (discover, integer tasks; parity_last2's batches are all right from step ~150 of
+# 1000): from SETTLE_FROM, every SETTLE_EVERY steps, a replica whose argmax model is right on
+# SETTLE_SEQUENCES fit sequences ends the annealing; the whole hard phase follows.
 SETTLE_FROM, SETTLE_EVERY, SETTLE_SEQUENCES = 100, 50, 512
 # DTConfig fields that steer the ladder, not what one attempt computes: a resume may change them
 LADDER_FIELDS = ("max_attempts", "workers")
@@ -136,6 +136,7 @@ class Attempt:
         self.hard_from = config.steps          # the step the hard phase starts at (earlier once settled)
         self.graphed: graph_step.GraphedStep | None = None   # hard-phase steps from a CUDA graph (GPU only)
         self.snaps, self.snap_seconds = [], 0.0   # heads set to routing rules at the finish (wtc.dt.snap), CPU s
+        self.coefficient_snaps: list[dict] = []   # periodic aggregates set to integers (wtc.dt.periodic_snap)
         heads = [n for b in self.model.blocks if b.attn is not None for n in b.attn.head_names]
         slots = [s for sel in self.model.selectors() for s in sel.slot_names]
         self.history = History(task.name, "accuracy" if task.output == "integer" else "max_rel_err",
@@ -198,8 +199,7 @@ class Attempt:
             self.graphed = None      # its buffers and memory pool are of no further use
 
     @property
-    def planned_steps(self) -> int:
-        """Steps this attempt trains: the annealing (cut short once settled) and the hard phase."""
+    def planned_steps(self) -> int:   # the annealing (cut short once settled) and the hard phase
         return self.hard_from + self.config.hard_steps
 
     @torch.no_grad()
@@ -245,6 +245,7 @@ class Attempt:
             self.snaps = snap_heads(self.model, x[:k], y[:k], valid[:k], until=end)
             self.snap_seconds = time.process_time() - started
             refit_head(self.model, x, y, valid)      # candidates were scored on a subset
+            self.coefficient_snaps = snap_coefficients(self.model, x[:k], y[:k], valid[:k])
         if self.config.polish_iters:
             polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters, until=end)
         if self.config.refine_steps and refine_pointers(self.model, x[:REFINE_SEQUENCES], y[:REFINE_SEQUENCES],
@@ -367,10 +368,9 @@ def run_attempt(run: Attempt, progress: bool | str = False, state_path: Path | N
     if cfg.precision_iters and stopped is None:
         scores = run.precision_pass(scores, deadline)
     run.history.final = {"scores": scores}
-    if run.hard_from < cfg.steps:
-        run.history.final["settled_at_step"] = run.hard_from
-    if run.snaps:
-        run.history.final["snaps"] = [dataclasses.asdict(s) for s in run.snaps]
+    extras = {"settled_at_step": run.hard_from if run.hard_from < cfg.steps else None,
+              "snaps": [dataclasses.asdict(s) for s in run.snaps], "coefficient_snaps": run.coefficient_snaps}
+    run.history.final.update({k: v for k, v in extras.items() if v})
     if stopped is not None:
         run.history.final.update(stopped_at_step=stopped, planned_steps=run.planned_steps)
         if mode(progress) == "on":      # in a worker the parent reports the attempt's end itself

@@ -34,6 +34,7 @@ from wtc import _native, kernels
 from wtc.kernels import cpu as cpu_kernels
 from wtc.backend import choose
 from wtc.dt.gumbel import draw_seed, gumbel_hash
+from wtc.dt.periodic import PeriodicAggregates, period_of
 from wtc.dt.ple import ple_uniform
 from wtc.dt.selection import Choice, Sampling, Selector, entropy, relaxed_one_hot
 from wtc.hooks import HookPoint
@@ -152,9 +153,11 @@ class Attention(nn.Module):
         # times x, made every replica's selection flee it early in training; the program line is
         # the sum itself, wtc.extraction.reader)
         count = torch.arange(1, seq_len + 1, dtype=torch.float32)
-        self.register_buffer("agg_scale", torch.stack([count / seq_len if op == "sum" else torch.ones(seq_len)
+        self.register_buffer("agg_scale", torch.stack([count / seq_len if op != "mean" else torch.ones(seq_len)
                                                        for op in self.agg_ops]) if A else torch.ones(0, seq_len),
                              persistent=False)
+        # periodic heads ("per2" ...: wtc.dt.periodic) are sums too, scaled as they are
+        self.periodic = PeriodicAggregates(R, self.agg_ops) if any(map(period_of, self.agg_ops)) else None
         slots = ([f"{n}.q" for n in self.head_names] + [f"{n}.k" for n in self.head_names]
                  + [f"{n}.v" for n in self.head_names] + [f"{n}.v" for n in self.agg_names])
         self.select = Selector(R, slots, variable_names, mask_fn(slots, variable_names))
@@ -276,7 +279,8 @@ class Attention(nn.Module):
         if A:
             val = choice.read(stream[:, :, P:], slice(3 * H, None)).transpose(2, 3)  # (R, B, A, T)
             mean = kernels.aggregate(val) if fused else running_mean(val)       # (R, B, A, T)
-            outs.append(mean * self.agg_scale if "sum" in self.agg_ops else mean)
+            out = mean * self.agg_scale if "sum" in self.agg_ops else mean
+            outs.append(out if self.periodic is None else self.periodic(val, out, self.T))
         return self.hook_z(torch.cat(outs, dim=2)), stats
 
     @staticmethod

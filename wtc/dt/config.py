@@ -12,7 +12,7 @@ from wtc.arguments import KnownFields
 from wtc.errors import WtcError
 
 ACTIVATIONS = ("relu", "silu", "gelu", "tanh", "relu+silu")
-AGG_OPS = ("mean", "sum")
+AGG_OPS = ("mean", "sum") + tuple(f"per{p}" for p in range(2, 9))   # per<p>: wtc.dt.periodic
 
 
 MAX_ACTIVATION_BYTES = 2**30     # one float32 activation of a training step (DTConfig.check_size)
@@ -55,7 +55,9 @@ class DTConfig(KnownFields):
       n_agg_heads  aggregate heads per layer: uniform over the causal prefix (beyond the paper)
       agg_ops      what each aggregate head computes, cycled over a layer's heads: "mean" (the prefix
                    mean) or "sum" (the prefix sum: a sum of sums, such as a position from its
-                   acceleration, is then linear in the stream: two layers of sums)
+                   acceleration, is then linear in the stream: two layers of sums) or "per2" .. "per8"
+                   (a prefix sum weighted by a learned period-p function of the distance: a number
+                   read in base g modulo d, an oscillation; wtc.dt.periodic)
       n_mlps       sub-MLPs per layer; each reads `mlp_inputs` variables, `mlp_hidden` units
       mlp_depth    hidden layers per sub-MLP (1 or 2); 2 represents a max of three exactly
       mlp_periods  periods P of the sub-MLPs' periodic units (beyond the paper; () = none): features

@@ -26,6 +26,7 @@ from sympy.printing.pycode import pycode
 from wtc.errors import WtcError
 from wtc.extraction.domain import Domain, DomainError, domain_statements
 from wtc.extraction.routing_rules import Rule, predicate_text, satisfies
+from wtc.extraction.weighted import periodic_source
 
 POSITION = "t"
 _ALLOWED_CALLS = {"max", "min", "abs"}
@@ -58,9 +59,9 @@ class Line:
     """One live variable of the program."""
 
     name: str
-    kind: str                        # "route" | "mean" | "sum" | "expr"
-    source: str | None = None        # route / mean / sum: the variable read
-    rule: Rule | None = None         # route: how the key is chosen
+    kind: str                        # "route" | "mean" | "sum" | "periodic" | "expr"
+    source: str | None = None        # route / mean / sum / periodic: the variable read
+    rule: Rule | None = None         # route: how the key is chosen; periodic: {"coefficients": [...]}
     expr: sp.Expr | None = None      # expr: in terms of other variables at the same position
     comment: str = ""
 
@@ -218,6 +219,8 @@ def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: lis
             loop += _stmt(f"{ln.name}[t] = sum({_series(ln.source)}[:t + 1]) / (t + 1)")
         elif ln.kind == "sum":
             loop += _stmt(f"{ln.name}[t] = sum({_series(ln.source)}[:t + 1])")
+        elif ln.kind == "periodic":
+            loop += _stmt(periodic_source(ln.name, _series(ln.source), ln.rule.params["coefficients"]))
         elif ln.kind == "expr":
             target = ast.Subscript(value=ast.Name(ln.name, ast.Load()), slice=ast.Name(POSITION, ast.Load()),
                                    ctx=ast.Store())

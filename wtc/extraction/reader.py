@@ -34,7 +34,8 @@ from wtc.extraction.formulas import (DECISION_SLACK, MAX_SR_POINTS, MIN_DECISION
                                       ExtractionTimeout, formula as _formula, reading_deadline, sr_fit as _sr_fit)
 from wtc.extraction.program import POSITION, Line, Program, build_source
 from wtc.extraction.readout import head_weights, pad, read
-from wtc.extraction.routing_rules import fit_head, routed, rule_keys
+from wtc.extraction.routing_rules import Rule, fit_head, routed, rule_keys
+from wtc.extraction.weighted import describe as describe_weights, simple_number, weighted_prefix
 from wtc.extraction.verification import agreement
 
 if TYPE_CHECKING:                    # annotations only: the model class imports torch
@@ -272,6 +273,8 @@ class _Extraction:
         self.readings.append(Reading(mod.name, "head", name, reads, best.describe(), evidence, fit.rule is not None))
 
     def _aggregate(self, mod) -> None:
+        if mod.coefficients:
+            return self._periodic(mod)
         src = mod.reads["v"]
         sums = np.cumsum(self.prog[src][:, self.P:], axis=1)
         op = mod.op                                          # "mean" | "sum" (DTConfig.agg_ops)
@@ -288,6 +291,22 @@ class _Extraction:
             self.sums[mod.name] = (src, pad(sums, self.P))   # its other reading
         self.readings.append(Reading(mod.name, "aggregate", name, f"v={src}", f"{op} over the prefix",
                                      "by construction", True))
+
+    def _periodic(self, mod) -> None:
+        """A periodic aggregate (wtc.dt.periodic): its weighted prefix sum, coefficients written as
+        integers or simple fractions where they are (wtc.extraction.weighted)."""
+        src, coefficients = mod.reads["v"], [simple_number(c) for c in mod.coefficients]
+        key = ("periodic", repr(coefficients), src)
+        name = self.routes.get(key)
+        if name is None:
+            name = self.routes[key] = _unique_name(f"{mod.op}_{self.pname[src]}", self.taken)
+            self.lines.append(Line(name, "periodic", self.pname[src], Rule("periodic", {"coefficients": coefficients}),
+                                   comment=describe_weights(coefficients)))
+        factor = self.factor.get(src)             # written as the sum / T in model units
+        self._set(mod.name, name, pad(weighted_prefix(self.prog[src][:, self.P:], coefficients), self.P),
+                  None if factor is None else factor / self.T)
+        self.readings.append(Reading(mod.name, "aggregate", name, f"v={src}", describe_weights(coefficients),
+                                     f"learned {[round(c, 4) for c in mod.coefficients]}", True))
 
     def _as_sums(self, leaves) -> tuple[dict[str, np.ndarray], dict[str, str]] | None:
         """prog and pname with every aggregate among leaves read as the sum over the prefix instead

@@ -22,7 +22,8 @@ class Module:
     content: bool = False            # head may score content (q, k matter)
     layer: int = 0
     index: int = 0
-    op: str = ""                     # an aggregate's "mean" or "sum"
+    op: str = ""                     # an aggregate's "mean", "sum" or "per<p>" (DTConfig.agg_ops)
+    coefficients: tuple = ()         # a periodic aggregate's c[0 .. p-1] (wtc.dt.periodic)
 
 
 @dataclass
@@ -50,8 +51,10 @@ def modules_of(model) -> list[Module]:
             for h, name in enumerate(block.attn.head_names):
                 out.append(Module(name, "head", {r: structure[f"{name}.{r}"] for r in "qkv"}, content, layer, h))
             for a, name in enumerate(block.attn.agg_names):
+                periodic = block.attn.periodic
+                coef = tuple(periodic.coefficients(0, a)) if periodic is not None and a in periodic.heads else ()
                 out.append(Module(name, "aggregate", {"v": structure[f"{name}.v"]}, False, layer, a,
-                                  block.attn.agg_ops[a]))
+                                  block.attn.agg_ops[a], coef))
         if block.mlp is not None:
             for m, name in enumerate(block.mlp.names):
                 reads = {f"in{i}": structure[f"{name}.in{i}"] for i in range(block.mlp.k)}

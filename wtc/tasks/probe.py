@@ -6,7 +6,10 @@ pointer head must route (y_t reads x_{t-d} at every t), the absolute positions r
 probe sweeps each input it reads through its values and counts how often the output's curvature
 changes sign: a sum, a maximum, a square or a threshold change it at most twice, a parity, a
 residue, a floor division or a table over digits again and again (the evidence for periodic units).
-A third measures how many of the routed inputs interact: a function that is a sum of parts of at
+A prefix read whole may be read through sums weighted by a periodic function of the distance (a
+number read digit by digit, modulo d: long division): the smallest p with y_t a function of x_t and
+the p sums of the inputs at distances = s mod p, when the plain sum (p = 1) is not enough, is the
+period of such weights (wtc.dt.periodic). A third measures how many of the routed inputs interact: a function that is a sum of parts of at
 most k inputs each has every (k+1)-th order mixed difference zero, so the largest order with a
 nonzero one says how many inputs one computation must see together (a sum: 1; a product of two:
 2; the maximum of five: 5): discover gives its sub-MLPs that many inputs.
@@ -31,6 +34,9 @@ OSCILLATING = 4          # curvature sign changes (median over base sequences) t
 ORDER_MAX = 8            # interaction orders measured up to this (2**k target calls per mixed difference)
 ORDER_SEQUENCES = 64     # base sequences (and donors) per subset of inputs
 ORDER_SUBSETS = 16       # at most this many input subsets tried per order
+PERIOD_SEQUENCES = 4096  # sequences of the periodic-weights test
+PERIOD_SHARED = 0.5      # the test counts only where this share of sequences share their sums with another
+MAX_PERIOD = 8           # periods tried: 2 .. this (DTConfig.agg_ops "per2" .. "per8")
 
 
 @dataclass
@@ -44,6 +50,7 @@ class Dependence:
     turns: list[dict[int, int]] = field(default_factory=list)   # per channel: offset -> curvature sign changes
     sum_turns: list[int] = field(default_factory=list)          # per channel: the same in the prefix sum (prefix reads)
     order: int = 0           # most routed inputs (offsets, absolute positions) that interact in y_t
+    periods: list[int] = field(default_factory=list)            # per channel: period of its prefix weights (0: none)
 
     @property
     def oscillating(self) -> list[tuple[int, int | str, int]]:
@@ -69,6 +76,9 @@ class Dependence:
             name = "x" if len(self.offsets) == 1 else f"x{c}"
             return f"the prefix sum of {name}" if d == "sum" else f"{name}_{f'(t-{d})' if d else 't'}"
         waves = [f"{where(c, d)} ({n} turns)" for c, d, n in self.oscillating]
+        periodic = [f"{'x' if len(self.offsets) == 1 else f'x{c}'} through sums weighted with period {p}"
+                    for c, p in enumerate(self.periods) if p]
+        waves += [f"the prefix of {w}" for w in periodic]
         return ("; ".join(parts) + (f"; oscillating in {', '.join(waves)}" if waves else "")
                 + (f"; {self.order} of them interact" if self.order > 2 else ""))
 
@@ -101,7 +111,32 @@ def dependence(task: Task, seed: int = 0) -> Dependence | None:
     turns = _turns(task, offsets, np.random.default_rng([seed, 8123, 2]))
     sums = [_sum_turns(task, c, np.random.default_rng([seed, 8123, 3])) if pre else 0 for c, pre in enumerate(prefix)]
     order = _order(task, offsets, absolute, np.random.default_rng([seed, 8123, 4]))
-    return Dependence(offsets, absolute, prefix, a[3] & b[3], turns, sums, order)
+    periods = [_period(task, c, np.random.default_rng([seed, 8123, 5])) if pre else 0 for c, pre in enumerate(prefix)]
+    return Dependence(offsets, absolute, prefix, a[3] & b[3], turns, sums, order, periods)
+
+
+def _period(task: Task, c: int, rng: np.random.Generator) -> int:
+    """The smallest p in 2..MAX_PERIOD such that y_(T-1) is a function of the inputs at T-1 and the
+    p sums of channel c over the positions at distance = s mod p (s = 0 .. p-1), when the plain sum
+    (p = 1) is not; 0 when no p is, or the samples share too few keys to tell (PERIOD_SHARED)."""
+    x, y = task.batch(rng, PERIOD_SEQUENCES)
+    out, T = y[:, -1, :], task.seq_len
+    if not np.all(np.isfinite(out)):
+        return 0
+    distance = T - 1 - np.arange(T)
+    for p in range(1, MAX_PERIOD + 1):
+        sums = np.stack([x[:, distance % p == s, c].sum(axis=1) for s in range(p)], axis=1)
+        keys, inverse, counts = np.unique(np.concatenate([x[:, -1, :], sums], axis=1), axis=0,
+                                          return_inverse=True, return_counts=True)
+        inverse = inverse.ravel()
+        if np.mean(counts[inverse] > 1) < PERIOD_SHARED:
+            return 0
+        table = np.zeros((len(keys), out.shape[1]))
+        np.add.at(table, inverse, out)
+        table /= counts[:, None]
+        if np.allclose(table[inverse], out, rtol=1e-9, atol=1e-9):
+            return 0 if p == 1 else p
+    return 0
 
 
 def _order(task: Task, offsets: list[list[int]], absolute: list[list[int]], rng: np.random.Generator) -> int:
