@@ -200,9 +200,14 @@ def conditional_kl(model, tokens: torch.Tensor, name: str, index, masks, clean_l
                             f"{tuple(tokens.shape)}, got {tuple(clean_logp.shape) if torch.is_tensor(clean_logp) else type(clean_logp).__name__}")
     k = len(masks)
     rep = tokens.repeat(k, 1)
-    with zeroed_at(model, name, index, torch.cat([_bool_mask(s) for s in masks]), rep):
+    stacked = torch.cat([_bool_mask(s) for s in masks])                                       # (k*B, T)
+    with zeroed_at(model, name, index, stacked, rep):
         logp = torch.log_softmax(model(rep).double(), -1)
     kl = (clean_logp.exp().repeat(k, 1, 1) * (clean_logp.repeat(k, 1, 1) - logp)).sum(-1)     # (k*B, T)
+    # a row with nothing zeroed is the clean model by definition; BLAS may round a batch of 2B rows
+    # differently from one of B, and that noise (~1e-16) is not an effect of the weight
+    untouched = ~stacked.to(kl.device).any(1)
+    kl = kl.masked_fill(untouched[:, None], 0.0)
     kl = kl.clamp_min(0).reshape(k, *tokens.shape)
     out = kl if per_position else kl.sum((1, 2))
     return out[0] if single else out
