@@ -234,6 +234,46 @@ def test_discover_starts_with_recency_heads_on_a_tail_of_rare_reads():
         assert not any(sized_for(DTConfig(), dependence(wtc.tasks.get(name)))[0].n_recent_heads), name
 
 
+def _bit_sum(x):
+    """Binary addition of two bit channels, least significant first (the last carry dropped)."""
+    out, carry = np.zeros(x.shape[:2], dtype=np.int64), np.zeros(x.shape[0], dtype=np.int64)
+    for t in range(x.shape[1]):
+        s = x[:, t, 0] + x[:, t, 1] + carry
+        out[:, t], carry = s % 2, s // 2
+    return out
+
+
+def test_a_carry_over_bits_is_told_by_rates_that_halve_with_each_step_back():
+    """With two symbols a carry chain reaches every offset in some probe sequence (no band and
+    tail), but the share of swaps that move y_t halves with each step back, the same at every t."""
+    import wtc
+    from wtc.discovery import sized_for
+    from wtc.dt.recency import decaying_rates, tail_offsets
+    from wtc.tasks.probe import dependence
+
+    bits = wtc.Task("bit_sum", sample=lambda rng, n: rng.integers(0, 2, size=(n, 10, 2)), target=_bit_sum,
+                    seq_len=10, n_inputs=2)
+    dep = dependence(bits)
+    assert not tail_offsets(dep)
+    decay = dict(decaying_rates(dep))
+    assert set(decay) == {0, 1}
+    for rates in decay.values():                                  # 1/2, 1/4, 1/8 within the probe's noise
+        assert all(abs(r - 0.5 ** d) < 0.06 for d, r in zip((1, 2, 3), rates)), rates
+    grown, why = sized_for(DTConfig(), dep)
+    assert grown.n_recent_heads == (0, 2) and "geometrically" in why, why
+    others = {"prefix count mod 3": (lambda rng, n: rng.integers(0, 3, size=(n, 10)), lambda x: np.cumsum(x, 1) % 3),
+              "prefix max": (lambda rng, n: rng.integers(0, 10, size=(n, 10)), lambda x: np.maximum.accumulate(x, 1)),
+              "majority": (lambda rng, n: rng.integers(0, 2, size=(n, 10)),
+                           lambda x: (2 * np.cumsum(x, 1) > np.arange(1, 11)).astype(np.int64)),
+              # the last 3 bits alternate: rates 1/2, 1/4, then exactly 0 (a window, cut off)
+              "alternating": (lambda rng, n: rng.integers(0, 2, size=(n, 10)),
+                              lambda x: np.stack([[int(t >= 2 and r[t] != r[t - 1] != r[t - 2]) for t in range(10)]
+                                                  for r in x]))}
+    for name, (sample, target) in others.items():
+        dep = dependence(wtc.Task(name.replace(" ", "_"), sample=sample, target=target, seq_len=10))
+        assert not decaying_rates(dep), name
+
+
 def test_a_sub_mlp_on_a_small_grid_is_read_as_its_interpolating_polynomial():
     """A digit-sum key on digits 0..2 is a 3 x 3 table of reals (wtc.extraction.grid)."""
     import sympy as sp

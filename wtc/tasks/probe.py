@@ -51,6 +51,10 @@ class Dependence:
     sum_turns: list[int] = field(default_factory=list)          # per channel: the same in the prefix sum (prefix reads)
     order: int = 0           # most routed inputs (offsets, absolute positions) that interact in y_t
     periods: list[int] = field(default_factory=list)            # per channel: period of its prefix weights (0: none)
+    # (n_inputs, T source, T output): the share of swaps of the source that moved the output (NaN
+    # where no swap changed the input); a carry shows as a share that halves (base 2) with each step
+    # back, the same at every output position
+    rates: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def oscillating(self) -> list[tuple[int, int | str, int]]:
@@ -103,7 +107,8 @@ def dependence(task: Task, seed: int = 0) -> Dependence | None:
     seed = arguments.seed(seed, error=TaskError)
     if task.size is not None:                     # recorded data: target answers only for the records
         return None
-    a, b = (_read(task, _table(task, np.random.default_rng([seed, 8123, k]))) for k in (0, 1))
+    rates = [_rates(task, np.random.default_rng([seed, 8123, k])) for k in (0, 1)]
+    a, b = (_read(task, r > 0) for r in rates)
     both = [[v for v in u if v in w] for u, w in zip(a[0], b[0])]
     absolute = [[v for v in u if v in w] for u, w in zip(a[1], b[1])]
     prefix = [p and q for p, q in zip(a[2], b[2])]
@@ -112,7 +117,8 @@ def dependence(task: Task, seed: int = 0) -> Dependence | None:
     sums = [_sum_turns(task, c, np.random.default_rng([seed, 8123, 3])) if pre else 0 for c, pre in enumerate(prefix)]
     order = _order(task, offsets, absolute, np.random.default_rng([seed, 8123, 4]))
     periods = [_period(task, c, np.random.default_rng([seed, 8123, 5])) if pre else 0 for c, pre in enumerate(prefix)]
-    return Dependence(offsets, absolute, prefix, a[3] & b[3], turns, sums, order, periods)
+    return Dependence(offsets, absolute, prefix, a[3] & b[3], turns, sums, order, periods,
+                      rates=(rates[0] + rates[1]) / 2)
 
 
 def _period(task: Task, c: int, rng: np.random.Generator) -> int:
@@ -226,20 +232,22 @@ def _turns(task: Task, offsets: list[list[int]], rng: np.random.Generator) -> li
     return out
 
 
-def _table(task: Task, rng: np.random.Generator) -> np.ndarray:
-    """(n_inputs, T source, T output) whether swapping the source position moved the output."""
+def _rates(task: Task, rng: np.random.Generator) -> np.ndarray:
+    """(n_inputs, T source, T output) the share of the sequences whose source value a swap changed
+    in which the output moved (0 where nothing moved, NaN where no swap changed the input)."""
     x, y = task.batch(rng, PROBE_SEQUENCES)
     donor = task.draw(rng, PROBE_SEQUENCES)
     T, k = task.seq_len, task.n_inputs
-    table = np.zeros((k, T, T), dtype=bool)
+    rates = np.full((k, T, T), np.nan)
     for c in range(k):
         for j in range(T):
             x1 = x.copy()
             x1[:, j, c] = donor[:, j, c]
-            if np.array_equal(x1, x):
+            swapped = x1[:, j, c] != x[:, j, c]
+            if not swapped.any():
                 continue
-            table[c, j] = _changed(y, task.targets(x1), task.output).any(axis=0)
-    return table
+            rates[c, j] = _changed(y[swapped], task.targets(x1[swapped]), task.output).mean(axis=0)
+    return rates
 
 
 def _read(task: Task, table: np.ndarray):
