@@ -151,6 +151,30 @@ def test_near_integral_coefficients_are_snapped_when_the_loss_allows():
     assert snap_coefficients(model, x[:256], y[:256], valid[:256]) == []         # integral already
 
 
+def test_the_snap_and_the_pointer_refinement_start_nothing_after_the_deadline(monkeypatch):
+    """discover's finish passes its deadline: past it the coefficients stay as trained and no
+    pointer head is refitted (the budget is kept), before it the snap runs as above."""
+    import time
+    from wtc.dt.refine import refine_pointers
+
+    task = _alternating((1.0, -1.0))
+    model, run = _planted(task, (1.0, -1.0), noise=0.07)
+    x, y, valid, _ = run.fit_data
+    coef = model.blocks[0].attn.periodic.coef.detach().clone()
+    assert snap_coefficients(model, x[:256], y[:256], valid[:256], until=time.time() - 1) == []
+    assert torch.equal(model.blocks[0].attn.periodic.coef.detach(), coef)
+    snaps = snap_coefficients(model, x[:256], y[:256], valid[:256], until=time.time() + 600)
+    assert [s["after"] for s in snaps] == [[1, -1]]
+    from wtc.dt import refine
+    pointers = Attempt(task, DTConfig(n_heads=2, n_mlps=1, replicas=2), seed=0, attempt=0).model
+    pointers.freeze()
+    fitted = []
+    monkeypatch.setattr(refine, "refine_head", lambda m, attn, h, *a, **k: fitted.append(h) or torch.zeros(2, dtype=torch.bool))
+    assert refine_pointers(pointers, x[:64], y[:64], valid[:64], until=time.time() - 1) == 0 and fitted == []
+    refine_pointers(pointers, x[:64], y[:64], valid[:64], until=time.time() + 600)
+    assert fitted == [0, 1]
+
+
 def test_checkpoint_round_trip_keeps_the_coefficients(tmp_path):
     cfg = DTConfig(n_heads=1, n_agg_heads=2, n_mlps=1, agg_ops=("per3", "sum"), replicas=2)
     model = DiscreteTransformer(cfg, seq_len=6)

@@ -245,11 +245,12 @@ class Attempt:
             self.snaps = snap_heads(self.model, x[:k], y[:k], valid[:k], until=end)
             self.snap_seconds = time.process_time() - started
             refit_head(self.model, x, y, valid)      # candidates were scored on a subset
-            self.coefficient_snaps = snap_coefficients(self.model, x[:k], y[:k], valid[:k])
+            self.coefficient_snaps = snap_coefficients(self.model, x[:k], y[:k], valid[:k], until=end)
         if self.config.polish_iters:
             polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters, until=end)
         if self.config.refine_steps and refine_pointers(self.model, x[:REFINE_SEQUENCES], y[:REFINE_SEQUENCES],
-                                                        valid[:REFINE_SEQUENCES], steps=self.config.refine_steps):
+                                                        valid[:REFINE_SEQUENCES], steps=self.config.refine_steps,
+                                                        until=end):
             refit_head(self.model, x, y, valid)
             if self.config.polish_iters:
                 polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters, until=end)

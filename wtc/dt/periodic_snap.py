@@ -3,6 +3,8 @@ wtc.dt.attempt's finish, before the polish): a sub-MLP's periodic units read a w
 only when its weights are integers (wtc.dt.periodic), and the program's line is then exact."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from wtc.dt.finish import masked_mse, polish, refit_head
@@ -13,17 +15,19 @@ SNAP_SLACK = 1.05        # ... and kept when the loss after a short polish is be
 SNAP_POLISH = 50         # L-BFGS iterations of the snapped replicas' sub-MLPs
 
 
-def snap_coefficients(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> list[dict]:
+def snap_coefficients(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor,
+                      until: float | None = None) -> list[dict]:
     """Replicas whose periodic coefficients lie within SNAP_DISTANCE of integers (and are not
     integers already) get those integers, then the exact head refit and SNAP_POLISH L-BFGS
     iterations of their sub-MLPs (which were tuned to the inexact sums); kept when the replica's
     loss is then within SNAP_SLACK of before. Returns what was set: [{replica, head, before, after,
-    loss_before, loss_after}]."""
+    loss_before, loss_after}]. With until (a time.time()) nothing starts after it and the polish
+    stops there."""
     def periodic_of(m):
         return [(layer, b.attn.periodic) for layer, b in enumerate(m.blocks)
                 if b.attn is not None and b.attn.periodic is not None]
 
-    if not periodic_of(model):
+    if not periodic_of(model) or (until is not None and time.time() >= until):
         return []
     with torch.no_grad():
         near = torch.zeros(model.R, dtype=torch.bool)
@@ -41,7 +45,7 @@ def snap_coefficients(model, x: torch.Tensor, y: torch.Tensor, valid: torch.Tens
             close = (off <= SNAP_DISTANCE).all(dim=2, keepdim=True)
             m.set_coef(torch.where(close, m.coef.round(), m.coef))
         refit_head(sub, x, y, valid)
-    polish(sub, x, y, valid, iters=SNAP_POLISH)
+    polish(sub, x, y, valid, iters=SNAP_POLISH, until=until)
     with torch.no_grad():
         after = masked_mse(sub(x, EVAL)[0], y, valid).cpu()
     keep = [k for k, r in enumerate(idx) if after[k] <= SNAP_SLACK * before[r] + 1e-12]

@@ -10,6 +10,8 @@ the refined head only if its hard model's loss drops.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from wtc.dt.selection import EVAL
@@ -90,8 +92,9 @@ def refine_head(model, attn, h: int, x, y, valid, steps: int = 150, lr: float = 
     return improved
 
 
-def refine_pointers(model, x, y, valid, rounds: int = 2, steps: int = 150) -> int:
-    """Refine every pointer head of a frozen model; returns how many (replica, head) fits improved."""
+def refine_pointers(model, x, y, valid, rounds: int = 2, steps: int = 150, until: float | None = None) -> int:
+    """Refine every pointer head of a frozen model; returns how many (replica, head) fits improved.
+    With until (a time.time()), no head starts after it (a head in flight finishes: it is one fit)."""
     count = 0
     for _ in range(rounds):
         changed = 0
@@ -100,6 +103,8 @@ def refine_pointers(model, x, y, valid, rounds: int = 2, steps: int = 150) -> in
             if attn is None or attn.H == 0:
                 continue
             for h in range(attn.H):
+                if until is not None and time.time() >= until:
+                    return count + changed
                 changed += int(refine_head(model, attn, h, x, y, valid, steps=steps).sum())
         count += changed
         if not changed:
