@@ -221,3 +221,32 @@ def test_plain_prefix_reads_have_no_period():
     running_max = Task("rmax", lambda rng, n: rng.integers(0, 5, (n, 10)), lambda x: np.maximum.accumulate(x, 1),
                        seq_len=10)
     assert dependence(counter).periods == [0] and dependence(running_max).periods == [0]
+
+
+def _spring(x):
+    """A unit mass on a unit spring from rest, forces x_t (a loop over t, as a user writes it)."""
+    out = np.zeros(x.shape, dtype=np.int64)
+    p = v = np.zeros(len(x), dtype=np.int64)
+    for t in range(x.shape[1]):
+        v = v + x[:, t] - p
+        p = p + v
+        out[:, t] = p
+    return out
+
+
+def test_a_linear_response_of_period_six_is_found_with_many_values_per_position():
+    """A spring's response to x_(t-d) is 1, 1, 0, -1, -1, 0, ..: zero at every third offset, so the
+    offsets read are not a prefix, and with 21 force values no two samples share their phase sums;
+    the exact affine test finds period 6 and discover starts with per6 heads, no residue units.
+    A double prefix sum (response d + 1, not periodic) has no period."""
+    from wtc.discovery import sized_for
+    from wtc.tasks.probe import dependence
+
+    forces = lambda rng, n: rng.integers(-10, 11, (n, 10))          # noqa: E731
+    dep = dependence(Task("spring", forces, _spring, seq_len=10))
+    assert dep.prefix == [True] and dep.periods == [6] and dep.affine == [True], dep.describe()
+    config, why = sized_for(DTConfig(), dep)
+    assert config.agg_ops == ("per6",) and config.mlp_periods == () and "per6" in why, why
+    assert [1, 1, 0, -1, -1, 0] == [int(v) for v in _spring(np.eye(6, dtype=np.int64)[:1])[0]]
+    double = Task("freebody", forces, lambda x: np.cumsum(np.cumsum(x, 1), 1), seq_len=10)
+    assert dependence(double).periods == [0]

@@ -167,8 +167,12 @@ def periodic_sizing(config, dep, left: set[str], changes: dict, base_periods: tu
     if "n_agg_heads" in left:
         changes["n_agg_heads"] = max(len(ops), max(config.n_agg_heads), changes.get("n_agg_heads", 0))
     said = f"periodic aggregate heads ({', '.join(ops)})"
-    if "mlp_periods" in left and not config.mlp_periods:
-        periods = tuple(sorted(set(changes.get("mlp_periods", base_periods)).union(*(moduli(p) for p in found))))
+    # a residue of the sum needs the moduli's periodic units; a linear response (found as an exact
+    # affine function of the phase sums, wtc.tasks.probe) is read by the head alone
+    residues = sorted({p for p, a in zip(dep.periods, getattr(dep, "affine", []) or [False] * len(dep.periods))
+                       if p and not a})
+    if "mlp_periods" in left and not config.mlp_periods and residues:
+        periods = tuple(sorted(set(changes.get("mlp_periods", base_periods)).union(*(moduli(p) for p in residues))))
         changes["mlp_periods"] = periods
         said += f" and periodic sub-MLP units (periods {', '.join(map(str, periods))})"
     return said

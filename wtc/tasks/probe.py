@@ -55,6 +55,7 @@ class Dependence:
     # where no swap changed the input); a carry shows as a share that halves (base 2) with each step
     # back, the same at every output position
     rates: np.ndarray | None = field(default=None, repr=False)
+    affine: list[bool] = field(default_factory=list)           # per channel: its period found as an exact affine response
 
     @property
     def oscillating(self) -> list[tuple[int, int | str, int]]:
@@ -113,36 +114,59 @@ def dependence(task: Task, seed: int = 0) -> Dependence | None:
     absolute = [[v for v in u if v in w] for u, w in zip(a[1], b[1])]
     prefix = [p and q for p, q in zip(a[2], b[2])]
     offsets = [[d for d in offs if not pre or d == 0] for offs, pre in zip(both, prefix)]
+    # offsets read far back with gaps (a spring's response is zero at every third step): a prefix
+    # read through a periodic weighting is tested as one, and read as one when it is
+    spread = [not pre and len(offs) >= 3 and max(offs) >= task.seq_len // 2 for offs, pre in zip(offsets, prefix)]
+    found = [_period(task, c, np.random.default_rng([seed, 8123, 5])) if pre or wide else (0, False)
+             for c, (pre, wide) in enumerate(zip(prefix, spread))]
+    periods, affine = [p for p, _ in found], [a for _, a in found]
+    for c, wide in enumerate(spread):
+        if wide and periods[c]:
+            prefix[c], offsets[c], absolute[c] = True, [d for d in offsets[c] if d == 0], []
     turns = _turns(task, offsets, np.random.default_rng([seed, 8123, 2]))
     sums = [_sum_turns(task, c, np.random.default_rng([seed, 8123, 3])) if pre else 0 for c, pre in enumerate(prefix)]
     order = _order(task, offsets, absolute, np.random.default_rng([seed, 8123, 4]))
-    periods = [_period(task, c, np.random.default_rng([seed, 8123, 5])) if pre else 0 for c, pre in enumerate(prefix)]
     return Dependence(offsets, absolute, prefix, a[3] & b[3], turns, sums, order, periods,
-                      rates=(rates[0] + rates[1]) / 2)
+                      rates=(rates[0] + rates[1]) / 2, affine=affine)
 
 
-def _period(task: Task, c: int, rng: np.random.Generator) -> int:
+def _period(task: Task, c: int, rng: np.random.Generator) -> tuple[int, bool]:
     """The smallest p in 2..MAX_PERIOD such that y_(T-1) is a function of the inputs at T-1 and the
     p sums of channel c over the positions at distance = s mod p (s = 0 .. p-1), when the plain sum
-    (p = 1) is not; 0 when no p is, or the samples share too few keys to tell (PERIOD_SHARED)."""
+    (p = 1) is not; 0 when no p is. Where the samples share too few keys to tell (PERIOD_SHARED:
+    many values per position), "a function of" is tested as "an exact affine function of" (a
+    linear response such as a spring's): wider than the key test cannot be, so it only adds finds.
+    Periods above T - 2 are not tried: with fewer than two positions sharing a phase any weighting
+    fits. Returns (p or 0, whether it was found by the affine test)."""
     x, y = task.batch(rng, PERIOD_SEQUENCES)
     out, T = y[:, -1, :], task.seq_len
     if not np.all(np.isfinite(out)):
-        return 0
+        return 0, False
     distance = T - 1 - np.arange(T)
-    for p in range(1, MAX_PERIOD + 1):
+    for p in range(1, min(MAX_PERIOD, T - 2) + 1):
         sums = np.stack([x[:, distance % p == s, c].sum(axis=1) for s in range(p)], axis=1)
         keys, inverse, counts = np.unique(np.concatenate([x[:, -1, :], sums], axis=1), axis=0,
                                           return_inverse=True, return_counts=True)
         inverse = inverse.ravel()
-        if np.mean(counts[inverse] > 1) < PERIOD_SHARED:
-            return 0
-        table = np.zeros((len(keys), out.shape[1]))
-        np.add.at(table, inverse, out)
-        table /= counts[:, None]
-        if np.allclose(table[inverse], out, rtol=1e-9, atol=1e-9):
-            return 0 if p == 1 else p
-    return 0
+        shared = np.mean(counts[inverse] > 1) >= PERIOD_SHARED
+        if shared:
+            table = np.zeros((len(keys), out.shape[1]))
+            np.add.at(table, inverse, out)
+            table /= counts[:, None]
+            found = np.allclose(table[inverse], out, rtol=1e-9, atol=1e-9)
+        else:
+            found = _affine(np.concatenate([x[:, -1, :], sums], axis=1).astype(float), out.astype(float))
+        if found:
+            return (0, False) if p == 1 else (p, not shared)
+    return 0, False
+
+
+def _affine(features: np.ndarray, out: np.ndarray) -> bool:
+    """Whether out (n, k) is an affine function of features (n, f), to float64 rounding."""
+    design = np.concatenate([features, np.ones((len(features), 1))], axis=1)
+    coef, *_ = np.linalg.lstsq(design, out, rcond=None)
+    scale = 1.0 + np.abs(out).max()
+    return bool(np.abs(design @ coef - out).max() <= 1e-7 * scale)
 
 
 def _order(task: Task, offsets: list[list[int]], absolute: list[list[int]], rng: np.random.Generator) -> int:
