@@ -146,3 +146,26 @@ def test_no_builtin_task_gets_wider_sub_mlps():
     for name in [n for n in wtc.tasks.names() if wtc.tasks.tier(n) != "wider"]:
         d = dependence(wtc.tasks.get(name))
         assert d is None or sized_for(DTConfig(), d)[0].mlp_inputs == 2, (name, d.describe())
+
+
+@pytest.mark.parametrize("name, target, hi, period", [
+    ("count_mod7", lambda x: np.cumsum(x, 1) % 7, 7, 7),
+    ("count_mod8", lambda x: np.cumsum(x, 1) % 8, 8, 8),
+    # error diffusion: y_t = floor(S_t / 15) - floor(S_(t-1) / 15), a function of (x_t, S_t)
+    ("dither15", lambda x: np.cumsum(x, 1) // 15 - np.concatenate([np.zeros((len(x), 1), x.dtype),
+                                                                 np.cumsum(x, 1)[:, :-1] // 15], 1), 16, 15),
+    ("sum", lambda x: np.cumsum(x, 1), 10, 0),
+    ("running_max", lambda x: np.maximum.accumulate(x, 1), 10, 0),
+    ("twice_sum_mod5_plus_x", lambda x: (2 * np.cumsum(x, 1)) % 5 + x, 5, 5),
+])
+def test_the_period_of_the_output_in_the_prefix_sum(name, target, hi, period):
+    """y's period in the prefix sum S (at equal last input) is found where it exists, and a period
+    discover's periodic units lack (7, 8, 15) is added to them; none for a sum or a running max."""
+    task = Task(name, lambda rng, n: rng.integers(0, hi, (n, 10)), target, seq_len=10)
+    dep = dependence(task)
+    assert dep.sum_periods == [period], (name, dep.describe())
+    config, why = sized_for(DTConfig(), dep)
+    if period > 6:
+        assert period in config.mlp_periods and str(period) in why, why
+    elif period == 0:
+        assert all(p <= 6 for p in config.mlp_periods)

@@ -381,9 +381,11 @@ def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:
     if "n_agg_heads" in left and any(dep.prefix) and max(config.n_agg_heads) == 0 and "n_recent_heads" not in changes:
         changes["n_agg_heads"] = 2
         why.append("aggregate heads from the first attempt")
-    if "mlp_periods" in left and dep.oscillating and not config.mlp_periods:
-        changes["mlp_periods"] = PERIODS
-        why.append(f"periodic sub-MLP units (periods {', '.join(map(str, PERIODS))})")
+    # a residue of the prefix sum past 6 (mod 7, error diffusion by 15) needs its own period
+    extra = tuple(sorted({p for p in getattr(dep, "sum_periods", []) if p and p not in PERIODS}))
+    if "mlp_periods" in left and (dep.oscillating or extra) and not config.mlp_periods:
+        changes["mlp_periods"] = PERIODS + extra
+        why.append(f"periodic sub-MLP units (periods {', '.join(map(str, PERIODS + extra))})")
     periodic = periodic_sizing(config, dep, left, changes, PERIODS)
     if periodic:
         why.append(periodic)

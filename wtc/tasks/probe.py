@@ -37,6 +37,8 @@ ORDER_SUBSETS = 16       # at most this many input subsets tried per order
 PERIOD_SEQUENCES = 4096  # sequences of the periodic-weights test
 PERIOD_SHARED = 0.5      # the test counts only where this share of sequences share their sums with another
 MAX_PERIOD = 8           # periods tried: 2 .. this (DTConfig.agg_ops "per2" .. "per8")
+SUM_PERIOD_MAX = 32      # periods of y in the prefix sum tried: 2 .. this
+SUM_PERIOD_PAIRS = 12    # ... each on at least this many (x_(T-1), S), (x_(T-1), S + P) pairs
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Dependence:
     # back, the same at every output position
     rates: np.ndarray | None = field(default=None, repr=False)
     affine: list[bool] = field(default_factory=list)           # per channel: its period found as an exact affine response
+    sum_periods: list[int] = field(default_factory=list)       # per channel: y's period in the prefix sum (0: none)
 
     @property
     def oscillating(self) -> list[tuple[int, int | str, int]]:
@@ -125,9 +128,11 @@ def dependence(task: Task, seed: int = 0) -> Dependence | None:
             prefix[c], offsets[c], absolute[c] = True, [d for d in offsets[c] if d == 0], []
     turns = _turns(task, offsets, np.random.default_rng([seed, 8123, 2]))
     sums = [_sum_turns(task, c, np.random.default_rng([seed, 8123, 3])) if pre else 0 for c, pre in enumerate(prefix)]
+    sum_periods = [_sum_period(task, c, np.random.default_rng([seed, 8123, 6])) if pre else 0
+                   for c, pre in enumerate(prefix)]
     order = _order(task, offsets, absolute, np.random.default_rng([seed, 8123, 4]))
     return Dependence(offsets, absolute, prefix, a[3] & b[3], turns, sums, order, periods,
-                      rates=(rates[0] + rates[1]) / 2, affine=affine)
+                      rates=(rates[0] + rates[1]) / 2, affine=affine, sum_periods=sum_periods)
 
 
 def _period(task: Task, c: int, rng: np.random.Generator) -> tuple[int, bool]:
@@ -229,6 +234,35 @@ def _sum_turns(task: Task, c: int, rng: np.random.Generator) -> int:
     if not np.allclose(table[inverse.ravel()], out, rtol=1e-9, atol=1e-9):
         return 0
     return int(_sign_changes(values, table).max())
+
+
+def _sum_period(task: Task, c: int, rng: np.random.Generator) -> int:
+    """The smallest P in 2..SUM_PERIOD_MAX with y_(T-1)(x_(T-1), S) = y_(T-1)(x_(T-1), S + P) on
+    every sampled pair (at least SUM_PERIOD_PAIRS of them, over at least three periods of S), for S =
+    the sum of channel c, when y_(T-1) is a function of (x_(T-1), S); 0 otherwise. A counter mod 7
+    has P = 7, error diffusion by 15 (floor(S / 15) - floor((S - x) / 15)) P = 15: the periods
+    a sub-MLP's periodic units need beyond discover's 2..6."""
+    x, y = task.batch(rng, PERIOD_SEQUENCES)
+    S, out = x[:, :, c].sum(axis=1), y[:, -1, :]
+    if not np.all(np.isfinite(out)) or not np.all(S == np.round(S)):
+        return 0
+    keys = np.concatenate([x[:, -1, :], S[:, None]], axis=1)
+    uniq, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.ravel()
+    table = np.zeros((len(uniq), out.shape[1]))
+    np.add.at(table, inverse, out)
+    table /= counts[:, None]
+    if not np.allclose(table[inverse], out, rtol=1e-9, atol=1e-9):
+        return 0
+    value = {tuple(k): v for k, v in zip(uniq.tolist(), table)}
+    span = float(S.max() - S.min())
+    for P in range(2, SUM_PERIOD_MAX + 1):
+        if 3 * P > span:
+            break
+        pairs = [(v, value[k[:-1] + (k[-1] + P,)]) for k, v in value.items() if k[:-1] + (k[-1] + P,) in value]
+        if len(pairs) >= SUM_PERIOD_PAIRS and all(np.allclose(a, b, rtol=1e-9, atol=1e-9) for a, b in pairs):
+            return P
+    return 0
 
 
 def _turns(task: Task, offsets: list[list[int]], rng: np.random.Generator) -> list[dict[int, int]]:
