@@ -169,3 +169,26 @@ def test_the_period_of_the_output_in_the_prefix_sum(name, target, hi, period):
         assert period in config.mlp_periods and str(period) in why, why
     elif period == 0:
         assert all(p <= 6 for p in config.mlp_periods)
+
+
+def test_a_running_sum_of_a_computed_step_starts_with_sub_mlps_then_sum_heads():
+    """y_t - y_(t-1) = g(x_t) (mod P) with g not affine: two layers, sub-MLPs then sum heads (and
+    period P units for the residue); an affine step (a plain sum, a counter) leaves the layout."""
+    digits = lambda rng, n: rng.integers(0, 10, (n, 10))                     # noqa: E731
+    evens = Task("evens", digits, lambda x: np.cumsum(x % 2 == 0, 1), seq_len=10)
+    dot = Task("dot2", lambda rng, n: rng.integers(0, 2, (n, 10, 2)),
+               lambda x: np.cumsum(x[..., 0] * x[..., 1], 1) % 2, seq_len=10, n_inputs=2)
+    for task, modulus in ((evens, 0), (dot, 2)):
+        dep = dependence(task)
+        assert (dep.step_modulus, dep.step_affine) == (modulus, False), task.name
+        config, why = sized_for(DTConfig(), dep)
+        assert (config.n_layers, config.n_heads, config.n_agg_heads, config.agg_ops) == (2, (0, 0), (0, 2), ("sum",))
+        assert "sum heads in a second layer" in why and (modulus == 0 or modulus in config.mlp_periods), why
+        kept, _ = sized_for(DTConfig(n_mlps=2), dep)                          # a layout set by hand stays
+        assert kept.n_layers == 1
+    for task in (Task("sum", digits, lambda x: np.cumsum(x, 1), seq_len=10),
+                 Task("mod7", lambda rng, n: rng.integers(0, 7, (n, 10)), lambda x: np.cumsum(x, 1) % 7, seq_len=10)):
+        dep = dependence(task)
+        assert dep.step_affine and sized_for(DTConfig(), dep)[0].n_layers == 1, task.name
+    window = Task("sum3", digits, lambda x: x + np.concatenate([np.zeros((len(x), 1), x.dtype), x[:, :-1]], 1), seq_len=10)
+    assert dependence(window).step_modulus is None

@@ -34,6 +34,7 @@ from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
 from wtc.dt.periodic import periodic_sizing
 from wtc.dt.ladder import READ_SHARE, Deadline, check_budget, climb, margin_s
 from wtc.dt.recency import recent_layout
+from wtc.dt.running import step_layout
 from wtc.dt.workers import JobTask, job_task, run_wave, worker_count
 from wtc.errors import WtcError
 from wtc.extraction import verify
@@ -373,17 +374,20 @@ def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:
     default = DTConfig(n_layers=config.n_layers)
     left = {f for f in SIZED_FIELDS if getattr(config, f) == getattr(default, f)}   # fields set by hand stay
     changes, why = recent_layout(config, dep)      # a tail of rare reads: "latest j where" heads (wtc.dt.recency)
+    if not changes:                                # a running sum of a learned step (wtc.dt.running)
+        changes, why = step_layout(config, dep, PERIODS)
     why = [why] if why else []
     routes = 0 if changes else dep.pointer_routes  # the offsets read are the recency heads' to route
     if "n_heads" in left and routes > max(config.n_heads):
         changes["n_heads"] = routes
         why.append(f"{routes} pointer heads, one per offset")
-    if "n_agg_heads" in left and any(dep.prefix) and max(config.n_agg_heads) == 0 and "n_recent_heads" not in changes:
+    if ("n_agg_heads" in left and any(dep.prefix) and max(config.n_agg_heads) == 0
+            and "n_recent_heads" not in changes and "n_agg_heads" not in changes):
         changes["n_agg_heads"] = 2
         why.append("aggregate heads from the first attempt")
     # a residue of the prefix sum past 6 (mod 7, error diffusion by 15) needs its own period
     extra = tuple(sorted({p for p in getattr(dep, "sum_periods", []) if p and p not in PERIODS}))
-    if "mlp_periods" in left and (dep.oscillating or extra) and not config.mlp_periods:
+    if "mlp_periods" in left and (dep.oscillating or extra) and not config.mlp_periods and "mlp_periods" not in changes:
         changes["mlp_periods"] = PERIODS + extra
         why.append(f"periodic sub-MLP units (periods {', '.join(map(str, PERIODS + extra))})")
     periodic = periodic_sizing(config, dep, left, changes, PERIODS)

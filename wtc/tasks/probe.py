@@ -59,6 +59,10 @@ class Dependence:
     rates: np.ndarray | None = field(default=None, repr=False)
     affine: list[bool] = field(default_factory=list)           # per channel: its period found as an exact affine response
     sum_periods: list[int] = field(default_factory=list)       # per channel: y's period in the prefix sum (0: none)
+    # y_t - y_(t-1) (mod step_modulus; 0: plain) is a function g of the inputs at t alone: y is a
+    # running sum of g (None: it is not); step_affine: g is affine in the inputs (a sum head reads it)
+    step_modulus: int | None = None
+    step_affine: bool = False
 
     @property
     def oscillating(self) -> list[tuple[int, int | str, int]]:
@@ -132,7 +136,8 @@ def dependence(task: Task, seed: int = 0) -> Dependence | None:
                    for c, pre in enumerate(prefix)]
     order = _order(task, offsets, absolute, np.random.default_rng([seed, 8123, 4]))
     return Dependence(offsets, absolute, prefix, a[3] & b[3], turns, sums, order, periods,
-                      rates=(rates[0] + rates[1]) / 2, affine=affine, sum_periods=sum_periods)
+                      rates=(rates[0] + rates[1]) / 2, affine=affine, sum_periods=sum_periods,
+                      **_steps(task, np.random.default_rng([seed, 8123, 7])) if any(prefix) else {})
 
 
 def _period(task: Task, c: int, rng: np.random.Generator) -> tuple[int, bool]:
@@ -263,6 +268,44 @@ def _sum_period(task: Task, c: int, rng: np.random.Generator) -> int:
         if len(pairs) >= SUM_PERIOD_PAIRS and all(np.allclose(a, b, rtol=1e-9, atol=1e-9) for a, b in pairs):
             return P
     return 0
+
+
+def _steps(task: Task, rng: np.random.Generator) -> dict:
+    """{step_modulus, step_affine} where y_t - y_(t-1) (y_(-1) = 0), plain or modulo P in
+    2..MAX_PERIOD (the largest that works: mod 4 also works mod 2), is the same function of the inputs at t at every t
+    and in every sampled sequence (and not constant); {} when none is. A count of the even values
+    so far has steps [x_t even] (not affine: a sub-MLP must compute them before a sum head adds
+    them), a parity of a dot product steps a_t b_t mod 2, a plain sum steps x_t (affine)."""
+    if task.output != "integer":
+        return {}
+    x, y = task.batch(rng, PROBE_SEQUENCES)
+    if not np.all(np.isfinite(y)):
+        return {}
+    step = np.diff(y, axis=1, prepend=0)                                   # (n, T, O)
+    keys = x.reshape(-1, x.shape[2])
+    for P in (0,) + tuple(range(MAX_PERIOD, 1, -1)):
+        d = (step % P if P else step).reshape(len(keys), -1)
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        inverse = inverse.ravel()
+        first = np.zeros((len(uniq), d.shape[1]))
+        first[inverse] = d                                                 # any one value per key
+        if not np.array_equal(first[inverse], d) or len(np.unique(d, axis=0)) < 2:
+            continue
+        return {"step_modulus": P, "step_affine": _steps_affine(uniq, first, P)}
+    return {}
+
+
+def _steps_affine(keys: np.ndarray, g: np.ndarray, P: int) -> bool:
+    """Whether g (per key) is affine in the keys: exactly (P = 0) or modulo P with integer
+    coefficients in 0..P-1."""
+    if P == 0:
+        return _affine(keys.astype(float), g.astype(float))
+    import itertools
+    for coef in itertools.product(range(P), repeat=keys.shape[1] + 1):
+        pred = (keys @ np.asarray(coef[:-1]) + coef[-1]) % P
+        if np.all(pred[:, None] == g):
+            return True
+    return False
 
 
 def _turns(task: Task, offsets: list[list[int]], rng: np.random.Generator) -> list[dict[int, int]]:
