@@ -68,6 +68,13 @@ def _run_fields(summary: dict, task, seed: int) -> None:
     assert m["cpu_flags"] == machine.cpu_flags() and m["cpu_model"] == machine.cpu_model()
     assert m["logical_cores"] >= 1 and m["python"] and m["system"]
     assert summary["started"].endswith("+00:00")
+    root = Path(wtc.__file__).resolve().parent.parent
+    if (root / ".git").exists():          # a checkout: the commit it ran from (CI and here); a wheel: None
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
+        assert summary["wtc_source"].split("+")[0] == head
+    else:
+        assert summary["wtc_source"] is None
 
 
 # ---------------------------------------------------------------------- --version
