@@ -2,6 +2,8 @@
 sizes its first architecture from it."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -70,14 +72,17 @@ def test_a_failure_report_says_what_was_tried_and_what_is_missing(tmp_path):
     d = wtc.discover(task, budget_s=1, progress=False,
                      config=DTConfig(steps=30, replicas=2, max_attempts=1, polish_iters=0, precision_iters=0))
     assert not d.solved
-    d.dependence = dependence(task)                      # config= given: discover did not probe
+    assert d.dependence is not None and d.dependence.prefix == [True]     # a config given: still probed
+    assert "aggregate heads" in d.sizing and "periodic sub-MLP units" in d.sizing, d.sizing
     lines = d.diagnosis()
+    assert f"From that evidence discover began {d.sizing}." in lines
     assert lines[0].startswith("Tried 1 attempt(s)")
     assert any(line.startswith("The best model, per output position on fresh data: t=0:") for line in lines)
     assert any("reads the whole prefix" in line for line in lines)
     d.save(tmp_path)
     report = (tmp_path / "report.md").read_text()
-    assert "## Why it is not solved" in report and "whole prefix" in report
+    assert "## Why it is not solved" in report and "whole prefix" in report and f"Discover began {d.sizing}." in report
+    assert json.loads((tmp_path / "summary.json").read_text())["sizing"] == d.sizing
 
 
 def test_a_rarely_visible_dependence_does_not_grow_the_model():

@@ -80,6 +80,7 @@ class Discovery:
     cut: list[dict] = field(default_factory=list)   # attempts stopped at the budget before they finished
     budget_s: float | None = None
     run: RunRecord | None = None               # what the run was: version, seed, config, task fingerprint, machine
+    sizing: str = ""                           # what the probe's evidence changed in the first architecture, and why
 
     @property
     def solved(self) -> bool:
@@ -97,6 +98,7 @@ class Discovery:
                 "exhaustive": v.exhaustive if v else None,
                 "failures": self.program.failures if self.program else ["no model was trained"],
                 "depends_on": self.dependence.describe() if self.dependence is not None else None,
+                "sizing": self.sizing or None,
                 "diagnosis": None if self.solved else self.diagnosis(),
                 "budget_s": self.budget_s, "budget_cut": self.budget_notes(),
                 "domain": self.program.domain.to_dict() if getattr(self.program, "domain", None) else None,
@@ -119,7 +121,8 @@ class Discovery:
         out.append(f"**{'Solved' if self.solved else 'Not solved'}** in {self.seconds:.0f} s "
                    f"({len(self.attempts)} attempt(s)). Best program: {self.verification or 'none'}")
         if self.dependence is not None:
-            out += ["", f"Probed as a black box, the target reads {self.dependence.describe()}."]
+            out += ["", f"Probed as a black box, the target reads {self.dependence.describe()}."
+                    + (f" Discover began {self.sizing}." if self.sizing else "")]
         if self.budget_notes():
             out += ["", f"The {self.budget_s:g} s budget cut:", ""] + [f"- {n}" for n in self.budget_notes()]
         domain = getattr(self.program, "domain", None)
@@ -181,9 +184,8 @@ class Discovery:
                 lines.append("The target reads the whole prefix. Aggregate heads read prefix means and sums "
                              "(so counts, and sums of sums in two layers); a prefix maximum or minimum, a count modulo k or a recurrence on the outputs "
                              "needs an operator on the running value that no fixed-depth reading found here.")
-            if dep.pointer_routes > 3 and not any(dep.prefix):
-                lines.append(f"The target reads {dep.pointer_routes} offsets besides the current value; discover "
-                             f"started with that many pointer heads.")
+            if self.sizing:
+                lines.append(f"From that evidence discover began {self.sizing}.")
         elif self.task.size is not None:
             lines.append("A data task is not probed (its target answers only for recorded sequences).")
         if scores is not None and max(scores[self.task.valid_from:]) < 0.5:
@@ -342,9 +344,9 @@ def discover(task: Task | str, seed: int = 0, budget_s: float | None = None, pro
     found = None if best is None else best.best
     if found is None:
         return Discovery(task, None, None, None, None, time.perf_counter() - t0, attempts, p.dependence, cut, budget,
-                         run)
+                         run, p.sizing)
     return Discovery(task, found.program, found.model, found.history, found.verification,
-                     time.perf_counter() - t0, attempts, p.dependence, cut, budget, run)
+                     time.perf_counter() - t0, attempts, p.dependence, cut, budget, run, p.sizing)
 
 
 def judged_here(result: RungResult, task, seed: int) -> RungResult:
