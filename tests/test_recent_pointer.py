@@ -1,6 +1,7 @@
 """Recency heads ("the latest j where pred(k_j)"): routing, the rule reader, the emitted program,
 snapping, config and checkpoints (wtc.dt.attention.recency_params, wtc.extraction.routing_rules)."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -148,6 +149,52 @@ def test_emitted_carry_program_adds_on_fresh_data_and_at_twice_the_length(base):
         want = digit_addition(x, base)
         got = np.array([program([tuple(map(float, row)) for row in seq]) for seq in x])
         assert np.array_equal(got, want), source
+
+
+def _bits_domain(base: int):
+    from wtc.extraction.domain import ChannelDomain, Domain
+    digits = tuple(float(v) for v in range(base))
+    return Domain((ChannelDomain("x0", digits, integer=True), ChannelDomain("x1", digits, integer=True)), (T, 2 * T),
+                  any_length=True)
+
+
+@pytest.mark.parametrize("base", [2, 3, 5])
+def test_a_predicate_on_a_sub_mlp_of_few_valued_inputs_reads_in_those_inputs(base):
+    """binary addition as read from a trained model: the carry is x1 at the latest position where
+    a polynomial m of the digits is above a threshold; on the digits that is x0 == x1 (base 2) or
+    x0 + x1 != base - 1, the program says so, drops m's line, and still adds at T and 2T."""
+    import sympy as sp
+    x0, x1, m, c = sp.symbols("x0 x1 m1 latest_m1")
+    b = base
+    # a key that is high exactly where the digit sum is not b - 1 (a bump read through a threshold)
+    key = sp.Rational(523, 100) * (x0 + x1 - (b - 1)) ** 2 - sp.Rational(131, 100)
+    rule = Rule("recent", {"var": "m1", "strict": True, "intervals": [[-1.0, None]]})
+    lines = [Line("m1", "expr", expr=key), Line("s", "expr", expr=x0 + x1), Line("latest_m1", "route", "x1", rule)]
+    s = sp.Symbol("s")
+    # the carry is the latest non-propagating position's digit sum >= b (bits: x0 == x1 there, so
+    # x1 itself is the carry)
+    if b != 2:
+        lines[2] = Line("latest_m1", "route", "s", rule)
+        carry = sp.Piecewise((1, c >= b), (0, True))
+    else:
+        carry = c
+    out = sp.Mod(s + carry, b)
+    plain = build_source("add", 2, 1, ["x0", "x1"], lines, [out])
+    source = build_source("add", 2, 1, ["x0", "x1"], lines, [out], domain=_bits_domain(b))
+    want_text = "x0[t] == x1[t]" if b == 2 else f"x0[t] + x1[t] != {b - 1}"
+    assert f"if {want_text}:" in source and not re.search(r"^\s*m1", source, re.M), source
+    assert "-1 < m1[t]" in plain                                   # without a domain: the threshold as read
+    from wtc.extraction.conditions import finite_condition
+    assert finite_condition(key, rule.params, {"x0": (0.0, 1.0)}, str) is None     # x1's values unknown: as read
+    from wtc.tasks.mips import digit_addition
+    rng = np.random.default_rng(b)
+    for text in (plain, source):
+        namespace = {}
+        exec(compile(text, "<program>", "exec"), namespace)        # a fresh module, from source
+        for length in (T, 2 * T):
+            x = rng.integers(0, b, size=(50, length, 2))
+            got = np.array([namespace["program"]([tuple(map(float, row)) for row in seq]) for seq in x])
+            assert np.array_equal(got, digit_addition(x, b)), text
 
 
 def test_inclusive_program_is_the_last_nonzero():

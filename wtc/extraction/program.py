@@ -25,6 +25,7 @@ from sympy.printing.pycode import pycode
 
 from wtc.errors import WtcError
 from wtc.extraction.domain import Domain, DomainError, domain_statements
+from wtc.extraction.conditions import finite_condition
 from wtc.extraction.routing_rules import Rule, predicate_text, satisfies
 from wtc.extraction.weighted import periodic_source
 
@@ -127,7 +128,9 @@ def _series(var: str) -> str:
     return "list(range(T))" if var == POSITION else var
 
 
-def _route_stmts(line: Line) -> list[ast.stmt]:
+def _route_stmts(line: Line, condition: str | None = None) -> list[ast.stmt]:
+    """The loop statements of a route line; `condition` replaces a "latest where" predicate's text
+    (its reading in the key's inputs, wtc.extraction.conditions)."""
     name, src, p = line.name, line.source, line.rule.params
     kind = line.rule.kind
     if kind == "offset":
@@ -146,7 +149,7 @@ def _route_stmts(line: Line) -> list[ast.stmt]:
                      f"{name}[t] = {_at(src, 't - d')} if t >= d else 0.0")
     if kind == "recent":        # a value carried forward: what the latest position satisfying the predicate held
         carried = _carried(name)
-        update = f"if {predicate_text(p, _at(p['var'], 't'))}:\n    {carried} = {_at(src, 't')}\n"
+        update = f"if {condition or predicate_text(p, _at(p['var'], 't'))}:\n    {carried} = {_at(src, 't')}\n"
         latest = (f"{_at(src, 't - 1')} if t >= 1 else 0.0") if p["strict"] else _at(src, "t")
         read = (f"{name}[t] = {carried}\n" if _carried_start(p) is not None
                 else f"{name}[t] = {carried} if {carried} is not None else {latest}\n")
@@ -187,6 +190,42 @@ def _extremum(src: str, p: dict) -> str:
     return f"{op}([0.0] * (t < {reach}) + {seg})"
 
 
+def _finite_conditions(lines: list[Line], input_names: list[str], domain: Domain | None) -> dict[str, str]:
+    """{recency line name: its predicate read in the key's inputs} where the key is an expression
+    of input channels with few values (wtc.extraction.conditions)."""
+    if domain is None:
+        return {}
+    values = {n: c.values for n, c in zip(input_names, domain.channels) if c.values is not None}
+    exprs = {ln.name: ln.expr for ln in lines if ln.kind == "expr" and ln.expr is not None}
+    out = {}
+    for ln in lines:
+        if ln.kind == "route" and ln.rule.kind == "recent" and ln.rule.params["var"] in exprs:
+            text = finite_condition(exprs[ln.rule.params["var"]], ln.rule.params, values, lambda n: _at(n, "t"))
+            if text is not None:
+                out[ln.name] = text
+    return out
+
+
+def _live(lines: list[Line], outputs: list[sp.Expr], conditions: dict[str, str]) -> list[Line]:
+    """lines without the expression lines that only a replaced predicate read (a key read back in
+    its inputs leaves its sub-MLP's line unread)."""
+    def reads(ln: Line) -> set[str]:
+        used = {ln.source} if ln.source else set()
+        if ln.rule is not None and "var" in ln.rule.params and ln.name not in conditions:
+            used.add(ln.rule.params["var"])
+        if ln.expr is not None:
+            used |= {str(s) for s in ln.expr.free_symbols}
+        return used
+    kept = list(lines)
+    while True:
+        used = set().union(*(reads(ln) for ln in kept), *({str(s) for s in sp.sympify(e).free_symbols} for e in outputs))
+        drop = [ln for ln in kept if ln.kind == "expr" and ln.name not in used
+                and any(lx.rule is not None and lx.rule.params.get("var") == ln.name for lx in lines)]
+        if not drop:
+            return kept
+        kept = [ln for ln in kept if ln not in drop]
+
+
 def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: list[str], lines: list[Line],
                  outputs: list[sp.Expr], docstring: str = "", domain: Domain | None = None) -> str:
     """The whole program as Python source; with a domain, `program(xs, check_domain=True)` checks
@@ -206,6 +245,8 @@ def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: lis
     else:
         for i, name in enumerate(input_names):
             body += _stmt(f"{name} = [float(v[{i}]) for v in xs]")
+    conditions = _finite_conditions(lines, input_names, domain)
+    lines = _live(lines, outputs, conditions)
     for ln in lines:
         body += _stmt(f"{ln.name} = [0.0] * T")
         if ln.kind == "route" and ln.rule.kind == "recent":
@@ -214,7 +255,7 @@ def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: lis
     loop: list[ast.stmt] = []
     for ln in lines:
         if ln.kind == "route":
-            loop += _route_stmts(ln)
+            loop += _route_stmts(ln, conditions.get(ln.name))
         elif ln.kind == "mean":
             loop += _stmt(f"{ln.name}[t] = sum({_series(ln.source)}[:t + 1]) / (t + 1)")
         elif ln.kind == "sum":
