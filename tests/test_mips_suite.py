@@ -154,6 +154,21 @@ def test_a_rerun_skips_finished_tasks(tmp_path, monkeypatch, small_suite):
     assert calls == ["Prev1"]
 
 
+def test_only_runs_the_named_tasks_in_order_and_tables_the_whole_suite(tmp_path, monkeypatch, small_suite):
+    from wtc import discovery
+    calls = []
+    monkeypatch.setattr(discovery, "discover", _fake_discover(calls))
+    quiet = dict(progress=False, echo=lambda s: None, budget_s=5)
+    suite.run(small_suite, tmp_path, only=["Sum_All", "Prev1"], **quiet)
+    assert calls == ["Sum_All", "Prev1"]                 # the order asked for, not the suite's
+    suite.run(small_suite, tmp_path, only=["Current_Number"], **quiet)   # a later run beside them
+    assert calls[-1] == "Current_Number"
+    table = (tmp_path / "results.md").read_text()
+    assert "wtc: 1 solved of 3 run (5 in the suite)" in table
+    with pytest.raises(suite.SuiteError, match="not tasks of suite 'mips'.*Nope"):
+        suite.run(small_suite, tmp_path, only=["Nope"], **quiet)
+
+
 def test_another_seed_in_the_same_directory_is_refused(tmp_path, monkeypatch, small_suite):
     from wtc import discovery
     monkeypatch.setattr(discovery, "discover", _fake_discover([]))

@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from wtc.errors import WtcError
 
@@ -161,16 +161,25 @@ def finished(out: Path, name: str) -> dict | None:
 
 
 def run(suite: Suite, out, *, seed: int = 0, budget_s: float | None = None, shard: tuple[int, int] = (1, 1),
-        progress: bool = True, echo: Callable[[str], None] = print) -> list[dict]:
+        only: Sequence[str] | None = None, progress: bool = True,
+        echo: Callable[[str], None] = print) -> list[dict]:
     """Discover every task of the shard not finished in `out` yet, one after another; returns the
-    rows of the shard's tasks (finished before or now). A task whose discover raises a wtc error
-    gets a row with `error` (a rerun tries it again)."""
+    rows of the shard's tasks (finished before or now). `only`: these tasks of the shard, in this
+    order (the table stays the whole suite's). A task whose discover raises a wtc error gets a row
+    with `error` (a rerun tries it again)."""
     from wtc import discovery            # looked up at call time: tests replace discovery.discover
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    items = suite.shard(*shard)
+    if only is not None:
+        by_name = {i.name: i for i in items}
+        missing = [n for n in only if n not in by_name]
+        if missing:
+            raise SuiteError(f"not tasks of suite {suite.name!r} shard {shard[0]}/{shard[1]}: {', '.join(missing)}")
+        items = [by_name[n] for n in dict.fromkeys(only)]
     rows = []
-    for item in suite.shard(*shard):
+    for item in items:
         done = finished(out, item.name)
         if done is not None and not done.get("error"):     # an error is tried again
             if done.get("seed") != seed or done.get("suite") != suite.name:
