@@ -35,6 +35,7 @@ from wtc.extraction.formulas import (DECISION_SLACK, MAX_SR_POINTS, MIN_DECISION
 from wtc.extraction.program import POSITION, Line, Program, build_source
 from wtc.extraction.readout import head_weights, pad, read
 from wtc.extraction.routing_rules import Rule, fit_head, routed, rule_keys
+from wtc.extraction.steps import one_step
 from wtc.extraction.weighted import describe as describe_weights, simple_number, weighted_prefix
 from wtc.extraction.verification import agreement
 
@@ -372,6 +373,11 @@ class _Extraction:
         # a network is often less precise than the formula it approximates: widen the tolerance
         # (integer outputs: never past what rounding forgives); verification has the last word
         widen = (1.0, 3.0, 6.0) if task.output == "integer" else (1.0, 3.0, 10.0, 30.0, 100.0)
+        step = self._step_output(leaves, keep, target)
+        if step is not None:
+            expr, evidence, reads = step
+            self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, True))
+            return expr
         if len(leaves) <= 3:
             X = np.stack([self.prog[v][:, P:][keep] for v in leaves], axis=1) if leaves else np.zeros((len(target), 0))
             names = tuple(self.pname[v] for v in leaves)
@@ -404,6 +410,30 @@ class _Extraction:
             self.failures.append((None, f"output {o}: no formula within tolerance ({evidence})"))
         self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, ok))
         return expr
+
+    def _step_output(self, leaves, keep, target) -> tuple[sp.Expr, str, str] | None:
+        """A two-valued output that is one cut of one variable (wtc.extraction.steps): the variable
+        the output reads, or what a chain of one-input sub-MLPs under it reads, where that is an
+        input, a route or an aggregate (a sub-MLP's curve is not cut at a number of our choosing)."""
+        if self.task.output != "integer" or len(leaves) != 1:
+            return None
+        by_name = {pn: k for k, pn in self.pname.items() if k in self.prog}
+        lines = {ln.name: ln for ln in self.lines}
+        v = leaves[0]
+        for _ in range(len(lines) + 1):
+            line = lines.get(self.pname[v])
+            if line is None or line.kind != "expr":
+                break
+            inputs = [str(s) for s in line.expr.free_symbols]
+            if len(inputs) != 1 or inputs[0] not in by_name:
+                return None
+            v = by_name[inputs[0]]
+        step = one_step(self.prog[v][:, self.P:][keep], target)
+        if step is None:
+            return None
+        name = self.pname[v]
+        return (step.expr(sp.Symbol(name)), f"the model's decisions are one step of {name}: "
+                f"{step.describe(name)} (the simplest cut between the values decided each way)", name)
 
     def _decomposed_output(self, o, direct, via, keep, target, widen):
         """More than 3 variables: the head's direct terms are linear; the sub-MLPs' joint
