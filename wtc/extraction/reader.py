@@ -33,6 +33,7 @@ from wtc.extraction.grid import grid_polynomial
 from wtc.extraction.formulas import (DECISION_SLACK, MAX_SR_POINTS, MIN_DECISION_AGREEMENT, ExtractionError,  # noqa: F401
                                       ExtractionTimeout, formula as _formula, reading_deadline, sr_fit as _sr_fit)
 from wtc.extraction.program import POSITION, Line, Program, build_source
+from wtc.extraction.logic import shortest_rule
 from wtc.extraction.readout import head_weights, pad, read
 from wtc.extraction.routing_rules import Rule, fit_head, routed, rule_keys
 from wtc.extraction.steps import one_step
@@ -406,10 +407,34 @@ class _Extraction:
         else:
             expr, evidence, ok = self._decomposed_output(o, direct, via, keep, target, widen)
             reads = "linear terms + " + ", ".join(via)
+        rule = self._rule_output(expr, ok, leaves, keep, target)
+        if rule is not None:
+            expr, evidence, ok = rule, f"the model's decisions are a rule of two-valued variables (not the formula " \
+                                       f"{expr}, whose values are not its decisions)", True
         if not ok:
             self.failures.append((None, f"output {o}: no formula within tolerance ({evidence})"))
         self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, ok))
         return expr
+
+    def _rule_output(self, expr, ok, leaves, keep, target) -> sp.Expr | None:
+        """A two-valued output of two-valued variables as its shortest rule (wtc.extraction.logic),
+        where the formula read failed or gives values other than the decisions it rounds to."""
+        if self.task.output != "integer" or not leaves:
+            return None
+        columns = {self.pname[v]: self.prog[v][:, self.P:][keep] for v in leaves}
+        if ok:
+            names = sorted(str(s) for s in expr.free_symbols)
+            if any(n not in columns for n in names):
+                return None
+            f = sp.lambdify([sp.Symbol(n) for n in names], expr, modules=["numpy"])
+            with np.errstate(all="ignore"):
+                values = np.broadcast_to(np.asarray(f(*[columns[n] for n in names]), dtype=float), target.shape)
+            if np.array_equal(values, np.round(values)):
+                return None                      # the formula's values are its decisions: keep it
+        # a variable of many values the head also reads (t, weakly) is left out: the rule is refused
+        # unless the decisions are a function of the two-valued ones alone
+        rule = shortest_rule({n: v for n, v in columns.items() if len(np.unique(v)) <= 2}, target)
+        return None if rule is None else rule.expr()
 
     def _step_output(self, leaves, keep, target) -> tuple[sp.Expr, str, str] | None:
         """A two-valued output that is one cut of one variable (wtc.extraction.steps): the variable
