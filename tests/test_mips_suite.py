@@ -21,8 +21,17 @@ def test_the_suite_has_the_62_tasks_of_the_paper_once_each():
     assert len(mips.SUITE) == 62 == mips.PUBLISHED["tasks"]
     assert len(set(mips.names())) == 62
     assert len({e.source for e in mips.SUITE}) == 62
-    # unknown outcomes are None, never guessed; a known one is a bool
-    assert all(e.mips_solved in (None, True, False) and e.gpt4_solved in (None, True, False) for e in mips.SUITE)
+    assert all(isinstance(e.mips_solved, bool) and isinstance(e.gpt4_solved, bool) for e in mips.SUITE)
+    assert set(mips.OUTCOMES) == set(mips.names())
+
+
+def test_the_per_task_outcomes_add_up_to_the_published_counts():
+    mips_solved = {e.name for e in mips.SUITE if e.mips_solved}
+    gpt4_solved = {e.name for e in mips.SUITE if e.gpt4_solved}
+    assert len(mips_solved) == mips.PUBLISHED["mips_solved"] == 32
+    assert len(gpt4_solved) == mips.PUBLISHED["gpt4_solved"] == 30
+    assert len(mips_solved - gpt4_solved) == mips.PUBLISHED["mips_not_gpt4"] == 13
+    assert len(gpt4_solved - mips_solved) == 11
 
 
 @pytest.mark.parametrize("entry", mips.SUITE, ids=lambda e: e.name)
@@ -190,7 +199,7 @@ def test_merged_shards_give_the_single_run_table(tmp_path, monkeypatch, small_su
     assert (tmp_path / "merged" / "results.csv").read_text() == (tmp_path / "single" / "results.csv").read_text()
     assert sorted(merged) == sorted(i.name for i in small_suite.items)
     assert "wtc: 1 solved of 5 run (5 in the suite)" in single
-    assert "MIPS: 32/62 published (per task unknown here)" in single
+    assert "MIPS: 5/5" in single and "wtc solved where MIPS did not: 0" in single   # all five: MIPS solved them
     a_only = (tmp_path / "a" / "results.md").read_text()
     assert "not run" in a_only                                                         # a shard alone says so
 

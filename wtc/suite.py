@@ -69,8 +69,7 @@ def mips() -> Suite:
     items = tuple(SuiteItem(e.name, e.task, {"MIPS": e.mips_solved, "GPT-4": e.gpt4_solved}) for e in m.SUITE)
     return Suite("mips", items, published={"MIPS": m.PUBLISHED["mips_solved"], "GPT-4": m.PUBLISHED["gpt4_solved"],
                                          "tasks": m.PUBLISHED["tasks"]},
-                 note=f"Published outcomes: {m.PAPER}; the per-task outcomes are not recorded here (unknown: ?), "
-                      "only the totals.")
+                 note=f"Published outcomes: {m.PAPER}. Per task: {m.OUTCOMES_SOURCE}.")
 
 
 SUITES: dict[str, Callable[[], Suite]] = {"builtin": builtin, "mips": mips}
