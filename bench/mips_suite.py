@@ -2,7 +2,7 @@
 solved or not, seconds, program length, the class of each failure, and the README table.
 
     python bench/mips_suite.py [--tasks Bitwise_Not,Parity_Last2 (run in this order)] [--shard 1/4] [--budget 600] [--seed 0]
-    python bench/mips_suite.py --table [DIR ...]        # the table of what is recorded; runs nothing
+    python bench/mips_suite.py --table [DIR ...] [--latest]   # the table of what is recorded; runs nothing
 
 Runs through wtc.suite.run, the runner of `wtc discover --suite mips` (the same attempt loop and
 fresh-data verification): one directory per task under bench/results/mips/seed<S>-budget<B>/, a
@@ -57,12 +57,14 @@ def main() -> int:
     p.add_argument("--out", default=None, help="result directory (default bench/results/mips/seed<S>-budget<B>)")
     p.add_argument("--table", nargs="*", default=None, metavar="DIR", help="merge these result directories into "
                    "one table (default: the --out directory); run nothing")
+    p.add_argument("--latest", action="store_true", help="with --table: runs made one after another (other "
+                   "engines); a task in several keeps the last directory's row")
     a = p.parse_args()
     full = suite.mips()
     out = Path(a.out) if a.out else RESULTS / f"seed{a.seed}-budget{a.budget:g}"
     if a.table is not None:
         dirs = a.table or [out]
-        suite.write_table(full, dirs, dirs[0])
+        suite.write_table(full, dirs, dirs[0], latest=a.latest)
         print((Path(dirs[0]) / "results.md").read_text(), end="")
         return 0
     names = None

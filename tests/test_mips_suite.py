@@ -216,6 +216,9 @@ def test_conflicting_results_for_one_task_are_an_error(tmp_path, monkeypatch, sm
     path.write_text(json.dumps(row))
     with pytest.raises(suite.SuiteError, match="Prev1 has two different results"):
         suite.collect(small_suite, [tmp_path / "a", tmp_path / "b"])
+    # runs one after another (a newer engine): the last directory's row is the one kept
+    assert suite.collect(small_suite, [tmp_path / "a", tmp_path / "b"], latest=True)["Prev1"]["solved"] is True
+    assert suite.collect(small_suite, [tmp_path / "b", tmp_path / "a"], latest=True)["Prev1"]["solved"] is False
 
 
 def test_the_cli_runs_a_shard_and_merges(tmp_path, monkeypatch, small_suite):

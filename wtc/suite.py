@@ -214,9 +214,10 @@ def _write_json(path: Path, data) -> None:
 
 
 # ---------------------------------------------------------------- tables
-def collect(suite: Suite, dirs) -> dict[str, dict]:
+def collect(suite: Suite, dirs, *, latest: bool = False) -> dict[str, dict]:
     """The finished rows of `suite` in the result directories `dirs` (the shards of one run), by
-    task name; a task finished in two directories with other results is an error."""
+    task name; a task finished in two directories with other results is an error, unless `latest`
+    (runs after one another, e.g. of a newer engine): then the last directory's row is kept."""
     rows: dict[str, tuple[dict, Path]] = {}
     known = {i.name for i in suite.items}
     for d in map(Path, dirs):
@@ -230,7 +231,7 @@ def collect(suite: Suite, dirs) -> dict[str, dict]:
             if "body_lines" not in row:          # rows written before body lines were counted: from program.py
                 program = path.parent / "program.py"
                 row["body_lines"] = body_lines(program.read_text()) if program.is_file() else None
-            if row["name"] in rows and _comparable(rows[row["name"]][0]) != _comparable(row):
+            if row["name"] in rows and not latest and _comparable(rows[row["name"]][0]) != _comparable(row):
                 raise SuiteError(f"{row['name']} has two different results: in {rows[row['name']][1]} and in {d}")
             rows[row["name"]] = (row, d)
     return {k: v[0] for k, v in rows.items()}
@@ -313,10 +314,10 @@ def csv_text(suite: Suite, rows: dict[str, dict]) -> str:
     return buf.getvalue()
 
 
-def write_table(suite: Suite, dirs, out) -> dict[str, dict]:
+def write_table(suite: Suite, dirs, out, *, latest: bool = False) -> dict[str, dict]:
     """results.md, results.csv and results.json (the rows, in suite order) in `out` from the
     result directories `dirs`; returns the rows."""
-    rows = collect(suite, dirs)
+    rows = collect(suite, dirs, latest=latest)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text(markdown(suite, rows))
