@@ -2,7 +2,7 @@
 solved or not, seconds, program length, the class of each failure, and the README table.
 
     python bench/mips_suite.py [--tasks Bitwise_Not,Parity_Last2 (run in this order)] [--shard 1/4] [--budget 600] [--seed 0]
-    python bench/mips_suite.py --table [DIR ...] [--latest]   # the table of what is recorded; runs nothing
+    python bench/mips_suite.py --table [DIR ...] [--latest] [--out DIR]   # tables what is recorded; runs nothing
 
 Runs through wtc.suite.run, the runner of `wtc discover --suite mips` (the same attempt loop and
 fresh-data verification): one directory per task under bench/results/mips/seed<S>-budget<B>/, a
@@ -64,8 +64,9 @@ def main() -> int:
     out = Path(a.out) if a.out else RESULTS / f"seed{a.seed}-budget{a.budget:g}"
     if a.table is not None:
         dirs = a.table or [out]
-        suite.write_table(full, dirs, dirs[0], latest=a.latest)
-        print((Path(dirs[0]) / "results.md").read_text(), end="")
+        where = Path(a.out) if a.out else Path(dirs[0])        # --out: a merged table's own directory
+        suite.write_table(full, dirs, where, latest=a.latest)
+        print((where / "results.md").read_text(), end="")
         return 0
     names = None
     if a.tasks:
