@@ -73,3 +73,14 @@ def test_a_planted_majority_reads_as_a_cut_of_the_prefix_mean_that_holds_at_four
     longer = rng.integers(0, 2, (300, 40)).astype(float)
     got = np.array([namespace["program"](s.tolist(), check_domain=False) for s in longer])
     np.testing.assert_array_equal(got, _majority(longer))
+
+
+def test_a_two_valued_output_of_one_bit_stays_a_formula():
+    """Not: `1 - x`, not `0 if x > 0 else 1` (a step of a bit is an affine map of it)."""
+    task = wtc.Task("not_bit", lambda rng, n: rng.integers(0, 2, (n, 10)), lambda x: 1 - x, seq_len=10,
+                    output="integer")
+    task, model = planted(task, [1], [("x", "x")])
+    program = extract(model, task)
+    assert program.ok, program.failures
+    assert not program.outputs[0].has(sp.Piecewise), program.outputs
+    assert sp.simplify(program.outputs[0] - (1 - sp.Symbol("x"))) == 0, program.outputs

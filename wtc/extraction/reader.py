@@ -453,7 +453,10 @@ class _Extraction:
             if len(inputs) != 1 or inputs[0] not in by_name:
                 return None
             v = by_name[inputs[0]]
-        step = one_step(self.prog[v][:, self.P:][keep], target)
+        values = self.prog[v][:, self.P:][keep]
+        if len(np.unique(values)) <= 2:
+            return None          # a two-valued variable: its decisions are an affine map, a formula says it
+        step = one_step(values, target)
         if step is None:
             return None
         name = self.pname[v]
