@@ -233,6 +233,27 @@ def test_the_cli_runs_a_shard_and_merges(tmp_path, monkeypatch, small_suite):
     assert cli.main(["discover", "--suite", "mips", "--shard", "3/2"]) == 2
 
 
+def test_the_cli_runs_named_tasks_and_tables_later_runs(tmp_path, monkeypatch, small_suite, capsys):
+    from wtc import cli, discovery
+    calls = []
+    monkeypatch.setattr(discovery, "discover", _fake_discover(calls))
+    monkeypatch.setitem(suite.SUITES, "mips", lambda: small_suite)
+    run = ["discover", "--suite", "mips", "--quiet", "--out"]
+    assert cli.main(run + [str(tmp_path / "a"), "--tasks", "Sum_All,Prev1"]) == 0
+    assert calls == ["Sum_All", "Prev1"]
+    assert cli.main(run + [str(tmp_path / "b"), "--tasks", "Prev1"]) == 0
+    row = tmp_path / "b" / "Prev1" / "result.json"
+    row.write_text(row.read_text().replace('"solved": false', '"solved": true', 1))    # a newer engine's row
+    table = ["suite-table", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "m")]
+    assert cli.main(table) == 2                                                   # two results: refused ...
+    assert cli.main(table + ["--latest"]) == 0                                    # ... unless runs in order
+    assert "wtc: 1 solved of 2 run (5 in the suite)" in (tmp_path / "m" / "results.md").read_text()
+    capsys.readouterr()
+    assert cli.main(run + [str(tmp_path / "c"), "--tasks", "Prev1,Nope"]) == 2
+    assert "--tasks: not tasks of suite 'mips'" in capsys.readouterr().err
+    assert cli.main(["discover", "Prev1", "--tasks", "Prev1"]) == 2
+
+
 def test_discover_all_runs_through_the_same_runner(tmp_path, monkeypatch):
     from wtc import cli, discovery, tasks
     calls = []

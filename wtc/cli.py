@@ -80,6 +80,8 @@ def _cmd_discover(args) -> int:
         raise CLIError("give a TASK, --all or --suite, one of them")
     if args.shard and not (args.all or args.suite):
         raise CLIError("--shard splits a suite: give --suite NAME or --all")
+    if args.tasks and not (args.all or args.suite):
+        raise CLIError("--tasks picks tasks of a suite: give --suite NAME or --all")
     if args.all or args.suite:
         return _discover_suite(args)
     if not args.task and not args.module:
@@ -112,8 +114,12 @@ def _discover_suite(args) -> int:
 
     which = suite.get(args.suite or "builtin")
     out = Path(args.out or ("discover-all" if args.all else f"discover-{which.name}"))
-    rows = suite.run(which, out, seed=args.seed, budget_s=args.budget, shard=suite.parse_shard(args.shard),
-                     progress=not args.quiet)
+    only = [n.strip() for n in args.tasks.split(",") if n.strip()] if args.tasks else None
+    try:
+        rows = suite.run(which, out, seed=args.seed, budget_s=args.budget, shard=suite.parse_shard(args.shard),
+                         only=only, progress=not args.quiet)
+    except suite.SuiteError as exc:
+        raise CLIError(f"--tasks: {exc}" if only and str(exc).startswith("not tasks of") else str(exc)) from None
     print((out / "results.md").read_text(), end="")
     if args.all:
         return 0 if all(r["solved"] for r in rows if r["columns"].get("tier") == "must") else 1
@@ -125,7 +131,7 @@ def _cmd_suite_table(args) -> int:
 
     which = suite.get(args.suite or suite.suite_of(args.dirs))
     out = Path(args.out or args.dirs[0])
-    suite.write_table(which, args.dirs, out)
+    suite.write_table(which, args.dirs, out, latest=args.latest)
     print((out / "results.md").read_text(), end="")
     print(f"wrote {out}/results.md, results.csv, results.json")
     return 0
@@ -349,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "one result per task in --out, results.md/csv/json")
     d.add_argument("--shard", default=None, metavar="I/N", help="with --suite or --all: run every N-th task from "
                    "the I-th (1-based)")
+    d.add_argument("--tasks", default=None, metavar="A,B", help="with --suite or --all: only these tasks, in this "
+                   "order (the table stays the whole suite's)")
     d.add_argument("--seed", type=_seed, default=0, help="seed of the whole run (data, init, noise, "
                    "verification; default 0)")
     d.add_argument("--budget", type=_seconds, default=None, help="seconds per task (default 600)")
@@ -359,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("dirs", nargs="+", help="result directories (written by wtc discover --suite / --all)")
     st.add_argument("--suite", default=None, help="the suite (default: the one the results name)")
     st.add_argument("--out", default=None, help="where results.md/csv/json go (default: the first directory)")
+    st.add_argument("--latest", action="store_true", help="the directories are runs made one after another (e.g. "
+                    "a newer engine): a task in several keeps the last one's row")
     st.set_defaults(func=_cmd_suite_table)
     s = sub.add_parser("scan", help="per-weight ablation scan of a transformer checkpoint (resumable)")
     s.add_argument("checkpoint", help="directory written by wtc.models.io.save (or `wtc lm-train`), or a local "
