@@ -34,6 +34,7 @@ from wtc.extraction.formulas import (DECISION_SLACK, MAX_SR_POINTS, MIN_DECISION
                                       ExtractionTimeout, formula as _formula, reading_deadline, sr_fit as _sr_fit)
 from wtc.extraction.program import POSITION, Line, Program, build_source
 from wtc.extraction.logic import shortest_rule
+from wtc.extraction.position import position_table
 from wtc.extraction.readout import head_weights, pad, read
 from wtc.extraction.routing_rules import Rule, fit_head, routed, rule_keys
 from wtc.extraction.steps import one_step
@@ -374,6 +375,13 @@ class _Extraction:
         # a network is often less precise than the formula it approximates: widen the tolerance
         # (integer outputs: never past what rounding forgives); verification has the last word
         widen = (1.0, 3.0, 6.0) if task.output == "integer" else (1.0, 3.0, 10.0, 30.0, 100.0)
+        table = position_table(np.broadcast_to(np.arange(self.T), keep.shape)[keep], target) \
+            if task.output == "integer" else None
+        if table is not None:
+            expr = table.expr(sp.Symbol(POSITION))
+            self.readings.append(Reading(f"output {o}", "head", "out", POSITION, str(expr), "the model's decisions "
+                                         f"are a function of the position alone, of period {table.period}", True))
+            return expr
         step = self._step_output(leaves, keep, target)
         if step is not None:
             expr, evidence, reads = step
