@@ -250,7 +250,7 @@ def test_the_cli_runs_named_tasks_and_tables_later_runs(tmp_path, monkeypatch, s
     assert "wtc: 1 solved of 2 run (5 in the suite)" in (tmp_path / "m" / "results.md").read_text()
     capsys.readouterr()
     assert cli.main(run + [str(tmp_path / "c"), "--tasks", "Prev1,Nope"]) == 2
-    assert "--tasks: not tasks of suite 'mips'" in capsys.readouterr().err
+    assert "not tasks of suite 'mips' shard 1/1: Nope" in capsys.readouterr().err
     assert cli.main(["discover", "Prev1", "--tasks", "Prev1"]) == 2
 
 

@@ -78,10 +78,9 @@ def _cmd_discover(args) -> int:
         raise CLIError(f"give a TASK or --all, not both (got {args.task or args.module!r} and --all)")
     if args.suite and (args.task or args.module or args.all):
         raise CLIError("give a TASK, --all or --suite, one of them")
-    if args.shard and not (args.all or args.suite):
-        raise CLIError("--shard splits a suite: give --suite NAME or --all")
-    if args.tasks and not (args.all or args.suite):
-        raise CLIError("--tasks picks tasks of a suite: give --suite NAME or --all")
+    for flag, value in (("--shard", args.shard), ("--tasks", args.tasks)):
+        if value and not (args.all or args.suite):
+            raise CLIError(f"{flag} works on a suite: give --suite NAME or --all")
     if args.all or args.suite:
         return _discover_suite(args)
     if not args.task and not args.module:
@@ -114,12 +113,8 @@ def _discover_suite(args) -> int:
 
     which = suite.get(args.suite or "builtin")
     out = Path(args.out or ("discover-all" if args.all else f"discover-{which.name}"))
-    only = [n.strip() for n in args.tasks.split(",") if n.strip()] if args.tasks else None
-    try:
-        rows = suite.run(which, out, seed=args.seed, budget_s=args.budget, shard=suite.parse_shard(args.shard),
-                         only=only, progress=not args.quiet)
-    except suite.SuiteError as exc:
-        raise CLIError(f"--tasks: {exc}" if only and str(exc).startswith("not tasks of") else str(exc)) from None
+    rows = suite.run(which, out, seed=args.seed, budget_s=args.budget, shard=suite.parse_shard(args.shard),
+                     only=args.tasks.split(",") if args.tasks else None, progress=not args.quiet)
     print((out / "results.md").read_text(), end="")
     if args.all:
         return 0 if all(r["solved"] for r in rows if r["columns"].get("tier") == "must") else 1
@@ -355,8 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "one result per task in --out, results.md/csv/json")
     d.add_argument("--shard", default=None, metavar="I/N", help="with --suite or --all: run every N-th task from "
                    "the I-th (1-based)")
-    d.add_argument("--tasks", default=None, metavar="A,B", help="with --suite or --all: only these tasks, in this "
-                   "order (the table stays the whole suite's)")
+    d.add_argument("--tasks", default=None, metavar="A,B", help="with --suite or --all: only these, in this order")
     d.add_argument("--seed", type=_seed, default=0, help="seed of the whole run (data, init, noise, "
                    "verification; default 0)")
     d.add_argument("--budget", type=_seconds, default=None, help="seconds per task (default 600)")
@@ -367,8 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("dirs", nargs="+", help="result directories (written by wtc discover --suite / --all)")
     st.add_argument("--suite", default=None, help="the suite (default: the one the results name)")
     st.add_argument("--out", default=None, help="where results.md/csv/json go (default: the first directory)")
-    st.add_argument("--latest", action="store_true", help="the directories are runs made one after another (e.g. "
-                    "a newer engine): a task in several keeps the last one's row")
+    st.add_argument("--latest", action="store_true", help="runs made one after another: a task keeps the last row")
     st.set_defaults(func=_cmd_suite_table)
     s = sub.add_parser("scan", help="per-weight ablation scan of a transformer checkpoint (resumable)")
     s.add_argument("checkpoint", help="directory written by wtc.models.io.save (or `wtc lm-train`), or a local "
