@@ -4,6 +4,7 @@ decisions (used by wtc.extraction.reader)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import contextvars
 import time
 
@@ -112,3 +113,30 @@ def sr_fit(X, y, names, tol_abs, widen, time_limit=None):
         if fit.exact:
             break
     return fit
+
+
+def integral_formula(columns: dict[str, np.ndarray], target: np.ndarray, tol_abs: float, widen=(1.0, 3.0, 6.0),
+                     min_agreement: float = 1.0):
+    """An integer output read over fewer of the variables it reads, as a formula whose values are
+    its decisions (whole numbers, every one the model's): `Mod(s, 2)` of a prefix sum s where the
+    regression over s, the mean beside it and the routed bit returned |cos(1.6 s + 1.41)|, right
+    on the lengths seen and wrong beyond them. Subsets are tried smallest first (one variable,
+    then two), and among those that pass, the simplest formula wins. Returns (expr, evidence) or None."""
+    names = list(columns)
+    found = []
+    for size in range(1, len(names)):
+        for subset in itertools.combinations(names, size):
+            X = np.stack([columns[n] for n in subset], axis=1)
+            expr, _, ok = formula(X, target, subset, tol_abs, widen=widen, decisions=True)
+            if not ok:
+                continue
+            f = sp.lambdify([sp.Symbol(n) for n in subset], expr, modules=["numpy"])
+            with np.errstate(all="ignore"):
+                values = np.broadcast_to(np.asarray(f(*X.T), dtype=float), target.shape)
+            agree = float(np.mean(values == target))
+            if np.array_equal(values, np.round(values)) and agree >= min_agreement:
+                found.append((sp.count_ops(expr), expr, agree))
+        if found:
+            _, expr, agree = min(found, key=lambda c: c[0])
+            return expr, f"its values are the model's decisions on {agree:.4f} of inputs, whole numbers"
+    return None

@@ -144,9 +144,10 @@ def _route_stmts(line: Line, condition: str | None = None) -> list[ast.stmt]:
         fallback = "0.0" if p["before"] == "pad" else _at(src, "t")
         return _stmt(f"{name}[t] = {_at(src, str(q))} if t >= {q} else {fallback}")
     if kind == "switch":
-        table = ", ".join(f"{float(v)!r}: {int(d)}" for v, d in p["table"])
+        table = ", ".join(f"{float(v)!r}: {None if d is None else int(d)}" for v, d in p["table"])
+        nothing = "d is not None and " if any(d is None for _, d in p["table"]) else ""
         return _stmt(f"d = {{{table}}}.get({_at(p['var'], 't')}, 0)\n"
-                     f"{name}[t] = {_at(src, 't - d')} if t >= d else 0.0")
+                     f"{name}[t] = {_at(src, 't - d')} if {nothing}t >= d else 0.0")
     if kind == "recent":        # a value carried forward: what the latest position satisfying the predicate held
         carried = _carried(name)
         update = f"if {condition or predicate_text(p, _at(p['var'], 't'))}:\n    {carried} = {_at(src, 't')}\n"

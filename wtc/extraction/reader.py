@@ -31,7 +31,8 @@ from wtc.extraction.domain import Domain
 from wtc.extraction.equivalence import immaterial_heads
 from wtc.extraction.grid import grid_polynomial
 from wtc.extraction.formulas import (DECISION_SLACK, MAX_SR_POINTS, MIN_DECISION_AGREEMENT, ExtractionError,  # noqa: F401
-                                      ExtractionTimeout, formula as _formula, reading_deadline, sr_fit as _sr_fit)
+                                      ExtractionTimeout, formula as _formula, integral_formula, reading_deadline,
+                                      sr_fit as _sr_fit)
 from wtc.extraction.program import POSITION, Line, Program, build_source
 from wtc.extraction.logic import shortest_rule
 from wtc.extraction.position import position_table
@@ -172,6 +173,7 @@ class _Extraction:
         self.readings: list[Reading] = []
         self.failures: list[tuple[str | None, str]] = []   # (program variable or None, why)
         self.unread: dict = {}     # program variable of a head that fits no rule -> (head, best rule, its values)
+        self.unread_mlps: dict = {}                                                 # sub-MLP with no formula -> module
         self.exprs: dict[str, sp.Expr] = {}                                        # sub-MLP -> formula
         self.routes: dict[tuple, str] = {}                                         # (rule, source) -> name
         self.head_only = []                                                        # sub-MLPs read via outputs
@@ -348,6 +350,7 @@ class _Extraction:
         reading.name = name
         self.readings.append(reading)
         if not reading.ok:
+            self.unread_mlps[mod.name] = mod
             self.failures.append((name, f"{mod.name}: no formula within tolerance ({reading.evidence})"))
         self.lines.append(Line(name, "expr", expr=expr, comment=reading.finding))
 
@@ -372,6 +375,9 @@ class _Extraction:
                 for v in mod.reads.values():
                     via.setdefault(self.pname[v], v)
         leaves = sorted({**direct, **via}.values(), key=self.names.index)
+        through = self._through_unread(leaves)
+        if len(through) <= 3:
+            leaves = through
         # a network is often less precise than the formula it approximates: widen the tolerance
         # (integer outputs: never past what rounding forgives); verification has the last word
         widen = (1.0, 3.0, 6.0) if task.output == "integer" else (1.0, 3.0, 10.0, 30.0, 100.0)
@@ -415,6 +421,12 @@ class _Extraction:
         else:
             expr, evidence, ok = self._decomposed_output(o, direct, via, keep, target, widen)
             reads = "linear terms + " + ", ".join(via)
+        if task.output == "integer" and 2 <= len(leaves) <= 3 and not self._integral(expr, ok, leaves, keep):
+            columns = {self.pname[v]: self.prog[v][:, P:][keep] for v in leaves}
+            fewer = integral_formula(columns, target, self.tol_out, widen=widen)
+            if fewer is not None:
+                expr, evidence, ok = fewer[0], f"{fewer[1]} (not {expr}, over every variable read)", True
+                reads = ", ".join(sorted(str(s) for s in expr.free_symbols))
         rule = self._rule_output(expr, ok, leaves, keep, target)
         if rule is not None:
             expr, evidence, ok = rule, f"the model's decisions are a rule of two-valued variables (not the formula " \
@@ -423,6 +435,31 @@ class _Extraction:
             self.failures.append((None, f"output {o}: no formula within tolerance ({evidence})"))
         self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, ok))
         return expr
+
+    def _through_unread(self, leaves: list[str]) -> list[str]:
+        """leaves with each sub-MLP that has no formula replaced by what it reads (again where that
+        has none): the output read over those is what the network computes through it (the
+        quotient bit of a division by 5, (x + s mod 5) mod 2 of the weighted sum s, where the
+        sub-MLP between them, periodic in s, fit no formula of its own)."""
+        out, todo = {}, list(leaves)
+        while todo:
+            v = todo.pop(0)
+            if v in self.unread_mlps:
+                todo += [u for u in self.unread_mlps[v].reads.values() if u not in todo]
+            else:
+                out.setdefault(self.pname[v], v)
+        return sorted(out.values(), key=self.names.index)
+
+    def _integral(self, expr, ok, leaves, keep) -> bool:
+        """Whether a formula read over leaves gives whole numbers on the extraction data."""
+        names = sorted(str(s) for s in expr.free_symbols)
+        columns = {self.pname[v]: self.prog[v][:, self.P:][keep] for v in leaves}
+        if not ok or any(n not in columns for n in names):
+            return False
+        f = sp.lambdify([sp.Symbol(n) for n in names], expr, modules=["numpy"])
+        with np.errstate(all="ignore"):
+            values = np.asarray(f(*[columns[n] for n in names]), dtype=float)
+        return bool(np.array_equal(values, np.round(values)))
 
     def _rule_output(self, expr, ok, leaves, keep, target) -> sp.Expr | None:
         """A two-valued output of two-valued variables as its shortest rule (wtc.extraction.logic),

@@ -7,7 +7,10 @@ simplest first:
                    or (variant "self") the query's own position
   absolute(p)      key = p; for t < p the key is a pad ("before_pad") or t itself ("before_self")
   switch(q)        key = t - d(q_t): the offset is looked up from the query variable's value
-                   (variables with at most 4 distinct values, e.g. a flag: v_t if f_t else v_{t-1})
+                   (variables with at most 4 distinct values, e.g. a flag: v_t if f_t else v_{t-1});
+                   a value at which the head goes to the pads reads "nothing" (d = None: 0, a
+                   product x * f as "x where f"), not the offset the pads happen to sit at for the
+                   length trained on, which would read real positions at longer lengths
   window max/min   key = argmax/argmin of a variable u over [t-w+1, t] (w >= 2) or the whole prefix,
                    or over the w positions before t ([t-w, t-1], "previous");
                    "real": pads excluded; ties go to the earliest ("first") or latest ("last") key
@@ -108,7 +111,7 @@ class Rule:
         if self.kind == "absolute":
             return f"absolute position {p['p']}" + ("" if p["p"] == 0 else f" ({p['before']} before it)")
         if self.kind == "switch":
-            table = ", ".join(f"{_num(k)}: t-{d}" for k, d in p["table"])
+            table = ", ".join(f"{_num(k)}: {'0 (nothing)' if d is None else f't-{d}'}" for k, d in p["table"])
             return f"offset chosen by {p['var']}: {{{table}}}"
         if self.kind == "recent":
             none = "0" if p.get("none", "pad") == "pad" else f"t{'-1' if p['strict'] else ''}"
@@ -252,9 +255,13 @@ def rule_keys(rule: Rule, values: dict[str, np.ndarray], P: int, T: int) -> np.n
     if kind == "switch":
         q = values[p["var"]][:, P:]                                             # (n, T)
         d = np.zeros_like(t)
+        nothing = np.zeros_like(q, dtype=bool)
         for value, offset in p["table"]:
-            d = np.where(q == value, offset, d)
-        return np.maximum(P + t - d, 0)
+            if offset is None:
+                nothing |= q == value
+            else:
+                d = np.where(q == value, offset, d)
+        return np.where(nothing, 0, np.maximum(P + t - d, 0))
     if kind == "recent":
         ok = satisfies(p, values[p["var"]])                                     # (n, L)
         L = ok.shape[1]
@@ -310,7 +317,8 @@ def candidate_rules(T: int, window_vars: list[str]) -> list[Rule]:
 
 
 def switch_rules(pointer: np.ndarray, values: dict[str, np.ndarray], query_vars: list[str], P: int, T: int) -> list[Rule]:
-    """For each few-valued query variable: the offset the head takes most often per value."""
+    """For each few-valued query variable: the offset the head takes most often per value, or
+    None (nothing: a pad) where it goes to the pads more often than not."""
     rules = []
     offsets = P + np.arange(T)[None, :] - pointer                                   # (n, T)
     for var in query_vars:
@@ -320,7 +328,11 @@ def switch_rules(pointer: np.ndarray, values: dict[str, np.ndarray], query_vars:
             continue
         table = []
         for level in levels:
-            picked = offsets[q == level]
+            at = q == level
+            if np.mean(pointer[at] < P) > 0.5:
+                table.append((float(level), None))
+                continue
+            picked = offsets[at]
             table.append((float(level), int(np.bincount(np.minimum(picked, T)).argmax())))
         if len({d for _, d in table}) > 1:
             rules.append(Rule("switch", {"var": var, "table": table}))

@@ -1,0 +1,89 @@
+"""Readings that trained models needed (tests/models: two best models of the MIPS suite's runs, as
+discover saved them): an output read over what an unread sub-MLP reads, an integer output read
+over fewer variables as a formula whose values are its decisions, and a switch that goes to the
+pads read as "nothing" rather than as the offset the pads sit at for the length trained on. Each
+program is exec'd from its source and checked against the task's own definition at four times
+the length it was read at."""
+from pathlib import Path
+
+import numpy as np
+import sympy as sp
+
+import wtc
+from wtc.extraction import extract, verify
+from wtc.extraction.formulas import integral_formula
+from wtc.extraction.routing_rules import fit_head, rule_keys
+from wtc.tasks import mips
+
+MODELS = Path(__file__).parent / "models"
+
+
+def _source_program(program):
+    namespace: dict = {}
+    exec(program.source, namespace)                       # as a user runs it: the source, in a fresh namespace
+    return namespace["program"]
+
+
+def test_an_output_is_read_over_what_an_unread_sub_mlp_reads():
+    """Division by 5: the sub-MLP between the weighted sum and the output is periodic in the sum
+    and fits no formula; the quotient bit read over the sub-MLP's own inputs is (x + s mod 5) mod 2."""
+    task = mips.get("Div_5")
+    program = extract(wtc.load(MODELS / "Div_5"), task)
+    assert program.ok, program.failures
+    out = program.outputs[0]
+    assert {s.name for s in out.free_symbols} == {"x", "per4_x"}, out
+    assert any(r.kind == "note" and "L0.m2" in r.finding for r in program.readings)   # said, not hidden
+    v = verify(program, task, n=2000, seed=3)
+    assert v.solved and v.holds_longest and v.exhaustive_ok, v
+    x = np.random.default_rng(11).integers(0, 2, (200, 40))
+    run = _source_program(program)
+    got = np.array([run(s.tolist()) for s in x])
+    np.testing.assert_array_equal(got, mips.long_division(x, 5))
+
+
+def test_a_switch_to_the_pads_reads_as_nothing_and_the_parity_as_a_modulus():
+    """Dot product parity: the head routes b where a = 1 and goes to the pads where a = 0 (read as
+    offset 10 before, which reads real positions at length 20); the output, read by the
+    regression over the routed bit, its prefix sum and prefix mean as |cos(1.6 s + 1.41)|, is
+    Mod(s, 2) over the sum alone."""
+    task = mips.get("Bit_Dot_Prod_Mod2")
+    program = extract(wtc.load(MODELS / "Bit_Dot_Prod_Mod2"), task)
+    assert program.ok, program.failures
+    switch = next(ln for ln in program.lines if ln.rule is not None and ln.rule.kind == "switch")
+    assert dict(switch.rule.params["table"]) == {0.0: None, 1.0: 0}, switch.rule.params
+    s = sp.Symbol(f"sum_{switch.name}")
+    assert program.outputs[0] == sp.Mod(s, 2), program.outputs
+    v = verify(program, task, n=2000, seed=4)
+    assert v.solved and v.holds_longer and v.holds_longest, v
+    x = np.random.default_rng(12).integers(0, 2, (200, 40, 2))
+    run = _source_program(program)
+    got = np.array([run([tuple(r) for r in s.tolist()]) for s in x])
+    np.testing.assert_array_equal(got, mips.dot_product_parity(x))
+
+
+def test_integral_formula_reads_over_the_fewest_variables(rng):
+    x = (rng.integers(0, 2, (3000, 10)) * rng.integers(0, 2, (3000, 10))).astype(float)
+    s = np.cumsum(x, axis=1)
+    columns = {"a": x.ravel(), "s": s.ravel(), "m": (s / np.arange(1, 11)).ravel()}
+    expr, evidence = integral_formula(columns, (s % 2).ravel(), 0.05)
+    assert expr == sp.Mod(sp.Symbol("s"), 2), expr
+    assert "whole numbers" in evidence
+    noise = rng.integers(0, 3, s.size).astype(float)       # a function of none of them: nothing is read
+    assert integral_formula(columns, noise, 0.05) is None
+
+
+def test_a_switch_entry_is_nothing_where_the_head_goes_to_the_pads(rng):
+    n, T, P = 1000, 8, 8          # 8000 picks: the acceptance bound needs over 4600 agreeing
+    q = rng.integers(0, 2, (n, T)).astype(float)
+    v = rng.integers(0, 5, (n, T)).astype(float)
+    pads = np.zeros((n, P))
+    values = {"q": np.concatenate([pads, q], axis=1), "v": np.concatenate([pads, v], axis=1)}
+    t = np.arange(T)[None, :]
+    pointer = np.where(q == 1, P + t - 1, rng.integers(0, P, (n, T)))     # q = 1: t - 1; q = 0: some pad
+    pointer = np.maximum(pointer, 0)
+    fit = fit_head("h", pointer, "v", values, P, T, query_vars=["q"])
+    assert fit.rule is not None and fit.rule.kind == "switch", fit
+    assert dict(fit.rule.params["table"]) == {0.0: None, 1.0: 1}
+    keys = rule_keys(fit.rule, values, P, T)
+    assert np.all(keys[q == 0] < P)                        # a pad: the value 0
+    assert "0 (nothing)" in fit.rule.describe()
