@@ -17,6 +17,7 @@ from wtc.errors import WtcError
 MIN_DECISION_AGREEMENT = 0.8  # integer outputs: a formula must share this share of the model's decisions
 DECISION_SLACK = 0.05         # ... and may trail the best candidate's agreement by this much
 MAX_SR_POINTS = 3000
+FEWER_TIME_LIMIT = 20.0       # seconds for all the regressions of integral_formula
 
 
 class ExtractionError(WtcError, RuntimeError):
@@ -116,18 +117,24 @@ def sr_fit(X, y, names, tol_abs, widen, time_limit=None):
 
 
 def integral_formula(columns: dict[str, np.ndarray], target: np.ndarray, tol_abs: float, widen=(1.0, 3.0, 6.0),
-                     min_agreement: float = 1.0):
+                     min_agreement: float = 1.0, max_size: int = 2, time_limit: float = FEWER_TIME_LIMIT):
     """An integer output read over fewer of the variables it reads, as a formula whose values are
     its decisions (whole numbers, every one the model's): `Mod(s, 2)` of a prefix sum s where the
     regression over s, the mean beside it and the routed bit returned |cos(1.6 s + 1.41)|, right
     on the lengths seen and wrong beyond them. Subsets are tried smallest first (one variable,
-    then two), and among those that pass, the simplest formula wins. Returns (expr, evidence) or None."""
+    then two, up to max_size and fewer than all), and among those of the smallest size that pass,
+    the simplest formula wins; the regressions together take at most time_limit seconds (the
+    subsets not reached by then are not tried). Returns (expr, evidence) or None."""
     names = list(columns)
     found = []
-    for size in range(1, len(names)):
+    end = time.time() + time_limit
+    for size in range(1, min(max_size, len(names) - 1) + 1):
         for subset in itertools.combinations(names, size):
+            left = end - time.time()
+            if left <= 0:
+                break
             X = np.stack([columns[n] for n in subset], axis=1)
-            expr, _, ok = formula(X, target, subset, tol_abs, widen=widen, decisions=True)
+            expr, _, ok = formula(X, target, subset, tol_abs, widen=widen, decisions=True, time_limit=left)
             if not ok:
                 continue
             f = sp.lambdify([sp.Symbol(n) for n in subset], expr, modules=["numpy"])

@@ -50,6 +50,8 @@ LIVE_SHARE = 0.1            # live: moves an output by more than this share of t
 MAX_DEVIATION = 0.05        # program vs model output on the extraction data, relative rms
 RAW_READ_DEVIATION = 0.03     # ... or, failing that, read the raw output within this relative rms
 MAX_VIA = 8                 # variables the sub-MLPs feeding an output may read together
+MAX_FEWER = 3               # an integer output read over fewer of its variables: from at most this many
+#                             (one or two of them; more costs ~18 s a reading and found nothing more)
 ALONE_TIME_LIMIT = 3.0      # seconds per sub-MLP read alone for the report (its formula is in the output)
 
 
@@ -421,9 +423,8 @@ class _Extraction:
         else:
             expr, evidence, ok = self._decomposed_output(o, direct, via, keep, target, widen)
             reads = "linear terms + " + ", ".join(via)
-        if task.output == "integer" and 2 <= len(leaves) <= 3 and not self._integral(expr, ok, leaves, keep):
-            columns = {self.pname[v]: self.prog[v][:, P:][keep] for v in leaves}
-            fewer = integral_formula(columns, target, self.tol_out, widen=widen)
+        if task.output == "integer" and 2 <= len(leaves) <= MAX_FEWER and not self._integral(expr, ok, leaves, keep):
+            fewer = self._fewer(leaves, keep, target, widen)
             if fewer is not None:
                 expr, evidence, ok = fewer[0], f"{fewer[1]} (not {expr}, over every variable read)", True
                 reads = ", ".join(sorted(str(s) for s in expr.free_symbols))
@@ -449,6 +450,19 @@ class _Extraction:
             else:
                 out.setdefault(self.pname[v], v)
         return sorted(out.values(), key=self.names.index)
+
+    def _fewer(self, leaves, keep, target, widen):
+        """integral_formula over one or two of the leaves, aggregates offered as prefix sums too
+        (parity of a count: a function of the sum, not of the mean); a sum it uses gets its line."""
+        columns = {self.pname[v]: self.prog[v][:, self.P:][keep] for v in leaves}
+        alt = self._as_sums(leaves)
+        sums = {} if alt is None else {alt[1][v]: v for v in leaves if v in self.sums}
+        columns.update({name: alt[0][v][:, self.P:][keep] for name, v in sums.items()})
+        fewer = integral_formula(columns, target, self.tol_out, widen=widen, max_size=2)
+        if fewer is not None:
+            used = {str(s) for s in fewer[0].free_symbols}
+            self._keep_sums([v for name, v in sums.items() if name in used], alt[1])
+        return fewer
 
     def _integral(self, expr, ok, leaves, keep) -> bool:
         """Whether a formula read over leaves gives whole numbers on the extraction data."""
