@@ -1,12 +1,13 @@
 """Settling early (wtc.dt.attempt.SETTLE_FROM): discover's attempts end the annealing once a
-replica's argmax model is right everywhere on the settle check; the hard phase follows in full."""
+replica's argmax model is right everywhere on the settle check; the hard phase follows, and ends
+at a check from HARD_SETTLED_MIN hard steps on where a replica is still right everywhere."""
 import numpy as np
 import torch
 
 import wtc
 from wtc.tasks.task import shift
 from wtc.dt import DTConfig
-from wtc.dt.attempt import SETTLE_EVERY, SETTLE_FROM, SETTLE_SEQUENCES, Attempt, run_attempt
+from wtc.dt.attempt import HARD_SETTLED_MIN, SETTLE_EVERY, SETTLE_FROM, SETTLE_SEQUENCES, Attempt, run_attempt
 from wtc.dt.selection import EVAL
 
 SMALL = DTConfig(n_heads=1, n_mlps=1, mlp_hidden=8, steps=600, hard_steps=10, polish_iters=5, replicas=4,
@@ -33,6 +34,23 @@ def test_settled_attempt_starts_the_hard_phase_at_an_exact_check():
     assert SETTLE_FROM <= settled < SMALL.steps and settled % SETTLE_EVERY == 0
     assert run.hard_from == settled and run.step == settled + SMALL.hard_steps == run.planned_steps
     assert any(s["solved"] for s in scores)
+
+
+def test_a_settled_hard_phase_ends_once_a_replica_is_still_exact():
+    cfg = SMALL.replace(hard_steps=400)
+    run = Attempt(flip_task(), cfg, seed=0, attempt=0, settle=True)
+    scores = run_attempt(run)
+    hard = run.history.final["hard_steps_run"]
+    assert HARD_SETTLED_MIN <= hard < cfg.hard_steps and hard % SETTLE_EVERY == 0
+    assert run.step == run.hard_from + hard and run.hard_from < cfg.steps
+    assert any(s["solved"] for s in scores)
+
+
+def test_an_unsettled_hard_phase_runs_in_full():
+    cfg = SMALL.replace(steps=SETTLE_FROM - 1, hard_steps=HARD_SETTLED_MIN + SETTLE_EVERY)   # no settle check
+    run = Attempt(flip_task(), cfg, seed=0, attempt=0, settle=True)
+    run_attempt(run)
+    assert run.step == cfg.steps + cfg.hard_steps and "hard_steps_run" not in run.history.final
 
 
 def test_the_settle_check_reads_the_argmax_model():

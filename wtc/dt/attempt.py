@@ -40,8 +40,13 @@ PRECISION_CHUNK = 250    # L-BFGS iterations between checks whether they are sol
 PRECISION_GAIN = 0.01    # a chunk lowering no replica's loss by 1% ends the pass
 # Settling early (discover, integer tasks; parity_last2's batches are all right from step ~150 of
 # 1000): from SETTLE_FROM, every SETTLE_EVERY steps, a replica whose argmax model is right on
-# SETTLE_SEQUENCES fit sequences ends the annealing; the whole hard phase follows.
+# SETTLE_SEQUENCES fit sequences ends the annealing. The hard phase of a settled attempt ends at
+# the first check from HARD_SETTLED_MIN hard steps on where a replica's model is still right
+# everywhere: the hard steps make its pointers crisp and its sub-MLPs precise under them, and once
+# that holds the finish's head refit and L-BFGS polish do the rest (an attempt that did not settle
+# runs its hard phase in full: it may still be learning).
 SETTLE_FROM, SETTLE_EVERY, SETTLE_SEQUENCES = 100, 50, 512
+HARD_SETTLED_MIN = 100
 # DTConfig fields that steer the ladder, not what one attempt computes: a resume may change them
 LADDER_FIELDS = ("max_attempts", "workers")
 
@@ -194,20 +199,31 @@ class Attempt:
             self.phase, self.hard_from = "hard", self.step
             for group in self.optimizer.param_groups:
                 group["lr"] = cfg.lr * cfg.hard_lr_scale
-        elif self.phase == "hard" and self.step >= self.hard_from + cfg.hard_steps:
+        elif self.phase == "hard" and (self.step >= self.hard_from + cfg.hard_steps or self._hard_settled()):
             self.phase = "finish"
             self.graphed = None      # its buffers and memory pool are of no further use
 
     @property
-    def planned_steps(self) -> int:   # the annealing (cut short once settled) and the hard phase
+    def planned_steps(self) -> int:   # the annealing (cut short once settled) and the hard phase (the same)
         return self.hard_from + self.config.hard_steps
 
-    @torch.no_grad()
     def _settled(self) -> bool:
         """Whether the annealing may end here: some replica's argmax model is right at every position
         of the settle check (SETTLE_FROM)."""
         if not self.settle or self.step < SETTLE_FROM or self.step % SETTLE_EVERY:
             return False
+        return self._exact()
+
+    def _hard_settled(self) -> bool:
+        """Whether a settled attempt's hard phase may end here (HARD_SETTLED_MIN)."""
+        hard = self.step - self.hard_from
+        if not self.settle or self.hard_from >= self.config.steps or hard < HARD_SETTLED_MIN or hard % SETTLE_EVERY:
+            return False
+        return self._exact()
+
+    @torch.no_grad()
+    def _exact(self) -> bool:
+        """Some replica's argmax model is right at every position of SETTLE_SEQUENCES fit sequences."""
         x, _, valid, y_raw = (t[:SETTLE_SEQUENCES] for t in self.fit_data)
         pred, _ = self.model(x, EVAL)
         return bool((self._batch_metric(pred, y_raw, valid) >= 1.0).any())
@@ -369,7 +385,9 @@ def run_attempt(run: Attempt, progress: bool | str = False, state_path: Path | N
     if cfg.precision_iters and stopped is None:
         scores = run.precision_pass(scores, deadline)
     run.history.final = {"scores": scores}
-    extras = {"settled_at_step": run.hard_from if run.hard_from < cfg.steps else None,
+    settled = run.hard_from < cfg.steps
+    extras = {"settled_at_step": run.hard_from if settled else None,
+              "hard_steps_run": run.step - run.hard_from if settled and stopped is None else None,
               "snaps": [dataclasses.asdict(s) for s in run.snaps], "coefficient_snaps": run.coefficient_snaps}
     run.history.final.update({k: v for k, v in extras.items() if v})
     if stopped is not None:
