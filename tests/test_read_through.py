@@ -1,4 +1,4 @@
-"""Readings that trained models needed (tests/models: two best models of the MIPS suite's runs, as
+"""Readings that trained models needed (tests/models: three best models of the MIPS suite's runs, as
 discover saved them): an output read over what an unread sub-MLP reads, an integer output read
 over fewer variables as a formula whose values are its decisions, and a switch that goes to the
 pads read as "nothing" rather than as the offset the pads sit at for the length trained on. Each
@@ -39,6 +39,21 @@ def test_an_output_is_read_over_what_an_unread_sub_mlp_reads():
     run = _source_program(program)
     got = np.array([run(s.tolist()) for s in x])
     np.testing.assert_array_equal(got, mips.long_division(x, 5))
+
+
+def test_an_unread_sub_mlp_among_weak_linear_terms_is_read_through_over_fewer_variables():
+    """Division by 3 in two layers: the sub-MLP periodic in the alternating sum fits no formula,
+    and the output also reads two prefix means weakly (linear terms): four variables in all, more
+    than one regression reads whole; one or two of them as a whole-number formula is the reading."""
+    task = mips.get("Div_3")
+    program = extract(wtc.load(MODELS / "Div_3"), task)
+    assert program.ok, program.failures
+    assert {s.name for s in program.outputs[0].free_symbols} == {"x", "per2_x"}, program.outputs
+    v = verify(program, task, n=2000, seed=5)
+    assert v.solved and v.holds_longest and v.exhaustive_ok, v
+    x = np.random.default_rng(13).integers(0, 2, (200, 40))
+    got = np.array([_source_program(program)(s.tolist()) for s in x])
+    np.testing.assert_array_equal(got, mips.long_division(x, 3))
 
 
 def test_a_switch_to_the_pads_reads_as_nothing_and_the_parity_as_a_modulus():

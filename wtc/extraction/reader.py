@@ -52,6 +52,8 @@ RAW_READ_DEVIATION = 0.03     # ... or, failing that, read the raw output within
 MAX_VIA = 8                 # variables the sub-MLPs feeding an output may read together
 MAX_FEWER = 3               # an integer output read over fewer of its variables: from at most this many
 #                             (one or two of them; more costs ~18 s a reading and found nothing more)
+MAX_FEWER_THROUGH = 6       # ... or of at most this many where an unread sub-MLP stands between (Div_3: the
+#                             output's weak linear terms on two means made the four no formula reads whole)
 ALONE_TIME_LIMIT = 3.0      # seconds per sub-MLP read alone for the report (its formula is in the output)
 
 
@@ -378,6 +380,7 @@ class _Extraction:
                     via.setdefault(self.pname[v], v)
         leaves = sorted({**direct, **via}.values(), key=self.names.index)
         through = self._through_unread(leaves)
+        absorbed = through != leaves          # some leaf is a sub-MLP with no formula: a reading through it fails
         if len(through) <= 3:
             leaves = through
         # a network is often less precise than the formula it approximates: widen the tolerance
@@ -423,8 +426,10 @@ class _Extraction:
         else:
             expr, evidence, ok = self._decomposed_output(o, direct, via, keep, target, widen)
             reads = "linear terms + " + ", ".join(via)
-        if task.output == "integer" and 2 <= len(leaves) <= MAX_FEWER and not self._integral(expr, ok, leaves, keep):
-            fewer = self._fewer(leaves, keep, target, widen)
+        fewer_of, most = (through, MAX_FEWER_THROUGH) if absorbed else (leaves, MAX_FEWER)
+        if task.output == "integer" and 2 <= len(fewer_of) <= most and (
+                absorbed or not self._integral(expr, ok, leaves, keep)):
+            fewer = self._fewer(fewer_of, keep, target, widen)
             if fewer is not None:
                 expr, evidence, ok = fewer[0], f"{fewer[1]} (not {expr}, over every variable read)", True
                 reads = ", ".join(sorted(str(s) for s in expr.free_symbols))
@@ -451,23 +456,28 @@ class _Extraction:
                 out.setdefault(self.pname[v], v)
         return sorted(out.values(), key=self.names.index)
 
-    def _fewer(self, leaves, keep, target, widen):
-        """integral_formula over one or two of the leaves, aggregates offered as prefix sums too
-        (parity of a count: a function of the sum, not of the mean); a sum it uses gets its line."""
+    def _columns(self, leaves, keep) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """The leaves' values by program name, aggregates also as prefix sums (a count mod k is a
+        function of the sum, not of the mean) -> (columns, sum name -> aggregate)."""
         columns = {self.pname[v]: self.prog[v][:, self.P:][keep] for v in leaves}
         alt = self._as_sums(leaves)
         sums = {} if alt is None else {alt[1][v]: v for v in leaves if v in self.sums}
         columns.update({name: alt[0][v][:, self.P:][keep] for name, v in sums.items()})
+        return columns, sums
+
+    def _fewer(self, leaves, keep, target, widen):
+        """integral_formula over one or two of the leaves (and their sums); a sum it uses gets its line."""
+        columns, sums = self._columns(leaves, keep)
         fewer = integral_formula(columns, target, self.tol_out, widen=widen, max_size=2)
         if fewer is not None:
             used = {str(s) for s in fewer[0].free_symbols}
-            self._keep_sums([v for name, v in sums.items() if name in used], alt[1])
+            self._keep_sums([v for name, v in sums.items() if name in used], {**self.pname, **{v: n for n, v in sums.items()}})
         return fewer
 
     def _integral(self, expr, ok, leaves, keep) -> bool:
-        """Whether a formula read over leaves gives whole numbers on the extraction data."""
+        """Whether a formula read over leaves (or their sums) gives whole numbers on the extraction data."""
         names = sorted(str(s) for s in expr.free_symbols)
-        columns = {self.pname[v]: self.prog[v][:, self.P:][keep] for v in leaves}
+        columns, _ = self._columns(leaves, keep)
         if not ok or any(n not in columns for n in names):
             return False
         f = sp.lambdify([sp.Symbol(n) for n in names], expr, modules=["numpy"])
