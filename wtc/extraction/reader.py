@@ -30,9 +30,9 @@ from wtc.extraction.compose import snap_output
 from wtc.extraction.domain import Domain
 from wtc.extraction.equivalence import immaterial_heads
 from wtc.extraction.grid import grid_polynomial
-from wtc.extraction.formulas import (DECISION_SLACK, MAX_SR_POINTS, MIN_DECISION_AGREEMENT, ExtractionError,  # noqa: F401
-                                      ExtractionTimeout, formula as _formula, integral_formula, reading_deadline,
-                                      sr_fit as _sr_fit)
+from wtc.extraction.formulas import (DECISION_SLACK, FEWER_TIME_LIMIT, MAX_SR_POINTS, MIN_DECISION_AGREEMENT,  # noqa: F401
+                                      ExtractionError, ExtractionTimeout, formula as _formula, integral_formula,
+                                      reading_deadline, sr_fit as _sr_fit)
 from wtc.extraction.program import POSITION, Line, Program, build_source
 from wtc.extraction.logic import shortest_rule
 from wtc.extraction.position import position_table
@@ -429,7 +429,8 @@ class _Extraction:
         fewer_of, most = (through, MAX_FEWER_THROUGH) if absorbed else (leaves, MAX_FEWER)
         if task.output == "integer" and 2 <= len(fewer_of) <= most and (
                 absorbed or not self._integral(expr, ok, leaves, keep)):
-            fewer = self._fewer(fewer_of, keep, target, widen)
+            # through an unread sub-MLP the reading fails whatever else is found: worth a longer search
+            fewer = self._fewer(fewer_of, keep, target, widen, FEWER_TIME_LIMIT * (3 if absorbed else 1))
             if fewer is not None:
                 expr, evidence, ok = fewer[0], f"{fewer[1]} (not {expr}, over every variable read)", True
                 reads = ", ".join(sorted(str(s) for s in expr.free_symbols))
@@ -465,10 +466,10 @@ class _Extraction:
         columns.update({name: alt[0][v][:, self.P:][keep] for name, v in sums.items()})
         return columns, sums
 
-    def _fewer(self, leaves, keep, target, widen):
+    def _fewer(self, leaves, keep, target, widen, time_limit: float):
         """integral_formula over one or two of the leaves (and their sums); a sum it uses gets its line."""
         columns, sums = self._columns(leaves, keep)
-        fewer = integral_formula(columns, target, self.tol_out, widen=widen, max_size=2)
+        fewer = integral_formula(columns, target, self.tol_out, widen=widen, max_size=2, time_limit=time_limit)
         if fewer is not None:
             used = {str(s) for s in fewer[0].free_symbols}
             self._keep_sums([v for name, v in sums.items() if name in used], {**self.pname, **{v: n for n, v in sums.items()}})
