@@ -26,7 +26,8 @@ import torch
 import wtc
 from wtc.discovery import REPLICAS_TO_READ
 from wtc.dt import DTConfig
-from wtc.dt.attempt import POLISH_SEQUENCES, PRECISION_REPLICAS, Attempt, rank_key, take_replica
+from wtc.dt.attempt import POLISH_SEQUENCES, PRECISION_REPLICAS, Attempt, take_replica
+from wtc.dt.scores import rank_key
 from wtc.dt.finish import masked_mse
 from wtc.dt.selection import EVAL
 from wtc.extraction import extract, verify

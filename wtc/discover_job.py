@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import sympy as sp
 
-from wtc.dt.attempt import Attempt, load_result, rank_key, run_attempt, save_result, take_replica
+from wtc.dt.attempt import Attempt, load_result, run_attempt, save_result, take_replica
+from wtc.dt.scores import rank_key
 from wtc.dt.config import DTConfig
 from wtc.dt.ladder import Deadline
 from wtc.dt.workers import milestone
@@ -35,7 +36,7 @@ class Candidate:
     """A replica and its reading: the program read out and its verification, or both None when the
     budget ran out before any replica of the rung was read (then the rung's top replica, kept so
     that a cut run still returns its model). replica_rank: its fresh-data rank key
-    (wtc.dt.attempt.rank_key)."""
+    (wtc.dt.scores.rank_key)."""
 
     program: Program | None
     model: object
