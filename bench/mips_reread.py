@@ -51,8 +51,17 @@ def main() -> int:
     p.add_argument("--out", default=None, help="where the per-task results go (default bench/results/mips/reread)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
+    from wtc.errors import WtcError
+    from wtc.tasks import mips
+
     full = suite.mips()
-    rows = suite.collect(full, a.dirs, latest=True)
+    try:
+        rows = suite.collect(full, a.dirs, latest=True)
+        for name in a.tasks.split(",") if a.tasks else []:
+            mips.entry(name)                  # an unknown name is an error, with the close ones
+    except WtcError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     where = {}
     for d in map(Path, a.dirs):
         for name in rows:

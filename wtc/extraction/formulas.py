@@ -4,8 +4,8 @@ decisions (used by wtc.extraction.reader)."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import contextvars
+import itertools
 import time
 
 import numpy as np
@@ -116,6 +116,16 @@ def sr_fit(X, y, names, tol_abs, widen, time_limit=None):
     return fit
 
 
+def values_of(expr: sp.Expr, columns: dict[str, np.ndarray], shape) -> np.ndarray | None:
+    """expr evaluated on the columns its symbols name (None if one is not among them)."""
+    names = sorted(str(s) for s in expr.free_symbols)
+    if any(n not in columns for n in names):
+        return None
+    f = sp.lambdify([sp.Symbol(n) for n in names], expr, modules=["numpy"])
+    with np.errstate(all="ignore"):
+        return np.broadcast_to(np.asarray(f(*[columns[n] for n in names]), dtype=float), shape)
+
+
 def integral_formula(columns: dict[str, np.ndarray], target: np.ndarray, tol_abs: float, widen=(1.0, 3.0, 6.0),
                      min_agreement: float = 1.0, max_size: int = 2, time_limit: float = FEWER_TIME_LIMIT):
     """An integer output read over fewer of the variables it reads, as a formula whose values are
@@ -137,9 +147,7 @@ def integral_formula(columns: dict[str, np.ndarray], target: np.ndarray, tol_abs
             expr, _, ok = formula(X, target, subset, tol_abs, widen=widen, decisions=True, time_limit=left)
             if not ok:
                 continue
-            f = sp.lambdify([sp.Symbol(n) for n in subset], expr, modules=["numpy"])
-            with np.errstate(all="ignore"):
-                values = np.broadcast_to(np.asarray(f(*X.T), dtype=float), target.shape)
+            values = values_of(expr, columns, target.shape)
             agree = float(np.mean(values == target))
             if np.array_equal(values, np.round(values)) and agree >= min_agreement:
                 found.append((sp.count_ops(expr), expr, agree))

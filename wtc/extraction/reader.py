@@ -32,7 +32,7 @@ from wtc.extraction.equivalence import immaterial_heads
 from wtc.extraction.grid import grid_polynomial
 from wtc.extraction.formulas import (DECISION_SLACK, FEWER_TIME_LIMIT, MAX_SR_POINTS, MIN_DECISION_AGREEMENT,  # noqa: F401
                                       ExtractionError, ExtractionTimeout, formula as _formula, integral_formula,
-                                      reading_deadline, sr_fit as _sr_fit)
+                                      reading_deadline, sr_fit as _sr_fit, values_of)
 from wtc.extraction.program import POSITION, Line, Program, build_source
 from wtc.extraction.logic import shortest_rule
 from wtc.extraction.position import position_table
@@ -472,19 +472,13 @@ class _Extraction:
         fewer = integral_formula(columns, target, self.tol_out, widen=widen, max_size=2, time_limit=time_limit)
         if fewer is not None:
             used = {str(s) for s in fewer[0].free_symbols}
-            self._keep_sums([v for name, v in sums.items() if name in used], {**self.pname, **{v: n for n, v in sums.items()}})
+            self._keep_sums([v for name, v in sums.items() if name in used], {v: n for n, v in sums.items()})
         return fewer
 
     def _integral(self, expr, ok, leaves, keep) -> bool:
         """Whether a formula read over leaves (or their sums) gives whole numbers on the extraction data."""
-        names = sorted(str(s) for s in expr.free_symbols)
-        columns, _ = self._columns(leaves, keep)
-        if not ok or any(n not in columns for n in names):
-            return False
-        f = sp.lambdify([sp.Symbol(n) for n in names], expr, modules=["numpy"])
-        with np.errstate(all="ignore"):
-            values = np.asarray(f(*[columns[n] for n in names]), dtype=float)
-        return bool(np.array_equal(values, np.round(values)))
+        values = values_of(expr, self._columns(leaves, keep)[0], (int(keep.sum()),)) if ok else None
+        return values is not None and bool(np.array_equal(values, np.round(values)))
 
     def _rule_output(self, expr, ok, leaves, keep, target) -> sp.Expr | None:
         """A two-valued output of two-valued variables as its shortest rule (wtc.extraction.logic),
@@ -493,13 +487,8 @@ class _Extraction:
             return None
         columns = {self.pname[v]: self.prog[v][:, self.P:][keep] for v in leaves}
         if ok:
-            names = sorted(str(s) for s in expr.free_symbols)
-            if any(n not in columns for n in names):
-                return None
-            f = sp.lambdify([sp.Symbol(n) for n in names], expr, modules=["numpy"])
-            with np.errstate(all="ignore"):
-                values = np.broadcast_to(np.asarray(f(*[columns[n] for n in names]), dtype=float), target.shape)
-            if np.array_equal(values, np.round(values)):
+            values = values_of(expr, columns, target.shape)
+            if values is None or np.array_equal(values, np.round(values)):
                 return None                      # the formula's values are its decisions: keep it
         # a variable of many values the head also reads (t, weakly) is left out: the rule is refused
         # unless the decisions are a function of the two-valued ones alone
