@@ -397,7 +397,7 @@ DtRouteArgs dt_route_args(farr zq, farr zk, farr val, farr W, farr u, farr rel, 
 
 py::tuple dt_route_forward(farr zq, farr zk, farr val, farr W, farr u, farr rel, farr abs_, farr scale,
                            farr content, int pad, double tau, bool hard, int64_t seed, bool overlap,
-                           bool entropy, int threads) {
+                           bool entropy, int threads, bool save) {
   dt_isa_checked();
   DtRouteArgs a = dt_route_args(zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, seed);
   if (overlap && hard) throw py::value_error("route: overlaps are defined for soft routing only (hard=False)");
@@ -405,17 +405,18 @@ py::tuple dt_route_forward(farr zq, farr zk, farr val, farr W, farr u, farr rel,
   py::array_t<float> out({s.R, s.B, s.H, s.T});
   py::array_t<float> o_rows(overlap ? std::vector<int64_t>{s.R, s.B, s.H, s.H, s.T} : std::vector<int64_t>{0});
   py::array_t<float> ent(entropy ? std::vector<int64_t>{s.R, s.B, s.H, s.T} : std::vector<int64_t>{0});
+  py::array_t<float> saved(save ? wtc::dt_route_saved_floats(s, a.in.content) : 0);
   {
     py::gil_scoped_release nogil;
     wtc::dt_route_forward(s, a.in, out.mutable_data(), overlap ? o_rows.mutable_data() : nullptr,
-                          entropy ? ent.mutable_data() : nullptr, threads);
+                          entropy ? ent.mutable_data() : nullptr, save ? saved.mutable_data() : nullptr, threads);
   }
-  return py::make_tuple(out, o_rows, ent);
+  return py::make_tuple(out, o_rows, ent, saved);
 }
 
 py::tuple dt_route_backward(farr zq, farr zk, farr val, farr W, farr u, farr rel, farr abs_, farr scale,
                             farr content, int pad, double tau, bool hard, int64_t seed, farr dout,
-                            py::object c, bool score_grads, int threads) {
+                            py::object c, bool score_grads, int threads, py::object saved) {
   dt_isa_checked();
   DtRouteArgs a = dt_route_args(zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, seed);
   const auto& s = a.s;
@@ -431,6 +432,13 @@ py::tuple dt_route_backward(farr zq, farr zk, farr val, farr W, farr u, farr rel
     const int64_t want[] = {s.R, s.B, s.H, s.H, s.T};
     for (int ax = 0; ax < 5; ++ax) expect_dim(cg.shape(ax), want[ax], "c", ax);
   }
+  farr kept;
+  const bool has_kept = !saved.is_none();
+  if (has_kept) {   // what the forward kept for these inputs: its size is the layout's, or it is not theirs
+    kept = farr::ensure(saved);
+    if (!kept || kept.ndim() != 1 || kept.shape(0) != wtc::dt_route_saved_floats(s, a.in.content))
+      throw py::value_error("route: saved must be the float32 array dt_route_forward(save=True) returned for these inputs");
+  }
   py::array_t<float> dzq({s.R, s.B, s.H, s.T}), dzk({s.R, s.B, s.H, s.L}), dval({s.R, s.B, s.H, s.L});
   py::array_t<float> dW({s.R, s.H, s.N, s.N}), du({s.R, s.H, s.N}), drel({s.R, s.H, s.L});
   py::array_t<float> dabs({s.R, s.H, s.L}), dscale({s.R, s.H});
@@ -438,7 +446,8 @@ py::tuple dt_route_backward(farr zq, farr zk, farr val, farr W, farr u, farr rel
                       du.mutable_data(), drel.mutable_data(), dabs.mutable_data(), dscale.mutable_data()};
   {
     py::gil_scoped_release nogil;
-    wtc::dt_route_backward(s, a.in, dout.data(), has_c ? cg.data() : nullptr, score_grads, g, threads);
+    wtc::dt_route_backward(s, a.in, dout.data(), has_c ? cg.data() : nullptr, score_grads, g,
+                           has_kept ? kept.data() : nullptr, threads);
   }
   if (!score_grads) return py::make_tuple(py::none(), py::none(), dval, py::none(), py::none(), py::none(),
                                           py::none(), py::none());
@@ -552,14 +561,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("dt_route_forward", &dt_route_forward, py::arg("zq"), py::arg("zk"), py::arg("val"), py::arg("W"),
         py::arg("u"), py::arg("rel"), py::arg("abs"), py::arg("scale"), py::arg("content"), py::arg("pad"),
         py::arg("tau"), py::arg("hard"), py::arg("seed"), py::arg("overlap"), py::arg("entropy"), py::arg("threads"),
+        py::arg("save") = false,
         "Fused DT pointer-head routing (seed -1: no noise) -> (out (R, B, H, T), overlaps (R, B, H, H, T) "
-        "or empty, entropies of the noise-free softmax (R, B, H, T) or empty); see csrc/dt_route.h.");
+        "or empty, entropies of the noise-free softmax (R, B, H, T) or empty, with save=True what the "
+        "backward needs (1-D; else empty)); see csrc/dt_route.h.");
   m.def("dt_route_backward", &dt_route_backward, py::arg("zq"), py::arg("zk"), py::arg("val"), py::arg("W"),
         py::arg("u"), py::arg("rel"), py::arg("abs"), py::arg("scale"), py::arg("content"), py::arg("pad"),
         py::arg("tau"), py::arg("hard"), py::arg("seed"), py::arg("dout"), py::arg("c"), py::arg("score_grads"),
-        py::arg("threads"),
-        "Gradients of dt_route_forward by recomputation -> (dzq, dzk, dval, dW, du, drel, dabs, dscale); "
-        "all but dval None without score_grads. c: symmetrised overlap gradients or None.");
+        py::arg("threads"), py::arg("saved") = py::none(),
+        "Gradients of dt_route_forward -> (dzq, dzk, dval, dW, du, drel, dabs, dscale); all but dval None "
+        "without score_grads. c: symmetrised overlap gradients or None. saved: what the forward kept for "
+        "these inputs (save=True), or None: recomputed.");
   m.def("dt_mlp_forward", &dt_mlp_forward<float>, py::arg("x"), py::arg("W1"), py::arg("b1"), py::arg("W2"),
         py::arg("b2"), py::arg("skip"), py::arg("act"), py::arg("W_mid"), py::arg("b_mid"), py::arg("threads"),
         "The DT's sub-MLP bank on inputs x (R, n, M, k) -> y (R, n, M), float32; act 0 relu, 1 silu, 2 gelu, "

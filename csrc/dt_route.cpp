@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -48,7 +49,7 @@ inline int64_t padded(int64_t L) { return (L + 15) / 16 * 16; }
 // probabilities, argmax keys, and the PLE codes / query projections of the content term.
 struct Unit {
   int64_t Lp;
-  std::vector<float> pre, p, noise, encq, enck, enckT, proj, rrev, abp, valp, row;   // zero-initialised
+  std::vector<float> pre, p, noise, encq, enck, enckT, proj, rrev, abp, valp;   // zero-initialised
   // the causal mask as data, not as a comparison in the key loops (GCC splits a loop at `j <= last`
   // and then vectorises neither part): valid 1 / 0, bias 0 / -inf, per (query, key)
   std::vector<float> valid, bias;
@@ -56,7 +57,7 @@ struct Unit {
   explicit Unit(const DtRouteShapes& s)
       : Lp(padded(s.L)), pre(s.H * s.T * Lp), p(s.H * s.T * Lp), noise(s.T * s.L + Lp), encq(s.H * s.T * s.N),
         enck(s.H * s.L * s.N), enckT(s.H * s.N * Lp), proj(s.H * s.T * s.N), rrev(s.H * (s.L + Lp)),
-        abp(s.H * Lp), valp(s.H * Lp), row(Lp), valid(s.T * Lp), bias(s.T * Lp), arg(s.H * s.T) {
+        abp(s.H * Lp), valp(s.H * Lp), valid(s.T * Lp), bias(s.T * Lp), arg(s.H * s.T) {
     for (int64_t i = 0; i < s.T; ++i)
       for (int64_t j = 0; j < Lp; ++j) {
         const bool ok = j <= i + s.pad;
@@ -100,7 +101,6 @@ WTC_INLINE void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64
   const float cr = in.content[r], itau = in.inv_tau;
   const bool hard = in.hard, noise = in.noise;
   const float ninf = -std::numeric_limits<float>::infinity();
-  float* row = u.row.data();
   for (int64_t h = 0; h < H; ++h) {
     const int64_t g = (r * s.B + b) * H + h, rh = r * H + h;
     float* pre = u.pre.data() + h * T * Lp;
@@ -130,13 +130,21 @@ WTC_INLINE void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64
       }
       for (int64_t i = 0; i < T; ++i) {
         float* pr = proj + i * N;
-        for (int64_t c = 0; c < N; ++c) pr[c] = 0.0f;
-        for (int64_t a = 0; a < N; ++a) {
-          const float e = encq[i * N + a];
+        for (int64_t c0 = 0; c0 < N; c0 += 16) {      // 16 bins at a time, summed in registers
+          const int64_t w = std::min<int64_t>(16, N - c0);
+          float acc[16] = {};
+          for (int64_t a = 0; a < N; ++a) {
+            const float e = encq[i * N + a];
+            const float* Wa = W + a * N + c0;
+            if (NC == 16) {
 #pragma omp simd
-          for (int64_t c = 0; c < N; ++c) pr[c] += e * W[a * N + c];
+              for (int64_t l = 0; l < 16; ++l) acc[l] += e * Wa[l];
+            } else {
+              for (int64_t l = 0; l < w; ++l) acc[l] += e * Wa[l];
+            }
+          }
+          for (int64_t l = 0; l < w; ++l) pr[c0 + l] = acc[l] + uu[c0 + l];
         }
-        for (int64_t c = 0; c < N; ++c) pr[c] += uu[c];
       }
     }
     if (noise) gumbel_stream_cpu(in.seed, g, T * L, u.noise.data());
@@ -148,16 +156,21 @@ WTC_INLINE void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64
       const float* ok = u.valid.data() + i * Lp;
       const float* bias = u.bias.data() + i * Lp;
       if (cr != 0.0f) {
+        // 16 keys at a time, summed over the bins in registers (a sum through memory waits on
+        // its own store at every bin: the forward's hottest loop, measured)
         const float* pr = proj + i * N;
-        for (int64_t j = 0; j < Lp; ++j) row[j] = 0.0f;
-        for (int64_t c = 0; c < N; ++c) {
-          const float q = pr[c];
-          const float* ek = enckT + c * Lp;
+        for (int64_t j0 = 0; j0 < Lp; j0 += 16) {
+          float acc[16] = {};
+          for (int64_t c = 0; c < N; ++c) {
+            const float q = pr[c];
+            const float* ek = enckT + c * Lp + j0;
 #pragma omp simd
-          for (int64_t j = 0; j < Lp; ++j) row[j] += q * ek[j];
+            for (int64_t l = 0; l < 16; ++l) acc[l] += q * ek[l];
+          }
+#pragma omp simd
+          for (int64_t l = 0; l < 16; ++l)
+            pre_i[j0 + l] = ((acc[l] * cr + rr[j0 + l]) + abp[j0 + l]) * ok[j0 + l];
         }
-#pragma omp simd
-        for (int64_t j = 0; j < Lp; ++j) pre_i[j] = ((row[j] * cr + rr[j]) + abp[j]) * ok[j];
       } else {
 #pragma omp simd
         for (int64_t j = 0; j < Lp; ++j) pre_i[j] = ((0.0f + rr[j]) + abp[j]) * ok[j];
@@ -262,11 +275,11 @@ struct Back {
 template <int NC>
 WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
                               const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r,
-                              int64_t b, Unit& u, Back& bk) {
+                              int64_t b, Unit& u, Back& bk, bool restored) {
   const int64_t B = s.B, H = s.H, T = s.T, L = s.L, N = NC > 0 ? NC : s.N, P = s.pad, Lp = u.Lp;
   const float cr = in.content[r], itau = in.inv_tau;
   const bool hard = in.hard;
-  recompute<NC>(s, in, r, b, u);
+  if (!restored) recompute<NC>(s, in, r, b, u);
   for (int64_t h = 0; h < H; ++h) {
     const int64_t g = (r * B + b) * H + h, rh = r * H + h;
     const float* valp = u.valp.data() + h * Lp;
@@ -331,14 +344,29 @@ WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
       if (cr != 0.0f) {
         float* dpr = bk.dproj.data() + i * N;
         const float* pr = proj + i * N;
-        for (int64_t j = 0; j < n; ++j) {
-          const float dsc = ds[j] * cr;
-          const float* ek = enck + j * N;
-          float* dek = bk.denck.data() + j * N;
+        if (NC == 16) {   // this query's d proj summed over its keys in registers, not through memory
+          float acc[16] = {};
+          for (int64_t j = 0; j < n; ++j) {
+            const float dsc = ds[j] * cr;
+            const float* ek = enck + j * N;
+            float* dek = bk.denck.data() + j * N;
 #pragma omp simd
-          for (int64_t c = 0; c < N; ++c) {
-            dpr[c] += dsc * ek[c];
-            dek[c] += dsc * pr[c];
+            for (int64_t c = 0; c < 16; ++c) {
+              acc[c] += dsc * ek[c];
+              dek[c] += dsc * pr[c];
+            }
+          }
+          for (int64_t c = 0; c < 16; ++c) dpr[c] += acc[c];
+        } else {
+          for (int64_t j = 0; j < n; ++j) {
+            const float dsc = ds[j] * cr;
+            const float* ek = enck + j * N;
+            float* dek = bk.denck.data() + j * N;
+#pragma omp simd
+            for (int64_t c = 0; c < N; ++c) {
+              dpr[c] += dsc * ek[c];
+              dek[c] += dsc * pr[c];
+            }
           }
         }
       }
@@ -361,10 +389,20 @@ WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
           for (int64_t c = 0; c < N; ++c) dW[a * N + c] += e * dpr[c];
           dcode[a] = 0.0f;
         }
-        for (int64_t c = 0; c < N; ++c) {
-          const float d = dpr[c];
+        if (NC == 16) {   // summed in registers
+          float acc[16] = {};
+          for (int64_t c = 0; c < 16; ++c) {
+            const float d = dpr[c];
 #pragma omp simd
-          for (int64_t a = 0; a < N; ++a) dcode[a] += d * WT[c * N + a];
+            for (int64_t a = 0; a < 16; ++a) acc[a] += d * WT[c * 16 + a];
+          }
+          for (int64_t a = 0; a < 16; ++a) dcode[a] = acc[a];
+        } else {
+          for (int64_t c = 0; c < N; ++c) {
+            const float d = dpr[c];
+#pragma omp simd
+            for (int64_t a = 0; a < N; ++a) dcode[a] += d * WT[c * N + a];
+          }
         }
 #pragma omp simd
         for (int64_t c = 0; c < N; ++c) du[c] += dpr[c];
@@ -386,9 +424,9 @@ WTC_INLINE void forward_seq_impl(const DtRouteShapes& s, const DtRouteInputs& in
 
 WTC_INLINE void backward_seq_impl(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
                                   const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r, int64_t b,
-                                  Unit& u, Back& bk) {
-  if (s.N == 16) backward_unit<16>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
-  else backward_unit<0>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
+                                  Unit& u, Back& bk, bool restored) {
+  if (s.N == 16) backward_unit<16>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk, restored);
+  else backward_unit<0>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk, restored);
 }
 
 // ---- position-only replicas (content = 0), 16 sequences at a time
@@ -527,10 +565,10 @@ WTC_INLINE void lanes_forward_impl(const DtRouteShapes& s, const DtRouteInputs& 
 // abs / rel / scale gradients accumulated per lane in w (summed over lanes by the caller).
 WTC_INLINE void lanes_backward_impl(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
                                     const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r, int64_t b0,
-                                    int64_t nb, Lanes& w) {
+                                    int64_t nb, Lanes& w, bool restored) {
   const int64_t H = s.H, T = s.T, L = s.L, P = s.pad;
   const float itau = in.inv_tau;
-  lanes_recompute(s, in, r, b0, nb, w);
+  if (!restored) lanes_recompute(s, in, r, b0, nb, w);
   for (int64_t h = 0; h < H; ++h) {
     const int64_t rh = r * H + h;
     const float sc = in.scale[rh];
@@ -603,15 +641,83 @@ WTC_INLINE void lanes_backward_impl(const DtRouteShapes& s, const DtRouteInputs&
   }
 }
 
+// ---- what a forward keeps for its backward (dt_route_saved_floats): per replica, one region per
+// sequence (content replicas: the Unit's scores, probabilities, PLE codes, projections, values and
+// argmax keys) or per block of LANES sequences (position-only replicas: the Lanes' probabilities,
+// scores, values and argmax keys). Argmax keys are kept as their bits.
+struct SavedLayout {
+  int64_t unit, block;
+  std::vector<int64_t> start;
+  int64_t total = 0;
+  SavedLayout(const DtRouteShapes& s, const float* content) : start(s.R) {
+    const int64_t H = s.H, T = s.T, L = s.L, N = s.N, Lp = padded(L);
+    unit = 2 * H * T * Lp + 2 * H * T * N + H * L * N + H * Lp + H * T;
+    block = H * T * L * LANES + H * T * L + H * L * LANES + H * T * LANES;
+    const int64_t blocks = (s.B + LANES - 1) / LANES;
+    for (int64_t r = 0; r < s.R; ++r) {
+      start[r] = total;
+      total += content[r] == 0.0f ? blocks * block : s.B * unit;
+    }
+  }
+};
+
+template <typename V>
+inline float* put(const V& v, float* dst) {
+  std::memcpy(dst, v.data(), v.size() * sizeof(v[0]));
+  return dst + v.size();
+}
+
+template <typename V>
+inline const float* take(const float* src, V& v) {
+  std::memcpy(v.data(), src, v.size() * sizeof(v[0]));
+  return src + v.size();
+}
+
+inline void keep_unit(const Unit& u, float* dst) {
+  dst = put(u.pre, dst);
+  dst = put(u.p, dst);
+  dst = put(u.encq, dst);
+  dst = put(u.proj, dst);
+  dst = put(u.enck, dst);
+  dst = put(u.valp, dst);
+  put(u.arg, dst);
+}
+
+inline void restore_unit(const float* src, Unit& u) {
+  src = take(src, u.pre);
+  src = take(src, u.p);
+  src = take(src, u.encq);
+  src = take(src, u.proj);
+  src = take(src, u.enck);
+  src = take(src, u.valp);
+  take(src, u.arg);
+}
+
+inline void keep_lanes(const Lanes& w, float* dst) {
+  dst = put(w.p, dst);
+  dst = put(w.pre, dst);
+  dst = put(w.valT, dst);
+  put(w.arg, dst);
+}
+
+inline void restore_lanes(const float* src, Lanes& w) {
+  src = take(src, w.p);
+  src = take(src, w.pre);
+  src = take(src, w.valT);
+  take(src, w.arg);
+}
+
 // ---- one copy of the entry points per instruction set (dt_isa.h), called through RouteFns
 #define WTC_FWD_SEQ_ARGS const DtRouteShapes &s, const DtRouteInputs &in, int64_t rb, Unit &u, float *out, \
                          float *o_rows, float *ent
 #define WTC_BWD_SEQ_ARGS const DtRouteShapes &s, const DtRouteInputs &in, const float *dout, const float *cgrad, \
-                         bool score_grads, const DtRouteGrads &gr, int64_t r, int64_t b, Unit &u, Back &bk
+                         bool score_grads, const DtRouteGrads &gr, int64_t r, int64_t b, Unit &u, Back &bk, \
+                         bool restored
 #define WTC_LANES_FWD_ARGS const DtRouteShapes &s, const DtRouteInputs &in, int64_t r, int64_t b0, int64_t nb, \
                            Lanes &w, float *out, float *o_rows, float *ent
 #define WTC_LANES_BWD_ARGS const DtRouteShapes &s, const DtRouteInputs &in, const float *dout, const float *cgrad, \
-                           bool score_grads, const DtRouteGrads &gr, int64_t r, int64_t b0, int64_t nb, Lanes &w
+                           bool score_grads, const DtRouteGrads &gr, int64_t r, int64_t b0, int64_t nb, Lanes &w, \
+                           bool restored
 
 struct RouteFns {
   void (*forward_seq)(WTC_FWD_SEQ_ARGS);
@@ -623,11 +729,11 @@ struct RouteFns {
 #define WTC_ROUTE_COPY(ISA, TARGET)                                                                              \
   TARGET void forward_seq_##ISA(WTC_FWD_SEQ_ARGS) { forward_seq_impl(s, in, rb, u, out, o_rows, ent); }          \
   TARGET void backward_seq_##ISA(WTC_BWD_SEQ_ARGS) {                                                             \
-    backward_seq_impl(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);                                         \
+    backward_seq_impl(s, in, dout, cgrad, score_grads, gr, r, b, u, bk, restored);                               \
   }                                                                                                              \
   TARGET void lanes_forward_##ISA(WTC_LANES_FWD_ARGS) { lanes_forward_impl(s, in, r, b0, nb, w, out, o_rows, ent); } \
   TARGET void lanes_backward_##ISA(WTC_LANES_BWD_ARGS) {                                                         \
-    lanes_backward_impl(s, in, dout, cgrad, score_grads, gr, r, b0, nb, w);                                      \
+    lanes_backward_impl(s, in, dout, cgrad, score_grads, gr, r, b0, nb, w, restored);                            \
   }                                                                                                              \
   constexpr RouteFns route_##ISA{forward_seq_##ISA, backward_seq_##ISA, lanes_forward_##ISA, lanes_backward_##ISA};
 
@@ -650,10 +756,15 @@ const RouteFns& route_fns() {
 
 }  // namespace
 
+int64_t dt_route_saved_floats(const DtRouteShapes& s, const float* content) {
+  return SavedLayout(s, content).total;
+}
+
 void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* out, float* o_rows, float* ent,
-                      int threads) {
+                      float* saved, int threads) {
   const int64_t blocks = (s.B + LANES - 1) / LANES;
   const RouteFns& fns = route_fns();
+  const SavedLayout lay(s, in.content);
 #pragma omp parallel num_threads(std::max(1, threads))
   {
     FlushDenormals ftz;
@@ -664,17 +775,23 @@ void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* ou
       const int64_t r = rk / blocks, b0 = (rk % blocks) * LANES, nb = std::min(LANES, s.B - b0);
       if (in.content[r] == 0.0f) {
         fns.lanes_forward(s, in, r, b0, nb, w, out, o_rows, ent);
+        if (saved != nullptr) keep_lanes(w, saved + lay.start[r] + (b0 / LANES) * lay.block);
       } else {
-        for (int64_t b = b0; b < b0 + nb; ++b) fns.forward_seq(s, in, r * s.B + b, u, out, o_rows, ent);
+        for (int64_t b = b0; b < b0 + nb; ++b) {
+          fns.forward_seq(s, in, r * s.B + b, u, out, o_rows, ent);
+          if (saved != nullptr) keep_unit(u, saved + lay.start[r] + b * lay.unit);
+        }
       }
     }
   }
 }
 
 void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout, const float* cgrad,
-                       bool score_grads, const DtRouteGrads& gr, int threads) {
+                       bool score_grads, const DtRouteGrads& gr, const float* saved, int threads) {
   const int64_t H = s.H, L = s.L, N = s.N;
   const RouteFns& fns = route_fns();
+  const SavedLayout lay(s, in.content);
+  const bool restored = saved != nullptr;
 #pragma omp parallel num_threads(std::max(1, threads))
   {
     FlushDenormals ftz;
@@ -695,8 +812,10 @@ void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const fl
         std::fill(w.acc_abs.begin(), w.acc_abs.end(), 0.0f);
         std::fill(w.acc_rel.begin(), w.acc_rel.end(), 0.0f);
         std::fill(w.acc_scale.begin(), w.acc_scale.end(), 0.0f);
-        for (int64_t b0 = 0; b0 < s.B; b0 += LANES)
-          fns.lanes_backward(s, in, dout, cgrad, score_grads, gr, r, b0, std::min(LANES, s.B - b0), w);
+        for (int64_t b0 = 0; b0 < s.B; b0 += LANES) {
+          if (restored) restore_lanes(saved + lay.start[r] + (b0 / LANES) * lay.block, w);
+          fns.lanes_backward(s, in, dout, cgrad, score_grads, gr, r, b0, std::min(LANES, s.B - b0), w, restored);
+        }
         if (score_grads)
           for (int64_t h = 0; h < H; ++h) {
             float sc = 0.0f;
@@ -714,7 +833,10 @@ void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const fl
           }
         continue;
       }
-      for (int64_t b = 0; b < s.B; ++b) fns.backward_seq(s, in, dout, cgrad, score_grads, gr, r, b, u, bk);
+      for (int64_t b = 0; b < s.B; ++b) {
+        if (restored) restore_unit(saved + lay.start[r] + b * lay.unit, u);
+        fns.backward_seq(s, in, dout, cgrad, score_grads, gr, r, b, u, bk, restored);
+      }
       if (score_grads)
         for (int64_t h = 0; h < H; ++h)
           for (int64_t k = 0; k < L; ++k) {

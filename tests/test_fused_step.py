@@ -6,6 +6,7 @@ Native ops (wtc.kernels.cpu, float32): outputs and every gradient against the fl
 fresh random inputs, within 1e-5 relative or 4x the error of the float32 reference itself; the
 same result for any thread count; a whole attempt trained side by side with the reference.
 """
+import numpy as np
 import pytest
 import torch
 
@@ -60,6 +61,7 @@ ROUTE_SHAPES = [  # R, B, H, T, pad, bins
     (2, 1, 2, 7, 0, 3),       # no pads
     (3, 5, 3, 10, 9, 16),     # the default DT's shape (smaller batch), mixed content
     (2, 2, 2, 6, 11, 7),      # more pads than positions, odd bins
+    (2, 3, 2, 5, 4, 20),      # more bins than one block of 16 (the projection's tail block)
 ]
 ROUTE_MODES = {  # hard, straight_through, noise, overlap
     "soft": (False, False, False, False),
@@ -153,6 +155,41 @@ def test_native_route_is_the_same_for_any_thread_count(rng):
     for other in runs[1:]:
         assert torch.equal(other[0], runs[0][0]) and torch.equal(other[1], runs[0][1])
         assert all(torch.equal(a, b) for a, b in zip(other[2], runs[0][2]))
+
+
+@needs_native
+@pytest.mark.parametrize("mode", ["soft+noise+overlap", "hard-straight-through+noise", "hard-eval"])
+@pytest.mark.parametrize("shape", ROUTE_SHAPES, ids=lambda s: "R{}B{}H{}T{}P{}N{}".format(*s))
+def test_native_route_backward_from_the_kept_forward_is_the_recomputed_one(rng, shape, mode, monkeypatch):
+    """The forward keeps its scores and probabilities for the backward (ROUTE_KEEP_BYTES); above the
+    bound the backward recomputes them. Both give the same bits, in every mode and shape."""
+    from wtc.kernels import cpu
+
+    hard, st, noise, overlap = ROUTE_MODES[mode]
+    R, B, H, T, pad, N = shape
+    overlap = overlap and H > 1
+    inputs = route_inputs(rng, *shape)
+    kw = dict(pad=pad, tau=0.8, hard=hard, straight_through=st, seed=987 if noise else None, overlap=overlap)
+    weights = [torch.randn(R, B, H, T, dtype=torch.float64), torch.randn(R, B, H, H, T, dtype=torch.float64)]
+    kept = route_run(cpu.route, inputs, kw, weights, torch.float32)
+    monkeypatch.setattr(cpu, "ROUTE_KEEP_BYTES", 0)
+    recomputed = route_run(cpu.route, inputs, kw, weights, torch.float32)
+    assert torch.equal(kept[0], recomputed[0])
+    for a, b in zip(kept[2], recomputed[2]):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
+@needs_native
+def test_native_route_refuses_a_kept_forward_of_other_inputs(rng):
+    from wtc import _native
+
+    C = _native.cpu_module()
+    x = [t.float().numpy() for t in route_inputs(rng, 2, 3, 2, 5, 4, 5)]
+    *_, kept = C.dt_route_forward(*x, 4, 1.0, False, -1, False, False, 1, True)
+    assert kept.ndim == 1 and kept.size > 0
+    dout = np.ones((2, 3, 2, 5), np.float32)
+    with pytest.raises(ValueError, match="saved must be the float32 array"):
+        C.dt_route_backward(*x, 4, 1.0, False, -1, dout, None, True, 1, kept[:-1])
 
 
 @needs_native

@@ -3,7 +3,8 @@
     route(...)   pointer-head routing, forward + backward (csrc/dt_route.cpp): PLE codes, the bilinear,
                  key-only and positional scores, causal mask, the counter-based Gumbel noise (the
                  bits of wtc.dt.gumbel), soft / hard / straight-through softmax, value routing and
-                 the heads' overlaps; the backward recomputes everything from the inputs
+                 the heads' overlaps; the backward reads what the forward kept (ROUTE_KEEP_BYTES)
+                 or recomputes it from the inputs
     mlp_bank(...)  the sub-MLP bank on its gathered inputs, forward + backward (csrc/dt_mlp.cpp): hidden
                  layer(s) (1 or 2, every activation), output and linear skip; the backward recomputes
                  the hidden layers, nothing of size (rows, M, hidden) is stored
@@ -35,6 +36,21 @@ def _np(t: torch.Tensor):
     return t.detach().to(torch.float32).contiguous().numpy()
 
 
+# The forward keeps what the backward needs (scores, probabilities, PLE codes: about 16 KB a sequence
+# of a content replica at the default shape) instead of the backward recomputing it, up to this many
+# bytes; a bigger batch recomputes (the same gradients either way, tests/test_fused_step.py).
+ROUTE_KEEP_BYTES = 256 * 2**20
+
+
+def _keeps(zq, zk, W) -> bool:
+    """Whether the route forward keeps its work for the backward: a bound on the kept floats (every
+    replica counted as scoring content: per sequence 2 H T Lp + 2 H T N + H L N + H Lp + H T)."""
+    R, B, H, T = zq.shape
+    L, N = zk.shape[-1], W.shape[-1]
+    Lp = (L + 15) // 16 * 16
+    return 4 * R * B * H * (2 * T * Lp + 2 * T * N + L * N + Lp + T) <= ROUTE_KEEP_BYTES
+
+
 class _Route(torch.autograd.Function):
     @staticmethod
     def forward(ctx, zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, straight_through, seed, overlap,
@@ -42,9 +58,11 @@ class _Route(torch.autograd.Function):
         C = _module("the native route op")
         inputs = [t.detach().to(torch.float32).contiguous() for t in (zq, zk, val, W, u, rel, abs_, scale, content)]
         seed = -1 if seed is None else int(seed)
-        out, o_rows, ent = C.dt_route_forward(*[t.numpy() for t in inputs], pad, tau, hard, seed, overlap,
-                                              entropy, torch.get_num_threads())
+        keep = any(ctx.needs_input_grad[:9]) and _keeps(zq, zk, W)
+        out, o_rows, ent, kept = C.dt_route_forward(*[t.numpy() for t in inputs], pad, tau, hard, seed, overlap,
+                                                    entropy, torch.get_num_threads(), keep)
         ctx.save_for_backward(*inputs)
+        ctx.kept = kept if keep else None
         ctx.config = (pad, tau, hard, straight_through, seed, overlap)
         o_rows, ent = torch.from_numpy(o_rows), torch.from_numpy(ent)
         ctx.mark_non_differentiable(ent)
@@ -65,7 +83,8 @@ class _Route(torch.autograd.Function):
             g = d_overlap.detach().to(torch.float32) * upper              # only g > h entries are outputs
             c = (g + g.transpose(2, 3)).contiguous().numpy()
         grads = C.dt_route_backward(*[t.numpy() for t in inputs], pad, tau, hard, seed, _np(dout), c,
-                                    score_grads, torch.get_num_threads())
+                                    score_grads, torch.get_num_threads(), ctx.kept)
+        ctx.kept = None
         out = []
         for k, g in enumerate(grads):
             out.append(torch.from_numpy(g).to(inputs[k].dtype) if g is not None and ctx.needs_input_grad[k] else None)
