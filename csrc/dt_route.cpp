@@ -19,6 +19,27 @@ namespace {
 // compiles them for its own target
 #define WTC_INLINE inline __attribute__((always_inline))
 
+// 16 floats as two 8-float vectors, summed in registers (a float[16] accumulator went through the
+// stack on AVX2, each step waiting on the last one's store: measured, the forward's hottest loop).
+// GCC lowers an 8-float vector to one ymm (AVX2, AVX-512) or two xmm (portable); a 16-float one
+// broadcast its scalar factors through memory on AVX2 (measured: a 2x slower backward).
+typedef float F8 __attribute__((vector_size(32), aligned(4), may_alias));
+struct F16 {
+  F8 lo, hi;
+};
+WTC_INLINE F16 zero16() { return {F8{}, F8{}}; }
+WTC_INLINE F16 load16(const float* p) {
+  return {*reinterpret_cast<const F8*>(p), *reinterpret_cast<const F8*>(p + 8)};
+}
+WTC_INLINE void store16(float* p, const F16& v) {
+  *reinterpret_cast<F8*>(p) = v.lo;
+  *reinterpret_cast<F8*>(p + 8) = v.hi;
+}
+WTC_INLINE void fma16(F16& acc, float a, const float* x) {   // acc += a * x[0:16]
+  acc.lo += a * *reinterpret_cast<const F8*>(x);
+  acc.hi += a * *reinterpret_cast<const F8*>(x + 8);
+}
+
 // exp(x) for the softmax (x = z / tau - max <= 0), branch-free so loops over keys vectorise:
 // Cephes' expf (range reduction by ln 2, degree-5 polynomial), within 2 ulp of expf; x below -87
 // gives exp(-87) ~ 1.6e-38 instead of a denormal, which no probability here can tell apart. The
@@ -49,7 +70,7 @@ inline int64_t padded(int64_t L) { return (L + 15) / 16 * 16; }
 // probabilities, argmax keys, and the PLE codes / query projections of the content term.
 struct Unit {
   int64_t Lp;
-  std::vector<float> pre, p, noise, encq, enck, enckT, proj, rrev, abp, valp;   // zero-initialised
+  std::vector<float> pre, p, noise, encq, enck, enckT, proj, rrev, abp, valp, row;   // zero-initialised
   // the causal mask as data, not as a comparison in the key loops (GCC splits a loop at `j <= last`
   // and then vectorises neither part): valid 1 / 0, bias 0 / -inf, per (query, key)
   std::vector<float> valid, bias;
@@ -57,7 +78,7 @@ struct Unit {
   explicit Unit(const DtRouteShapes& s)
       : Lp(padded(s.L)), pre(s.H * s.T * Lp), p(s.H * s.T * Lp), noise(s.T * s.L + Lp), encq(s.H * s.T * s.N),
         enck(s.H * s.L * s.N), enckT(s.H * s.N * Lp), proj(s.H * s.T * s.N), rrev(s.H * (s.L + Lp)),
-        abp(s.H * Lp), valp(s.H * Lp), valid(s.T * Lp), bias(s.T * Lp), arg(s.H * s.T) {
+        abp(s.H * Lp), valp(s.H * Lp), row(Lp), valid(s.T * Lp), bias(s.T * Lp), arg(s.H * s.T) {
     for (int64_t i = 0; i < s.T; ++i)
       for (int64_t j = 0; j < Lp; ++j) {
         const bool ok = j <= i + s.pad;
@@ -67,14 +88,25 @@ struct Unit {
   }
 };
 
-// PLE of z on N equal bins of [0, 1], as wtc.dt.ple.ple_uniform: (z * N) - t clamped.
+// The PLE clamps by integer operations on the bits, as clamp_abs (dt_isa.h): a float comparison keeps
+// these loops scalar on AVX2. A float's bits order as signed integers where it is >= 0, a negative
+// float's bits are negative, and zn - t is never -0 for t >= 1 (the first bin is not floored); NaN
+// stays NaN (a NaN code, no gradient), as in torch.
+constexpr int32_t kOneBits = 0x3f800000;    // 1.0f
+
+WTC_INLINE bool is_nan_bits(int32_t b) { return (b & 0x7fffffff) > 0x7f800000; }
+
+// PLE of z on N equal bins of [0, 1], as wtc.dt.ple.ple_uniform: (z * N) - t clamped to [0, 1], the
+// first bin not floored, the last not capped.
 WTC_INLINE void ple(float z, int64_t N, float* code) {
   const float zn = z * static_cast<float>(N);
+#pragma omp simd
   for (int64_t t = 0; t < N; ++t) {
-    float c = zn - static_cast<float>(t);
-    if (t > 0) c = std::max(c, 0.0f);
-    if (t < N - 1) c = std::min(c, 1.0f);
-    code[t] = c;
+    const int32_t b = __builtin_bit_cast(int32_t, zn - static_cast<float>(t));
+    int32_t c = t > 0 ? b & ~(b >> 31) : b;                  // max(x, 0): a negative's bits -> 0
+    const int32_t cap = t < N - 1 ? kOneBits : INT32_MAX;
+    c = c < cap ? c : cap;                                   // min(x, 1)
+    code[t] = __builtin_bit_cast(float, is_nan_bits(b) ? b : c);
   }
 }
 
@@ -84,8 +116,8 @@ WTC_INLINE float ple_grad(float z, int64_t N, const float* dcode) {
   float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
   for (int64_t t = 0; t < N; ++t) {
-    const float c = zn - static_cast<float>(t);
-    const bool live = (t == 0 || c >= 0.0f) && (t == N - 1 || c <= 1.0f);
+    const int32_t b = __builtin_bit_cast(int32_t, zn - static_cast<float>(t));
+    const bool live = (t == 0 || b >= 0) && (t == N - 1 || b <= kOneBits) && !is_nan_bits(b);
     acc += live ? dcode[t] : 0.0f;
   }
   return acc * static_cast<float>(N);
@@ -95,7 +127,7 @@ WTC_INLINE float ple_grad(float z, int64_t N, const float* dcode) {
 // past a query's last key are 0 (pre, p).
 // NC: the PLE bins as a compile-time constant (16, the default; the loops over bins become single
 // vectors) or 0 (any number, read from s.N).
-template <int NC>
+template <int NC, bool Vec>
 WTC_INLINE void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64_t r, int64_t b, Unit& u) {
   const int64_t H = s.H, T = s.T, L = s.L, N = NC > 0 ? NC : s.N, P = s.pad, Lp = u.Lp;
   const float cr = in.content[r], itau = in.inv_tau;
@@ -130,20 +162,19 @@ WTC_INLINE void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64
       }
       for (int64_t i = 0; i < T; ++i) {
         float* pr = proj + i * N;
-        for (int64_t c0 = 0; c0 < N; c0 += 16) {      // 16 bins at a time, summed in registers
-          const int64_t w = std::min<int64_t>(16, N - c0);
-          float acc[16] = {};
+        if constexpr (NC == 16 && Vec) {                 // summed in registers
+          F16 acc = zero16();
+          for (int64_t a = 0; a < 16; ++a) fma16(acc, encq[i * 16 + a], W + a * 16);
+          fma16(acc, 1.0f, uu);
+          store16(pr, acc);
+        } else {
+          for (int64_t c = 0; c < N; ++c) pr[c] = 0.0f;
           for (int64_t a = 0; a < N; ++a) {
             const float e = encq[i * N + a];
-            const float* Wa = W + a * N + c0;
-            if (NC == 16) {
 #pragma omp simd
-              for (int64_t l = 0; l < 16; ++l) acc[l] += e * Wa[l];
-            } else {
-              for (int64_t l = 0; l < w; ++l) acc[l] += e * Wa[l];
-            }
+            for (int64_t c = 0; c < N; ++c) pr[c] += e * W[a * N + c];
           }
-          for (int64_t l = 0; l < w; ++l) pr[c0 + l] = acc[l] + uu[c0 + l];
+          for (int64_t c = 0; c < N; ++c) pr[c] += uu[c];
         }
       }
     }
@@ -156,20 +187,24 @@ WTC_INLINE void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64
       const float* ok = u.valid.data() + i * Lp;
       const float* bias = u.bias.data() + i * Lp;
       if (cr != 0.0f) {
-        // 16 keys at a time, summed over the bins in registers (a sum through memory waits on
-        // its own store at every bin: the forward's hottest loop, measured)
         const float* pr = proj + i * N;
-        for (int64_t j0 = 0; j0 < Lp; j0 += 16) {
-          float acc[16] = {};
+        if constexpr (!Vec) {
+          float* row = u.row.data();
+          for (int64_t j = 0; j < Lp; ++j) row[j] = 0.0f;
           for (int64_t c = 0; c < N; ++c) {
             const float q = pr[c];
-            const float* ek = enckT + c * Lp + j0;
+            const float* ek = enckT + c * Lp;
 #pragma omp simd
-            for (int64_t l = 0; l < 16; ++l) acc[l] += q * ek[l];
+            for (int64_t j = 0; j < Lp; ++j) row[j] += q * ek[j];
           }
 #pragma omp simd
-          for (int64_t l = 0; l < 16; ++l)
-            pre_i[j0 + l] = ((acc[l] * cr + rr[j0 + l]) + abp[j0 + l]) * ok[j0 + l];
+          for (int64_t j = 0; j < Lp; ++j) pre_i[j] = ((row[j] * cr + rr[j]) + abp[j]) * ok[j];
+        } else for (int64_t j0 = 0; j0 < Lp; j0 += 16) {    // 16 keys at a time, summed over the bins in registers
+          F16 acc = zero16();
+          for (int64_t c = 0; c < N; ++c) fma16(acc, pr[c], enckT + c * Lp + j0);
+          store16(pre_i + j0, acc);
+#pragma omp simd
+          for (int64_t l = j0; l < j0 + 16; ++l) pre_i[l] = ((pre_i[l] * cr + rr[l]) + abp[l]) * ok[l];
         }
       } else {
 #pragma omp simd
@@ -204,11 +239,11 @@ WTC_INLINE void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64
   }
 }
 
-template <int NC>
+template <int NC, bool Vec>
 WTC_INLINE void forward_unit(const DtRouteShapes& s, const DtRouteInputs& in, int64_t rb, Unit& u, float* out,
                              float* o_rows, float* ent) {
   const int64_t H = s.H, T = s.T, Lp = u.Lp;
-  recompute<NC>(s, in, rb / s.B, rb % s.B, u);
+  recompute<NC, Vec>(s, in, rb / s.B, rb % s.B, u);
   if (ent != nullptr) {   // entropy of the noise-free softmax(scale * pre / tau): H = m + log S - sum e x / S
     const float ninf = -std::numeric_limits<float>::infinity();
     for (int64_t h = 0; h < H; ++h) {
@@ -272,14 +307,14 @@ struct Back {
 
 // One sequence b of replica r: dval, dzq, dzk written; the replica's parameter gradients accumulated
 // (drel reversed in bk.drr, dabs in bk.dabsp).
-template <int NC>
+template <int NC, bool Vec>
 WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
                               const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r,
                               int64_t b, Unit& u, Back& bk, bool restored) {
   const int64_t B = s.B, H = s.H, T = s.T, L = s.L, N = NC > 0 ? NC : s.N, P = s.pad, Lp = u.Lp;
   const float cr = in.content[r], itau = in.inv_tau;
   const bool hard = in.hard;
-  if (!restored) recompute<NC>(s, in, r, b, u);
+  if (!restored) recompute<NC, Vec>(s, in, r, b, u);
   for (int64_t h = 0; h < H; ++h) {
     const int64_t g = (r * B + b) * H + h, rh = r * H + h;
     const float* valp = u.valp.data() + h * Lp;
@@ -344,19 +379,16 @@ WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
       if (cr != 0.0f) {
         float* dpr = bk.dproj.data() + i * N;
         const float* pr = proj + i * N;
-        if (NC == 16) {   // this query's d proj summed over its keys in registers, not through memory
-          float acc[16] = {};
+        if constexpr (NC == 16 && Vec) {   // this query's d proj summed over its keys in registers
+          F16 acc = load16(dpr);
           for (int64_t j = 0; j < n; ++j) {
             const float dsc = ds[j] * cr;
-            const float* ek = enck + j * N;
-            float* dek = bk.denck.data() + j * N;
-#pragma omp simd
-            for (int64_t c = 0; c < 16; ++c) {
-              acc[c] += dsc * ek[c];
-              dek[c] += dsc * pr[c];
-            }
+            F16 dek = load16(bk.denck.data() + j * 16);
+            fma16(acc, dsc, enck + j * 16);
+            fma16(dek, dsc, pr);
+            store16(bk.denck.data() + j * 16, dek);
           }
-          for (int64_t c = 0; c < 16; ++c) dpr[c] += acc[c];
+          store16(dpr, acc);
         } else {
           for (int64_t j = 0; j < n; ++j) {
             const float dsc = ds[j] * cr;
@@ -389,14 +421,10 @@ WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
           for (int64_t c = 0; c < N; ++c) dW[a * N + c] += e * dpr[c];
           dcode[a] = 0.0f;
         }
-        if (NC == 16) {   // summed in registers
-          float acc[16] = {};
-          for (int64_t c = 0; c < 16; ++c) {
-            const float d = dpr[c];
-#pragma omp simd
-            for (int64_t a = 0; a < 16; ++a) acc[a] += d * WT[c * 16 + a];
-          }
-          for (int64_t a = 0; a < 16; ++a) dcode[a] = acc[a];
+        if constexpr (NC == 16 && Vec) {   // summed in registers
+          F16 acc = zero16();
+          for (int64_t c = 0; c < 16; ++c) fma16(acc, dpr[c], WT + c * 16);
+          store16(dcode, acc);
         } else {
           for (int64_t c = 0; c < N; ++c) {
             const float d = dpr[c];
@@ -416,17 +444,19 @@ WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
   }
 }
 
+template <bool Vec>
 WTC_INLINE void forward_seq_impl(const DtRouteShapes& s, const DtRouteInputs& in, int64_t rb, Unit& u, float* out,
                                  float* o_rows, float* ent) {
-  if (s.N == 16) forward_unit<16>(s, in, rb, u, out, o_rows, ent);
-  else forward_unit<0>(s, in, rb, u, out, o_rows, ent);
+  if (s.N == 16) forward_unit<16, Vec>(s, in, rb, u, out, o_rows, ent);
+  else forward_unit<0, Vec>(s, in, rb, u, out, o_rows, ent);
 }
 
+template <bool Vec>
 WTC_INLINE void backward_seq_impl(const DtRouteShapes& s, const DtRouteInputs& in, const float* dout,
                                   const float* cgrad, bool score_grads, const DtRouteGrads& gr, int64_t r, int64_t b,
                                   Unit& u, Back& bk, bool restored) {
-  if (s.N == 16) backward_unit<16>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk, restored);
-  else backward_unit<0>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk, restored);
+  if (s.N == 16) backward_unit<16, Vec>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk, restored);
+  else backward_unit<0, Vec>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk, restored);
 }
 
 // ---- position-only replicas (content = 0), 16 sequences at a time
@@ -726,10 +756,10 @@ struct RouteFns {
   void (*lanes_backward)(WTC_LANES_BWD_ARGS);
 };
 
-#define WTC_ROUTE_COPY(ISA, TARGET)                                                                              \
-  TARGET void forward_seq_##ISA(WTC_FWD_SEQ_ARGS) { forward_seq_impl(s, in, rb, u, out, o_rows, ent); }          \
+#define WTC_ROUTE_COPY(ISA, TARGET, VEC)                                                                         \
+  TARGET void forward_seq_##ISA(WTC_FWD_SEQ_ARGS) { forward_seq_impl<VEC>(s, in, rb, u, out, o_rows, ent); }     \
   TARGET void backward_seq_##ISA(WTC_BWD_SEQ_ARGS) {                                                             \
-    backward_seq_impl(s, in, dout, cgrad, score_grads, gr, r, b, u, bk, restored);                               \
+    backward_seq_impl<VEC>(s, in, dout, cgrad, score_grads, gr, r, b, u, bk, restored);                          \
   }                                                                                                              \
   TARGET void lanes_forward_##ISA(WTC_LANES_FWD_ARGS) { lanes_forward_impl(s, in, r, b0, nb, w, out, o_rows, ent); } \
   TARGET void lanes_backward_##ISA(WTC_LANES_BWD_ARGS) {                                                         \
@@ -737,10 +767,12 @@ struct RouteFns {
   }                                                                                                              \
   constexpr RouteFns route_##ISA{forward_seq_##ISA, backward_seq_##ISA, lanes_forward_##ISA, lanes_backward_##ISA};
 
-WTC_ROUTE_COPY(portable, )
+// the portable copy sums through memory (plain loops): SSE2 lowered the 8-float vectors' broadcasts
+// through the stack, 2.7x slower (measured)
+WTC_ROUTE_COPY(portable, , false)
 #ifdef WTC_DT_DISPATCH
-WTC_ROUTE_COPY(avx2, WTC_DT_TARGET("arch=x86-64-v3"))
-WTC_ROUTE_COPY(avx512, WTC_DT_TARGET("arch=x86-64-v4"))
+WTC_ROUTE_COPY(avx2, WTC_DT_TARGET("arch=x86-64-v3"), true)
+WTC_ROUTE_COPY(avx512, WTC_DT_TARGET("arch=x86-64-v4"), true)
 #endif
 
 const RouteFns& route_fns() {
