@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -67,24 +66,46 @@ WTC_INLINE float exp_neg(float x) {
 inline int64_t padded(int64_t L) { return (L + 15) / 16 * 16; }
 
 // Everything one (replica, sequence) pair needs, for all of its H heads: scores before the scale,
-// probabilities, argmax keys, and the PLE codes / query projections of the content term.
+// probabilities, argmax keys, and the PLE codes / query projections of the content term. What the
+// backward reads (pre, p, encq, proj, enck, valp, arg: unit_floats) lives in one block, bound to the
+// Unit's own storage or, when the forward keeps its work, to the pair's region of the kept buffer:
+// the forward computes into it and the backward reads it there, nothing copied.
+inline int64_t unit_floats(const DtRouteShapes& s) {
+  const int64_t H = s.H, T = s.T, Lp = padded(s.L);
+  return 2 * H * T * Lp + 2 * H * T * s.N + H * s.L * s.N + H * Lp + H * T;
+}
+
 struct Unit {
   int64_t Lp;
-  std::vector<float> pre, p, noise, encq, enck, enckT, proj, rrev, abp, valp, row;   // zero-initialised
+  std::vector<float> noise, enckT, rrev, abp, row;
   // the causal mask as data, not as a comparison in the key loops (GCC splits a loop at `j <= last`
   // and then vectorises neither part): valid 1 / 0, bias 0 / -inf, per (query, key)
   std::vector<float> valid, bias;
-  std::vector<int32_t> arg;
+  std::vector<float> own;
+  float *pre, *p, *encq, *proj, *enck, *valp;
+  int32_t* arg;
+  int64_t HTL, HTN, HLN, HL;   // the block's sizes: H T Lp, H T N, H L N, H Lp
   explicit Unit(const DtRouteShapes& s)
-      : Lp(padded(s.L)), pre(s.H * s.T * Lp), p(s.H * s.T * Lp), noise(s.T * s.L + Lp), encq(s.H * s.T * s.N),
-        enck(s.H * s.L * s.N), enckT(s.H * s.N * Lp), proj(s.H * s.T * s.N), rrev(s.H * (s.L + Lp)),
-        abp(s.H * Lp), valp(s.H * Lp), row(Lp), valid(s.T * Lp), bias(s.T * Lp), arg(s.H * s.T) {
+      : Lp(padded(s.L)), noise(s.T * s.L + Lp), enckT(s.H * s.N * Lp), rrev(s.H * (s.L + Lp)), abp(s.H * Lp),
+        row(Lp), valid(s.T * Lp), bias(s.T * Lp), own(unit_floats(s)), HTL(s.H * s.T * Lp), HTN(s.H * s.T * s.N),
+        HLN(s.H * s.L * s.N), HL(s.H * Lp) {
     for (int64_t i = 0; i < s.T; ++i)
       for (int64_t j = 0; j < Lp; ++j) {
         const bool ok = j <= i + s.pad;
         valid[i * Lp + j] = ok ? 1.0f : 0.0f;
         bias[i * Lp + j] = ok ? 0.0f : -std::numeric_limits<float>::infinity();
       }
+    bind(own.data());
+  }
+  // the block at base (unit_floats floats): own.data() or a region of the kept buffer
+  void bind(float* base) {
+    pre = base;
+    p = pre + HTL;
+    encq = p + HTL;
+    proj = encq + HTN;
+    enck = proj + HTN;
+    valp = enck + HLN;
+    arg = reinterpret_cast<int32_t*>(valp + HL);   // H T argmax keys, their bits in floats' room
   }
 };
 
@@ -135,15 +156,15 @@ WTC_INLINE void recompute(const DtRouteShapes& s, const DtRouteInputs& in, int64
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t h = 0; h < H; ++h) {
     const int64_t g = (r * s.B + b) * H + h, rh = r * H + h;
-    float* pre = u.pre.data() + h * T * Lp;
-    float* p = u.p.data() + h * T * Lp;
-    float* encq = u.encq.data() + h * T * N;
-    float* enck = u.enck.data() + h * L * N;
+    float* pre = u.pre + h * T * Lp;
+    float* p = u.p + h * T * Lp;
+    float* encq = u.encq + h * T * N;
+    float* enck = u.enck + h * L * N;
     float* enckT = u.enckT.data() + h * N * Lp;
-    float* proj = u.proj.data() + h * T * N;
+    float* proj = u.proj + h * T * N;
     float* rrev = u.rrev.data() + h * (L + Lp);    // rel[i + P - j] = rrev[L - 1 - i - P + j]
     float* abp = u.abp.data() + h * Lp;
-    float* valp = u.valp.data() + h * Lp;
+    float* valp = u.valp + h * Lp;
     const float sc = in.scale[rh];
     for (int64_t k = 0; k < L + Lp; ++k) rrev[k] = k < L ? in.rel[rh * L + L - 1 - k] : 0.0f;
     for (int64_t j = 0; j < Lp; ++j) {
@@ -249,7 +270,7 @@ WTC_INLINE void forward_unit(const DtRouteShapes& s, const DtRouteInputs& in, in
     for (int64_t h = 0; h < H; ++h) {
       const float f = in.scale[(rb / s.B) * H + h] * in.inv_tau;
       for (int64_t i = 0; i < T; ++i) {
-        const float* pre_i = u.pre.data() + (h * T + i) * Lp;
+        const float* pre_i = u.pre + (h * T + i) * Lp;
         const float* bias = u.bias.data() + i * Lp;
         const float* ok = u.valid.data() + i * Lp;
         float m = ninf;
@@ -269,12 +290,12 @@ WTC_INLINE void forward_unit(const DtRouteShapes& s, const DtRouteInputs& in, in
   }
   for (int64_t h = 0; h < H; ++h) {
     const int64_t g = rb * H + h;
-    const float* valp = u.valp.data() + h * Lp;
+    const float* valp = u.valp + h * Lp;
     for (int64_t i = 0; i < T; ++i) {
       if (in.hard) {
         out[g * T + i] = valp[u.arg[h * T + i]];
       } else {
-        const float* p_i = u.p.data() + (h * T + i) * Lp;
+        const float* p_i = u.p + (h * T + i) * Lp;
         float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
         for (int64_t j = 0; j < Lp; ++j) acc += p_i[j] * valp[j];
@@ -287,8 +308,8 @@ WTC_INLINE void forward_unit(const DtRouteShapes& s, const DtRouteInputs& in, in
       for (int64_t i = 0; i < T; ++i) {
         float acc = 0.0f;
         if (h2 > h) {
-          const float* a = u.p.data() + (h * T + i) * Lp;
-          const float* c = u.p.data() + (h2 * T + i) * Lp;
+          const float* a = u.p + (h * T + i) * Lp;
+          const float* c = u.p + (h2 * T + i) * Lp;
 #pragma omp simd reduction(+ : acc)
           for (int64_t j = 0; j < Lp; ++j) acc += a[j] * c[j];
         }
@@ -317,9 +338,9 @@ WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
   if (!restored) recompute<NC, Vec>(s, in, r, b, u);
   for (int64_t h = 0; h < H; ++h) {
     const int64_t g = (r * B + b) * H + h, rh = r * H + h;
-    const float* valp = u.valp.data() + h * Lp;
+    const float* valp = u.valp + h * Lp;
     const float* dout_g = dout + g * T;
-    const float* p = u.p.data() + h * T * Lp;
+    const float* p = u.p + h * T * Lp;
     float* dvalp = bk.dvalp.data();
     for (int64_t j = 0; j < Lp; ++j) dvalp[j] = 0.0f;
     for (int64_t i = 0; i < T; ++i) {
@@ -335,9 +356,9 @@ WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
     for (int64_t j = 0; j < L; ++j) gr.dval[g * L + j] = dvalp[j];
     if (!score_grads) continue;
     const float sc = in.scale[rh];
-    const float* pre = u.pre.data() + h * T * Lp;
-    const float* enck = u.enck.data() + h * L * N;
-    const float* proj = u.proj.data() + h * T * N;
+    const float* pre = u.pre + h * T * Lp;
+    const float* enck = u.enck + h * L * N;
+    const float* proj = u.proj + h * T * N;
     float* drr = bk.drr.data() + h * (L + Lp);
     float* dabsp = bk.dabsp.data() + h * Lp;
     float* dp = bk.dp.data();
@@ -358,7 +379,7 @@ WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
         for (int64_t h2 = 0; h2 < H; ++h2) {
           if (h2 == h) continue;
           const float c = cgrad[(g * H + h2) * T + i];
-          const float* p2 = u.p.data() + (h2 * T + i) * Lp;
+          const float* p2 = u.p + (h2 * T + i) * Lp;
 #pragma omp simd
           for (int64_t j = 0; j < Lp; ++j) dp[j] += c * p2[j];
         }
@@ -408,7 +429,7 @@ WTC_INLINE void backward_unit(const DtRouteShapes& s, const DtRouteInputs& in, c
       float* dW = gr.dW + rh * N * N;
       float* du = gr.du + rh * N;
       const float* W = in.W + rh * N * N;
-      const float* encq = u.encq.data() + h * T * N;
+      const float* encq = u.encq + h * T * N;
       float* dcode = bk.dcode.data();
       float* WT = bk.WT.data();                           // W transposed: d code = W dproj without reductions
       for (int64_t a = 0; a < N; ++a)
@@ -465,13 +486,31 @@ WTC_INLINE void backward_seq_impl(const DtRouteShapes& s, const DtRouteInputs& i
 // softmax's max and sums are lane-wise (no horizontal reductions, no masked key padding).
 constexpr int64_t LANES = 16;
 
+// What the backward reads of a block (p, pre, valT, arg: lanes_floats) lives in one block, bound as
+// the Unit's is (own storage, or the block's region of the kept buffer).
+inline int64_t lanes_floats(const DtRouteShapes& s) {
+  const int64_t H = s.H, T = s.T, L = s.L;
+  return H * T * L * LANES + H * T * L + H * L * LANES + H * T * LANES;
+}
+
 struct Lanes {
-  std::vector<float> noise, nzT, valT, z, p, pre, dp, acc_abs, acc_rel, acc_scale, dvalT;
-  std::vector<int32_t> arg;
+  std::vector<float> noise, nzT, z, dp, acc_abs, acc_rel, acc_scale, dvalT;
+  std::vector<float> own;
+  float *p, *pre, *valT;
+  int32_t* arg;
+  int64_t HTLL, HTL, HLL;      // the block's sizes: H T L LANES, H T L, H L LANES
   explicit Lanes(const DtRouteShapes& s)
-      : noise(LANES * s.T * s.L), nzT(s.T * s.L * LANES), valT(s.H * s.L * LANES), z(s.L * LANES),
-        p(s.H * s.T * s.L * LANES), pre(s.H * s.T * s.L), dp(s.L * LANES), acc_abs(s.H * s.L * LANES),
-        acc_rel(s.H * s.L * LANES), acc_scale(s.H * LANES), dvalT(s.L * LANES), arg(s.H * s.T * LANES) {}
+      : noise(LANES * s.T * s.L), nzT(s.T * s.L * LANES), z(s.L * LANES), dp(s.L * LANES),
+        acc_abs(s.H * s.L * LANES), acc_rel(s.H * s.L * LANES), acc_scale(s.H * LANES), dvalT(s.L * LANES),
+        own(lanes_floats(s)), HTLL(s.H * s.T * s.L * LANES), HTL(s.H * s.T * s.L), HLL(s.H * s.L * LANES) {
+    bind(own.data());
+  }
+  void bind(float* base) {
+    p = base;
+    pre = p + HTLL;
+    valT = pre + HTL;
+    arg = reinterpret_cast<int32_t*>(valT + HLL);
+  }
 };
 
 // Probabilities p[h][i][j][lane] (and argmax keys) of sequences b0 .. b0 + nb of replica r; lanes
@@ -484,7 +523,7 @@ WTC_INLINE void lanes_recompute(const DtRouteShapes& s, const DtRouteInputs& in,
   for (int64_t h = 0; h < H; ++h) {
     const int64_t rh = r * H + h;
     const float sc = in.scale[rh];
-    float* pre = w.pre.data() + h * TL;
+    float* pre = w.pre + h * TL;
     for (int64_t i = 0; i < T; ++i)
       for (int64_t j = 0; j <= i + P; ++j) pre[i * L + j] = (0.0f + in.rel[rh * L + i + P - j]) + in.abs_[rh * L + j];
     for (int64_t l = 0; l < LANES; ++l) {
@@ -514,7 +553,7 @@ WTC_INLINE void lanes_recompute(const DtRouteShapes& s, const DtRouteInputs& in,
           m[l] = std::max(m[l], z);
         }
       }
-      float* p = w.p.data() + (h * T + i) * L * LANES;
+      float* p = w.p + (h * T + i) * L * LANES;
       for (int64_t j = 0; j < n; ++j) {
         const float* zj = w.z.data() + j * LANES;
         float* pj = p + j * LANES;
@@ -546,8 +585,8 @@ WTC_INLINE void lanes_forward_impl(const DtRouteShapes& s, const DtRouteInputs& 
   for (int64_t h = 0; h < H; ++h) {
     for (int64_t i = 0; i < T; ++i) {
       const int64_t n = i + P + 1;
-      const float* p = w.p.data() + (h * T + i) * L * LANES;
-      const float* valT = w.valT.data() + h * L * LANES;
+      const float* p = w.p + (h * T + i) * L * LANES;
+      const float* valT = w.valT + h * L * LANES;
       float acc[LANES];
       if (in.hard) {
         for (int64_t l = 0; l < LANES; ++l) acc[l] = valT[w.arg[(h * T + i) * LANES + l] * LANES + l];
@@ -563,7 +602,7 @@ WTC_INLINE void lanes_forward_impl(const DtRouteShapes& s, const DtRouteInputs& 
         for (int64_t h2 = 0; h2 < H; ++h2) {
           float o[LANES] = {};
           if (h2 > h) {
-            const float* p2 = w.p.data() + (h2 * T + i) * L * LANES;
+            const float* p2 = w.p + (h2 * T + i) * L * LANES;
             for (int64_t j = 0; j < n; ++j) {
 #pragma omp simd
               for (int64_t l = 0; l < LANES; ++l) o[l] += p[j * LANES + l] * p2[j * LANES + l];
@@ -574,7 +613,7 @@ WTC_INLINE void lanes_forward_impl(const DtRouteShapes& s, const DtRouteInputs& 
       }
       if (ent != nullptr) {   // noise-free: the same for every sequence of the replica
         const float f = in.scale[r * H + h] * in.inv_tau;
-        const float* pre = w.pre.data() + (h * T + i) * L;
+        const float* pre = w.pre + (h * T + i) * L;
         float m = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < n; ++j) m = std::max(m, pre[j] * f);
         float S = 0.0f, Sx = 0.0f;
@@ -602,7 +641,7 @@ WTC_INLINE void lanes_backward_impl(const DtRouteShapes& s, const DtRouteInputs&
   for (int64_t h = 0; h < H; ++h) {
     const int64_t rh = r * H + h;
     const float sc = in.scale[rh];
-    const float* valT = w.valT.data() + h * L * LANES;
+    const float* valT = w.valT + h * L * LANES;
     float* dvalT = w.dvalT.data();
     std::fill(w.dvalT.begin(), w.dvalT.end(), 0.0f);
     float* acc_abs = w.acc_abs.data() + h * L * LANES;
@@ -610,8 +649,8 @@ WTC_INLINE void lanes_backward_impl(const DtRouteShapes& s, const DtRouteInputs&
     float* acc_scale = w.acc_scale.data() + h * LANES;
     for (int64_t i = 0; i < T; ++i) {
       const int64_t n = i + P + 1;
-      const float* p = w.p.data() + (h * T + i) * L * LANES;
-      const float* pre = w.pre.data() + (h * T + i) * L;
+      const float* p = w.p + (h * T + i) * L * LANES;
+      const float* pre = w.pre + (h * T + i) * L;
       float d[LANES];
       for (int64_t l = 0; l < LANES; ++l) d[l] = l < nb ? dout[((r * s.B + b0 + l) * H + h) * T + i] : 0.0f;
       if (in.hard) {
@@ -634,7 +673,7 @@ WTC_INLINE void lanes_backward_impl(const DtRouteShapes& s, const DtRouteInputs&
           float c[LANES];
           for (int64_t l = 0; l < LANES; ++l)
             c[l] = l < nb ? cgrad[(((r * s.B + b0 + l) * H + h) * H + h2) * T + i] : 0.0f;
-          const float* p2 = w.p.data() + (h2 * T + i) * L * LANES;
+          const float* p2 = w.p + (h2 * T + i) * L * LANES;
           for (int64_t j = 0; j < n; ++j) {
 #pragma omp simd
             for (int64_t l = 0; l < LANES; ++l) dp[j * LANES + l] += c[l] * p2[j * LANES + l];
@@ -671,18 +710,14 @@ WTC_INLINE void lanes_backward_impl(const DtRouteShapes& s, const DtRouteInputs&
   }
 }
 
-// ---- what a forward keeps for its backward (dt_route_saved_floats): per replica, one region per
-// sequence (content replicas: the Unit's scores, probabilities, PLE codes, projections, values and
-// argmax keys) or per block of LANES sequences (position-only replicas: the Lanes' probabilities,
-// scores, values and argmax keys). Argmax keys are kept as their bits.
+// ---- what a forward keeps for its backward (dt_route_saved_floats): per replica, one Unit block per
+// sequence (content replicas) or one Lanes block per LANES sequences (position-only replicas).
 struct SavedLayout {
   int64_t unit, block;
   std::vector<int64_t> start;
   int64_t total = 0;
-  SavedLayout(const DtRouteShapes& s, const float* content) : start(s.R) {
-    const int64_t H = s.H, T = s.T, L = s.L, N = s.N, Lp = padded(L);
-    unit = 2 * H * T * Lp + 2 * H * T * N + H * L * N + H * Lp + H * T;
-    block = H * T * L * LANES + H * T * L + H * L * LANES + H * T * LANES;
+  SavedLayout(const DtRouteShapes& s, const float* content)
+      : unit(unit_floats(s)), block(lanes_floats(s)), start(s.R) {
     const int64_t blocks = (s.B + LANES - 1) / LANES;
     for (int64_t r = 0; r < s.R; ++r) {
       start[r] = total;
@@ -690,52 +725,6 @@ struct SavedLayout {
     }
   }
 };
-
-template <typename V>
-inline float* put(const V& v, float* dst) {
-  std::memcpy(dst, v.data(), v.size() * sizeof(v[0]));
-  return dst + v.size();
-}
-
-template <typename V>
-inline const float* take(const float* src, V& v) {
-  std::memcpy(v.data(), src, v.size() * sizeof(v[0]));
-  return src + v.size();
-}
-
-inline void keep_unit(const Unit& u, float* dst) {
-  dst = put(u.pre, dst);
-  dst = put(u.p, dst);
-  dst = put(u.encq, dst);
-  dst = put(u.proj, dst);
-  dst = put(u.enck, dst);
-  dst = put(u.valp, dst);
-  put(u.arg, dst);
-}
-
-inline void restore_unit(const float* src, Unit& u) {
-  src = take(src, u.pre);
-  src = take(src, u.p);
-  src = take(src, u.encq);
-  src = take(src, u.proj);
-  src = take(src, u.enck);
-  src = take(src, u.valp);
-  take(src, u.arg);
-}
-
-inline void keep_lanes(const Lanes& w, float* dst) {
-  dst = put(w.p, dst);
-  dst = put(w.pre, dst);
-  dst = put(w.valT, dst);
-  put(w.arg, dst);
-}
-
-inline void restore_lanes(const float* src, Lanes& w) {
-  src = take(src, w.p);
-  src = take(src, w.pre);
-  src = take(src, w.valT);
-  take(src, w.arg);
-}
 
 // ---- one copy of the entry points per instruction set (dt_isa.h), called through RouteFns
 #define WTC_FWD_SEQ_ARGS const DtRouteShapes &s, const DtRouteInputs &in, int64_t rb, Unit &u, float *out, \
@@ -806,12 +795,12 @@ void dt_route_forward(const DtRouteShapes& s, const DtRouteInputs& in, float* ou
     for (int64_t rk = 0; rk < s.R * blocks; ++rk) {   // (replica, block of 16 sequences)
       const int64_t r = rk / blocks, b0 = (rk % blocks) * LANES, nb = std::min(LANES, s.B - b0);
       if (in.content[r] == 0.0f) {
+        w.bind(saved != nullptr ? saved + lay.start[r] + (b0 / LANES) * lay.block : w.own.data());
         fns.lanes_forward(s, in, r, b0, nb, w, out, o_rows, ent);
-        if (saved != nullptr) keep_lanes(w, saved + lay.start[r] + (b0 / LANES) * lay.block);
       } else {
         for (int64_t b = b0; b < b0 + nb; ++b) {
+          u.bind(saved != nullptr ? saved + lay.start[r] + b * lay.unit : u.own.data());
           fns.forward_seq(s, in, r * s.B + b, u, out, o_rows, ent);
-          if (saved != nullptr) keep_unit(u, saved + lay.start[r] + b * lay.unit);
         }
       }
     }
@@ -845,7 +834,7 @@ void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const fl
         std::fill(w.acc_rel.begin(), w.acc_rel.end(), 0.0f);
         std::fill(w.acc_scale.begin(), w.acc_scale.end(), 0.0f);
         for (int64_t b0 = 0; b0 < s.B; b0 += LANES) {
-          if (restored) restore_lanes(saved + lay.start[r] + (b0 / LANES) * lay.block, w);
+          if (restored) w.bind(const_cast<float*>(saved) + lay.start[r] + (b0 / LANES) * lay.block);
           fns.lanes_backward(s, in, dout, cgrad, score_grads, gr, r, b0, std::min(LANES, s.B - b0), w, restored);
         }
         if (score_grads)
@@ -866,7 +855,7 @@ void dt_route_backward(const DtRouteShapes& s, const DtRouteInputs& in, const fl
         continue;
       }
       for (int64_t b = 0; b < s.B; ++b) {
-        if (restored) restore_unit(saved + lay.start[r] + b * lay.unit, u);
+        if (restored) u.bind(const_cast<float*>(saved) + lay.start[r] + b * lay.unit);   // read only
         fns.backward_seq(s, in, dout, cgrad, score_grads, gr, r, b, u, bk, restored);
       }
       if (score_grads)
