@@ -1,6 +1,7 @@
 """Settling early (wtc.dt.attempt.SETTLE_FROM): discover's attempts end the annealing once a
-replica's argmax model is right everywhere on the settle check; the hard phase follows, and ends
-at a check from HARD_SETTLED_MIN hard steps on where a replica is still right everywhere."""
+replica's argmax model is right everywhere on the settle check (as trained, or with its head refit
+by least squares); the hard phase follows, and ends at a check from HARD_SETTLED_MIN hard steps on
+where a replica is still right everywhere."""
 import numpy as np
 import torch
 
@@ -8,6 +9,7 @@ import wtc
 from wtc.tasks.task import shift
 from wtc.dt import DTConfig
 from wtc.dt.attempt import HARD_SETTLED_MIN, SETTLE_EVERY, SETTLE_FROM, SETTLE_SEQUENCES, Attempt, run_attempt
+from wtc.dt.finish import least_squares_head
 from wtc.dt.selection import EVAL
 
 SMALL = DTConfig(n_heads=1, n_mlps=1, mlp_hidden=8, steps=600, hard_steps=10, polish_iters=5, replicas=4,
@@ -53,14 +55,44 @@ def test_an_unsettled_hard_phase_runs_in_full():
     assert run.step == cfg.steps + cfg.hard_steps and "hard_steps_run" not in run.history.final
 
 
+def _exact_by_hand(run) -> bool:
+    """The settle check computed another way: the argmax model's predictions, and its final stream
+    (DiscreteTransformer.final_stream) with a least-squares head fit on half the check's sequences
+    and rounded on the other half."""
+    x, y, valid, y_raw = (t[:SETTLE_SEQUENCES] for t in run.fit_data)
+    half = SETTLE_SEQUENCES // 2
+    with torch.no_grad():
+        pred, _ = run.model(x, EVAL)
+        if (run._batch_metric(pred, y_raw, valid) >= 1.0).any():
+            return True
+        body = run.model.final_stream(x)[:, :, run.model.P:].double()
+        W, b, _ = least_squares_head(body[:, :half], y[:half], valid[:half])
+        refit = torch.stack([body[r, half:] @ W[r] + b[r] for r in range(body.shape[0])]).float()
+    return bool((run._batch_metric(refit, y_raw[half:], valid[half:]) >= 1.0).any())
+
+
 def test_the_settle_check_reads_the_argmax_model():
     run = Attempt(flip_task(), SMALL, seed=0, attempt=0, settle=True)
     while run.phase == "anneal":
         run.train_step()
-    x, _, valid, y = (t[:SETTLE_SEQUENCES] for t in run.fit_data)
-    with torch.no_grad():   # the model at the settle step (the hard phase has not stepped yet)
+    assert run.hard_from < SMALL.steps and _exact_by_hand(run)   # the model at the settle step
+
+
+def test_the_settle_check_refits_the_head():
+    """A replica whose routing is right but whose trained head is off settles (its head is refit at
+    the finish); a population whose stream does not hold the answer does not."""
+    run = Attempt(flip_task(), SMALL, seed=0, attempt=0, settle=True)
+    while run.phase == "anneal":
+        run.train_step()
+    with torch.no_grad():
+        run.model.W_out.mul_(1.7)
+        run.model.b_out.add_(0.9)
+        x, _, valid, y_raw = (t[:SETTLE_SEQUENCES] for t in run.fit_data)
         pred, _ = run.model(x, EVAL)
-    assert (run._batch_metric(pred, y, valid) >= 1.0).any()
+    assert not (run._batch_metric(pred, y_raw, valid) >= 1.0).any()     # the heads as they are: wrong
+    assert run._exact() and _exact_by_hand(run)
+    fresh = Attempt(table_task(), SMALL, seed=0, attempt=0, settle=True)
+    assert not fresh._exact() and not _exact_by_hand(fresh)
 
 
 def test_without_settle_the_whole_schedule_runs():

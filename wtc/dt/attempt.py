@@ -18,7 +18,7 @@ import torch
 from wtc import checkpoint_io
 from wtc.dt import checkpoint, graph_step
 from wtc.dt.config import DTConfig
-from wtc.dt.finish import masked_mse, polish, refit_head
+from wtc.dt.finish import least_squares_head, masked_mse, polish, refit_head
 from wtc.dt.history import History
 from wtc.dt.ladder import Deadline
 from wtc.dt.model import DiscreteTransformer
@@ -39,15 +39,12 @@ REFINE_SEQUENCES = 512   # batch of the pointer refinement (counterfactual forwa
 PRECISION_REPLICAS = 2   # nearly-solved replicas that get the float64 polish
 PRECISION_CHUNK = 250    # L-BFGS iterations between checks whether they are solved
 PRECISION_GAIN = 0.01    # a chunk lowering no replica's loss by 1% ends the pass
-# Settling early (discover, integer tasks; parity_last2's batches are all right from step ~150 of
-# 1000): from SETTLE_FROM, every SETTLE_EVERY steps, a replica whose argmax model is right on
-# SETTLE_SEQUENCES fit sequences ends the annealing. The hard phase of a settled attempt ends at
-# the first check from HARD_SETTLED_MIN hard steps on where a replica's model is still right
-# everywhere: the hard steps make its pointers crisp and its sub-MLPs precise under them, and once
-# that holds the finish's head refit and L-BFGS polish do the rest (an attempt that did not settle
-# runs its hard phase in full: it may still be learning).
-SETTLE_FROM, SETTLE_EVERY, SETTLE_SEQUENCES = 100, 50, 512
-HARD_SETTLED_MIN = 100
+# Settling early (discover, integer tasks): from SETTLE_FROM, every SETTLE_EVERY steps, a replica
+# right on SETTLE_SEQUENCES fit sequences (Attempt._exact) ends the annealing. A settled attempt's
+# hard phase ends at the first such check from HARD_SETTLED_MIN hard steps on (its pointers crisp,
+# its sub-MLPs precise under them; the finish's refit and polish do the rest); an attempt that did
+# not settle runs its hard phase in full: it may still be learning.
+SETTLE_FROM, SETTLE_EVERY, SETTLE_SEQUENCES, HARD_SETTLED_MIN = 100, 50, 512, 100
 # DTConfig fields that steer the ladder, not what one attempt computes: a resume may change them
 LADDER_FIELDS = ("max_attempts", "workers")
 
@@ -199,10 +196,19 @@ class Attempt:
 
     @torch.no_grad()
     def _exact(self) -> bool:
-        """Some replica's argmax model is right at every position of SETTLE_SEQUENCES fit sequences."""
-        x, _, valid, y_raw = (t[:SETTLE_SEQUENCES] for t in self.fit_data)
-        pred, _ = self.model(x, EVAL)
-        return bool((self._batch_metric(pred, y_raw, valid) >= 1.0).any())
+        """Some replica's argmax model is right at every position of SETTLE_SEQUENCES fit sequences,
+        as trained or with a least-squares head fit to half of them (the finish refits it anyway:
+        a sum's or a delay's trained head was the last thing to settle, measured)."""
+        x, y, valid, y_raw = (t[:SETTLE_SEQUENCES] for t in self.fit_data)
+        streams = []
+        with self.model.hooks([("hook_stream", lambda stream, hook: streams.append(stream))]):
+            pred, _ = self.model(x, EVAL)
+        if (self._batch_metric(pred, y_raw, valid) >= 1.0).any():
+            return True
+        h, body = SETTLE_SEQUENCES // 2, streams[0][:, :, self.model.P:].double()   # (R, B, T, V)
+        W, b, _ = least_squares_head(body[:, :h], y[:h], valid[:h])
+        refit = (torch.einsum("rbtv,rvo->rbto", body[:, h:], W) + b[:, None, None]).float()
+        return bool((self._batch_metric(refit, y_raw[h:], valid[h:]) >= 1.0).any())
 
     def _update(self, xt: torch.Tensor, yt: torch.Tensor, valid: torch.Tensor, sampling: Sampling):
         """One optimizer step on a batch: forward (module ranges tracked), loss, backward, AdamW.

@@ -22,23 +22,35 @@ def masked_mse(pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) ->
 
 
 @torch.no_grad()
-def refit_head(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Least-squares output head on the frozen stream (float64, tiny ridge for dead variables).
-    Returns each replica's mean squared error with the new head (R,), as masked_mse counts it."""
-    feats = model.final_stream(x)[:, :, model.P:].double()                     # (R, B, T, V)
-    R, V = feats.shape[0], feats.shape[-1]
+def least_squares_head(feats: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The exact linear head of a stream: feats (R, B, T, V) at the real positions, targets y and
+    valid (B, T, O) -> (W (R, V, O), b (R, O), each replica's sum of squared errors (R,)), float64,
+    a tiny ridge for dead variables."""
+    feats = feats.double()
+    R, V, O = feats.shape[0], feats.shape[-1], y.shape[-1]
+    W = torch.zeros(R, V, O, dtype=torch.float64, device=feats.device)
+    b = torch.zeros(R, O, dtype=torch.float64, device=feats.device)
     sse = torch.zeros(R, dtype=torch.float64, device=feats.device)
-    for o in range(model.n_outputs):
+    ridge = 1e-9 * torch.eye(V + 1, dtype=torch.float64, device=feats.device)
+    for o in range(O):
         keep = valid[..., o].bool().reshape(-1)
         target = y[..., o].reshape(-1)[keep].double()
         for r in range(R):
             A = torch.cat([feats[r].reshape(-1, V)[keep],
                            torch.ones(int(keep.sum()), 1, dtype=torch.float64, device=feats.device)], 1)
-            ridge = 1e-9 * torch.eye(V + 1, dtype=torch.float64, device=feats.device)
             w = torch.linalg.solve(A.T @ A + ridge, A.T @ target)
-            model.W_out[r, :, o] = w[:V].float()
-            model.b_out[r, o] = w[V].float()
+            W[r, :, o], b[r, o] = w[:V], w[V]
             sse[r] += (A @ w - target).square().sum()
+    return W, b, sse
+
+
+@torch.no_grad()
+def refit_head(model: DiscreteTransformer, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Least-squares output head on the frozen stream (least_squares_head). Returns each replica's
+    mean squared error with the new head (R,), as masked_mse counts it."""
+    W, b, sse = least_squares_head(model.final_stream(x)[:, :, model.P:], y, valid)
+    model.W_out.copy_(W.float())
+    model.b_out.copy_(b.float())
     return (sse / valid.sum().clamp(min=1)).float()
 
 
