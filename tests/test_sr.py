@@ -91,14 +91,17 @@ def test_simplest_numbers():
 @given(st.fractions(min_value=-50, max_value=50, max_denominator=60),
        st.floats(min_value=1e-9, max_value=1e-2))
 @example(frac=Fraction(1244, 25), width=0.009999999999999998)   # lo = 49.75 exactly: an end that is simple
+@example(frac=Fraction(149, 50), width=0.005)   # lo * 40 rounds to 119.0 in float, though lo > 119 / 40
 def test_stern_brocot_is_simplest(frac, width):
     lo, hi = float(frac) - width, float(frac) + width
     q = numbers.simplest_rational(lo, hi)
     assert q is not None and lo <= float(q) <= hi
-    # no rational with a smaller denominator lies in the interval
+    # no rational with a smaller denominator lies in the interval (exact arithmetic on the floats'
+    # values: lo * d rounded in float can land on an n / d just below lo)
+    exact_lo, exact_hi = Fraction(lo), Fraction(hi)
     for d in range(1, q.denominator):
-        n = math.ceil(lo * d)
-        assert not (n / d <= hi), (lo, hi, q, Fraction(n, d))
+        n = math.ceil(exact_lo * d)
+        assert not (Fraction(n, d) <= exact_hi), (lo, hi, q, Fraction(n, d))
 
 
 def test_honest_failure_on_pure_noise():
