@@ -397,7 +397,7 @@ DtRouteArgs dt_route_args(farr zq, farr zk, farr val, farr W, farr u, farr rel, 
 
 py::tuple dt_route_forward(farr zq, farr zk, farr val, farr W, farr u, farr rel, farr abs_, farr scale,
                            farr content, int pad, double tau, bool hard, int64_t seed, bool overlap,
-                           bool entropy, int threads, bool save) {
+                           bool entropy, int threads, int64_t keep_bytes) {
   dt_isa_checked();
   DtRouteArgs a = dt_route_args(zq, zk, val, W, u, rel, abs_, scale, content, pad, tau, hard, seed);
   if (overlap && hard) throw py::value_error("route: overlaps are defined for soft routing only (hard=False)");
@@ -405,7 +405,10 @@ py::tuple dt_route_forward(farr zq, farr zk, farr val, farr W, farr u, farr rel,
   py::array_t<float> out({s.R, s.B, s.H, s.T});
   py::array_t<float> o_rows(overlap ? std::vector<int64_t>{s.R, s.B, s.H, s.H, s.T} : std::vector<int64_t>{0});
   py::array_t<float> ent(entropy ? std::vector<int64_t>{s.R, s.B, s.H, s.T} : std::vector<int64_t>{0});
-  py::array_t<float> saved(save ? wtc::dt_route_saved_floats(s, a.in.content) : 0);
+  // what the backward needs, kept where its layout (dt_route_saved_floats) fits keep_bytes; else empty
+  const int64_t floats = wtc::dt_route_saved_floats(s, a.in.content);
+  const bool save = keep_bytes > 0 && floats * static_cast<int64_t>(sizeof(float)) <= keep_bytes;
+  py::array_t<float> saved(save ? floats : 0);
   {
     py::gil_scoped_release nogil;
     wtc::dt_route_forward(s, a.in, out.mutable_data(), overlap ? o_rows.mutable_data() : nullptr,
@@ -437,7 +440,7 @@ py::tuple dt_route_backward(farr zq, farr zk, farr val, farr W, farr u, farr rel
   if (has_kept) {   // what the forward kept for these inputs: its size is the layout's, or it is not theirs
     kept = farr::ensure(saved);
     if (!kept || kept.ndim() != 1 || kept.shape(0) != wtc::dt_route_saved_floats(s, a.in.content))
-      throw py::value_error("route: saved must be the float32 array dt_route_forward(save=True) returned for these inputs");
+      throw py::value_error("route: saved must be the float32 array dt_route_forward kept for these inputs");
   }
   py::array_t<float> dzq({s.R, s.B, s.H, s.T}), dzk({s.R, s.B, s.H, s.L}), dval({s.R, s.B, s.H, s.L});
   py::array_t<float> dW({s.R, s.H, s.N, s.N}), du({s.R, s.H, s.N}), drel({s.R, s.H, s.L});
@@ -561,10 +564,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("dt_route_forward", &dt_route_forward, py::arg("zq"), py::arg("zk"), py::arg("val"), py::arg("W"),
         py::arg("u"), py::arg("rel"), py::arg("abs"), py::arg("scale"), py::arg("content"), py::arg("pad"),
         py::arg("tau"), py::arg("hard"), py::arg("seed"), py::arg("overlap"), py::arg("entropy"), py::arg("threads"),
-        py::arg("save") = false,
+        py::arg("keep_bytes") = 0,
         "Fused DT pointer-head routing (seed -1: no noise) -> (out (R, B, H, T), overlaps (R, B, H, H, T) "
-        "or empty, entropies of the noise-free softmax (R, B, H, T) or empty, with save=True what the "
-        "backward needs (1-D; else empty)); see csrc/dt_route.h.");
+        "or empty, entropies of the noise-free softmax (R, B, H, T) or empty, what the backward needs "
+        "(1-D) where it fits keep_bytes, else empty); see csrc/dt_route.h.");
   m.def("dt_route_backward", &dt_route_backward, py::arg("zq"), py::arg("zk"), py::arg("val"), py::arg("W"),
         py::arg("u"), py::arg("rel"), py::arg("abs"), py::arg("scale"), py::arg("content"), py::arg("pad"),
         py::arg("tau"), py::arg("hard"), py::arg("seed"), py::arg("dout"), py::arg("c"), py::arg("score_grads"),

@@ -185,10 +185,12 @@ def test_native_route_refuses_a_kept_forward_of_other_inputs(rng):
 
     C = _native.cpu_module()
     x = [t.float().numpy() for t in route_inputs(rng, 2, 3, 2, 5, 4, 5)]
-    *_, kept = C.dt_route_forward(*x, 4, 1.0, False, -1, False, False, 1, True)
+    *_, kept = C.dt_route_forward(*x, 4, 1.0, False, -1, False, False, 1, 2**30)
     assert kept.ndim == 1 and kept.size > 0
+    assert C.dt_route_forward(*x, 4, 1.0, False, -1, False, False, 1, 4 * kept.size - 1)[-1].size == 0   # over the bound
+    assert C.dt_route_forward(*x, 4, 1.0, False, -1, False, False, 1, 4 * kept.size)[-1].size == kept.size
     dout = np.ones((2, 3, 2, 5), np.float32)
-    with pytest.raises(ValueError, match="saved must be the float32 array"):
+    with pytest.raises(ValueError, match="saved must be the float32 array dt_route_forward kept"):
         C.dt_route_backward(*x, 4, 1.0, False, -1, dout, None, True, 1, kept[:-1])
 
 

@@ -38,17 +38,9 @@ def _np(t: torch.Tensor):
 
 # The forward keeps what the backward needs (scores, probabilities, PLE codes: about 16 KB a sequence
 # of a content replica at the default shape) instead of the backward recomputing it, up to this many
-# bytes; a bigger batch recomputes (the same gradients either way, tests/test_fused_step.py).
+# bytes (wtc._C sizes it); a bigger batch recomputes (the same gradients either way,
+# tests/test_fused_step.py).
 ROUTE_KEEP_BYTES = 256 * 2**20
-
-
-def _keeps(zq, zk, W) -> bool:
-    """Whether the route forward keeps its work for the backward: a bound on the kept floats (every
-    replica counted as scoring content: per sequence 2 H T Lp + 2 H T N + H L N + H Lp + H T)."""
-    R, B, H, T = zq.shape
-    L, N = zk.shape[-1], W.shape[-1]
-    Lp = (L + 15) // 16 * 16
-    return 4 * R * B * H * (2 * T * Lp + 2 * T * N + L * N + Lp + T) <= ROUTE_KEEP_BYTES
 
 
 class _Route(torch.autograd.Function):
@@ -58,11 +50,11 @@ class _Route(torch.autograd.Function):
         C = _module("the native route op")
         inputs = [t.detach().to(torch.float32).contiguous() for t in (zq, zk, val, W, u, rel, abs_, scale, content)]
         seed = -1 if seed is None else int(seed)
-        keep = any(ctx.needs_input_grad[:9]) and _keeps(zq, zk, W)
+        keep_bytes = ROUTE_KEEP_BYTES if any(ctx.needs_input_grad[:9]) else 0
         out, o_rows, ent, kept = C.dt_route_forward(*[t.numpy() for t in inputs], pad, tau, hard, seed, overlap,
-                                                    entropy, torch.get_num_threads(), keep)
+                                                    entropy, torch.get_num_threads(), keep_bytes)
         ctx.save_for_backward(*inputs)
-        ctx.kept = kept if keep else None
+        ctx.kept = kept if kept.size else None
         ctx.config = (pad, tau, hard, straight_through, seed, overlap)
         o_rows, ent = torch.from_numpy(o_rows), torch.from_numpy(ent)
         ctx.mark_non_differentiable(ent)
