@@ -10,6 +10,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "kl.h"
 #include "noise.h"
 #include "ple_route.h"
+#include "sr_screen.h"
 
 namespace py = pybind11;
 using farr = py::array_t<float, py::array::c_style | py::array::forcecast>;
@@ -551,6 +554,116 @@ py::tuple dt_mlp_backward(tarr<T> x, tarr<T> W1, tarr<T> b1, tarr<T> W2, tarr<T>
   if (!deep) return py::make_tuple(dx, dW1, db1, dW2, db2, dskip, py::none(), py::none());
   return py::make_tuple(dx, dW1, db1, dW2, db2, dskip, dWm, dbm);
 }
+
+// ---- the linear screen (wtc.sr.screen): numba_eval's signatures; buffers are written in place, so
+// each must already have its dtype, shape and C order (no converting copy), and every index it
+// holds is checked before a loop reads through it.
+template <class T>
+T* screen_buf(py::array& a, const char* name, std::initializer_list<int64_t> shape) {
+  if (!a.dtype().is(py::dtype::of<T>()))
+    throw py::value_error(std::string(name) + " must have dtype " + std::string(py::str(py::dtype::of<T>())) +
+                          ", got " + std::string(py::str(a.dtype())));
+  if (a.ndim() != static_cast<py::ssize_t>(shape.size()))
+    throw py::value_error(std::string(name) + " must have " + std::to_string(shape.size()) + " dimensions, got " +
+                          std::to_string(a.ndim()));
+  int axis = 0;
+  for (int64_t want : shape) {
+    if (want >= 0) expect_dim(a.shape(axis), want, name, axis);
+    ++axis;
+  }
+  if (!(a.flags() & py::array::c_style)) throw py::value_error(std::string(name) + " must be C-contiguous");
+  if (!a.writeable()) throw py::value_error(std::string(name) + " must be writeable");
+  return static_cast<T*>(a.mutable_data());
+}
+
+void screen_indices(const int64_t* v, int64_t n, int64_t lo, int64_t N, const char* name) {
+  for (int64_t k = 0; k < n; ++k)
+    if (v[k] < lo || v[k] >= N)
+      throw py::value_error(std::string(name) + " holds " + std::to_string(v[k]) + ", outside [" + std::to_string(lo) +
+                            ", " + std::to_string(N) + ")");
+}
+
+struct ScreenArgs {
+  const double* G;
+  const double* b;
+  const int64_t* sizes;
+  const bool* pass1;
+  int64_t N;
+  wtc::ScreenBest best;
+  wtc::ScreenOut out;
+};
+
+ScreenArgs screen_args(py::array& G, py::array& b, py::array& sizes, py::array& pass1, int64_t max_lb,
+                       py::array& best_sse, py::array& best_idx, py::array& out_idx, py::array& out_sse, int64_t cap,
+                       int64_t width) {
+  const int64_t N = b.ndim() == 1 ? b.shape(0) : -1;
+  ScreenArgs a{};
+  a.N = N;
+  a.b = screen_buf<double>(b, "b", {-1});
+  a.G = screen_buf<double>(G, "G", {N, N});
+  a.sizes = screen_buf<int64_t>(sizes, "sizes", {N});
+  a.pass1 = screen_buf<bool>(pass1, "pass1", {N});
+  screen_indices(a.sizes, N, 0, std::numeric_limits<int64_t>::max() / 4, "sizes");
+  const int64_t L = best_sse.ndim() == 2 ? best_sse.shape(0) : -1, nb = best_sse.ndim() == 2 ? best_sse.shape(1) : -1;
+  if (max_lb < 0 || max_lb >= L || nb < 1)
+    throw py::value_error("best_sse must have shape (L, n_best) with n_best >= 1 and L > max_lb = " + std::to_string(max_lb));
+  a.best = {screen_buf<double>(best_sse, "best_sse", {L, nb}), screen_buf<int64_t>(best_idx, "best_idx", {L, nb, 3}), nb};
+  if (cap < 0 || out_idx.ndim() != 2 || cap > out_idx.shape(0))
+    throw py::value_error("cap must be in [0, len(out_idx)], got " + std::to_string(cap));
+  a.out = {screen_buf<int64_t>(out_idx, "out_idx", {-1, width}), screen_buf<double>(out_sse, "out_sse", {out_idx.shape(0)}), cap};
+  return a;
+}
+
+void screen_count(int64_t n_out, int64_t cap) {
+  if (n_out < 0 || n_out > cap) throw py::value_error("n_out must be in [0, cap], got " + std::to_string(n_out));
+}
+
+void screen_offer(py::array best_sse, py::array best_idx, int64_t lb, double sse, int64_t i, int64_t j, int64_t q) {
+  const int64_t L = best_sse.ndim() == 2 ? best_sse.shape(0) : -1, nb = best_sse.ndim() == 2 ? best_sse.shape(1) : -1;
+  if (lb < 0 || lb >= L || nb < 1) throw py::value_error("lb must index a row of best_sse (L, n_best), got " + std::to_string(lb));
+  wtc::screen_offer({screen_buf<double>(best_sse, "best_sse", {L, nb}), screen_buf<int64_t>(best_idx, "best_idx", {L, nb, 3}), nb},
+                    lb, sse, i, j, q);
+}
+
+int64_t screen_pairs(py::array G, py::array b, double yy, py::array sizes, double sse_pass, int64_t max_lb,
+                     py::array pass1, py::array best_sse, py::array best_idx, py::array out_idx, py::array out_sse,
+                     int64_t cap, py::array PP, py::array top_sse, py::array top_idx) {
+  ScreenArgs a = screen_args(G, b, sizes, pass1, max_lb, best_sse, best_idx, out_idx, out_sse, cap, 2);
+  const int64_t n_top = top_sse.ndim() == 1 ? top_sse.shape(0) : -1;
+  if (n_top < 1) throw py::value_error("top_sse must have shape (n_top,) with n_top >= 1");
+  bool* pp = screen_buf<bool>(PP, "PP", {a.N, a.N});
+  double* ts = screen_buf<double>(top_sse, "top_sse", {n_top});
+  int64_t* ti = screen_buf<int64_t>(top_idx, "top_idx", {n_top, 2});
+  return wtc::screen_pairs(a.G, a.b, yy, a.sizes, a.N, sse_pass, max_lb, a.pass1, a.best, a.out, pp, ts, ti, n_top);
+}
+
+int64_t screen_triples(py::array G, py::array b, double yy, py::array T, py::array sizes, double sse_pass,
+                       int64_t max_lb, py::array pass1, py::array PP, py::array best_sse, py::array best_idx,
+                       py::array out_idx, py::array out_sse, int64_t n_out, int64_t cap) {
+  ScreenArgs a = screen_args(G, b, sizes, pass1, max_lb, best_sse, best_idx, out_idx, out_sse, cap, 3);
+  screen_count(n_out, cap);
+  const int64_t* t = screen_buf<int64_t>(T, "T", {-1});
+  screen_indices(t, T.shape(0), 0, a.N, "T");
+  const bool* pp = screen_buf<bool>(PP, "PP", {a.N, a.N});
+  return wtc::screen_triples(a.G, a.b, yy, a.N, t, T.shape(0), a.sizes, sse_pass, max_lb, a.pass1, pp, a.best, a.out,
+                             n_out);
+}
+
+int64_t screen_extend(py::array G, py::array b, double yy, py::array top_idx, int64_t n_top, py::array inT,
+                      py::array sizes, double sse_pass, int64_t max_lb, py::array pass1, py::array PP,
+                      py::array best_sse, py::array best_idx, py::array out_idx, py::array out_sse, int64_t n_out,
+                      int64_t cap) {
+  ScreenArgs a = screen_args(G, b, sizes, pass1, max_lb, best_sse, best_idx, out_idx, out_sse, cap, 3);
+  screen_count(n_out, cap);
+  const int64_t rows = top_idx.ndim() == 2 ? top_idx.shape(0) : -1;
+  const int64_t* ti = screen_buf<int64_t>(top_idx, "top_idx", {rows, 2});
+  if (n_top < 0 || n_top > rows) throw py::value_error("n_top must be in [0, len(top_idx)], got " + std::to_string(n_top));
+  screen_indices(ti, 2 * n_top, -1, a.N, "top_idx");
+  const bool* in_t = screen_buf<bool>(inT, "inT", {a.N});
+  const bool* pp = screen_buf<bool>(PP, "PP", {a.N, a.N});
+  return wtc::screen_extend(a.G, a.b, yy, a.N, ti, n_top, in_t, a.sizes, sse_pass, max_lb, a.pass1, pp, a.best, a.out,
+                            n_out);
+}
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -627,4 +740,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("num_threads", []() { return omp_get_max_threads(); },
         "OpenMP threads the kernels may use.");
   m.def("set_num_threads", [](int n) { omp_set_num_threads(n); }, py::arg("n"));
+
+  py::module_ sc = m.def_submodule("screen", "The linear screen's loops (wtc.sr.screen), numba_eval's signatures.");
+  sc.def("_offer", &screen_offer, py::arg("best_sse"), py::arg("best_idx"), py::arg("lb"), py::arg("sse"),
+         py::arg("i"), py::arg("j"), py::arg("q"), "Insert (sse, i, j, q) into row lb of the best lists.");
+  sc.def("pairs", &screen_pairs, py::arg("G"), py::arg("b"), py::arg("yy"), py::arg("sizes"), py::arg("sse_pass"),
+         py::arg("max_lb"), py::arg("pass1"), py::arg("best_sse"), py::arg("best_idx"), py::arg("out_idx"),
+         py::arg("out_sse"), py::arg("cap"), py::arg("PP"), py::arg("top_sse"), py::arg("top_idx"),
+         "All pairs; see csrc/sr_screen.h. Returns the count of passing pairs written.");
+  sc.def("triples", &screen_triples, py::arg("G"), py::arg("b"), py::arg("yy"), py::arg("T"), py::arg("sizes"),
+         py::arg("sse_pass"), py::arg("max_lb"), py::arg("pass1"), py::arg("PP"), py::arg("best_sse"),
+         py::arg("best_idx"), py::arg("out_idx"), py::arg("out_sse"), py::arg("n_out"), py::arg("cap"),
+         "All triples of T; returns the new count of passing subsets.");
+  sc.def("extend", &screen_extend, py::arg("G"), py::arg("b"), py::arg("yy"), py::arg("top_idx"), py::arg("n_top"),
+         py::arg("inT"), py::arg("sizes"), py::arg("sse_pass"), py::arg("max_lb"), py::arg("pass1"), py::arg("PP"),
+         py::arg("best_sse"), py::arg("best_idx"), py::arg("out_idx"), py::arg("out_sse"), py::arg("n_out"),
+         py::arg("cap"), "A third term on the top pairs; returns the new count of passing subsets.");
 }

@@ -23,20 +23,20 @@ T, N, R = "triton", "native", "reference"
 EXPECTED = {
     None: {
         "dt.route": (N, R, T, T), "dt.mlp_bank": (N, N, T, T),
-        "dt.route_hard": (N, N, R, R), "dt.gumbel": (N, N, R, R), "ace.gramian": (N, N, R, R),
+        "dt.route_hard": (N, N, R, R), "dt.gumbel": (N, N, R, R), "ace.gramian": (N, N, R, R), "sr.screen": (N, N, R, R),
         "scan.kl_rows": (N, R, T, T), "scan.kl_rank1": (N, R, T, T),
         "scan.kl_unembed": (N, R, R, R), "scan.importance_positions": (N, R, R, R),
     },
     "reference": {op: (R, R, R, R) for op in OPS},
     "triton": {   # under TRITON_INTERPRET=1; ops without a Triton kernel keep their default
         "dt.route": (T, T, T, T), "dt.mlp_bank": (T, T, T, T),
-        "dt.route_hard": (N, N, R, R), "dt.gumbel": (N, N, R, R), "ace.gramian": (N, N, R, R),
+        "dt.route_hard": (N, N, R, R), "dt.gumbel": (N, N, R, R), "ace.gramian": (N, N, R, R), "sr.screen": (N, N, R, R),
         "scan.kl_rows": (T, T, T, T), "scan.kl_rank1": (T, T, T, T),
         "scan.kl_unembed": (N, R, R, R), "scan.importance_positions": (N, R, R, R),
     },
     "native": {   # never Triton; the reference where the input does not fit wtc._C
         "dt.route": (N, R, R, R), "dt.mlp_bank": (N, N, R, R),
-        "dt.route_hard": (N, N, R, R), "dt.gumbel": (N, N, R, R), "ace.gramian": (N, N, R, R),
+        "dt.route_hard": (N, N, R, R), "dt.gumbel": (N, N, R, R), "ace.gramian": (N, N, R, R), "sr.screen": (N, N, R, R),
         "scan.kl_rows": (N, R, R, R), "scan.kl_rank1": (N, R, R, R),
         "scan.kl_unembed": (N, R, R, R), "scan.importance_positions": (N, R, R, R),
     },

@@ -17,6 +17,9 @@ complete, the oracle every other backend is tested against).
     scan.kl_unembed            native, reference          native for float32 CPU tensors
     scan.importance_positions  native, reference          same
     ace.gramian                native, reference          native (state on the CPU; GPU chunks: torch)
+    sr.screen                  native, reference          native (the linear screen's loops, float64; the
+                                                          reference is the numba kernels of wtc.sr.numba_eval,
+                                                          whose import and cache load cost ~1 s a process)
 
 WTC_KERNELS overrides:
   reference  the reference everywhere.
@@ -76,6 +79,7 @@ OPS = {
     "scan.kl_unembed": _Op(("native",), float32=True),
     "scan.importance_positions": _Op(("native",), float32=True),
     "ace.gramian": _Op(("native",)),
+    "sr.screen": _Op(("native",)),
 }
 
 

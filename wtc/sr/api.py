@@ -288,10 +288,9 @@ def _unscale(expr: sp.Expr, syms, scales) -> sp.Expr:
 
 
 def _unscale_row(row: Row, syms, scales) -> Row:
-    e = _unscale(row.expr, syms, scales)
     with np.errstate(over="ignore"):   # a loss past 1e308 is inf, not an OverflowError
         loss = float(np.float64(row.loss) * np.float64(float(scales[1])) ** 2) if row.loss else 0.0
-    return Row(row.complexity, loss, row.score, equation_str(e), e, row.passes)
+    return Row(row.complexity, loss, row.score, lambda: _unscale(row.expr, syms, scales), row.passes)
 
 
 __all__ = ["Fit", "Row", "fit", "to_str"]

@@ -166,7 +166,7 @@ def linear_tree(nums: list, terms: list) -> tuple:
 
 def _negate(n: nb.Num) -> nb.Num:
     text = n.text[1:] if n.text.startswith("-") else "-" + n.text
-    return nb.Num(-n.value, -n.sym, text, n.cost, n.exact)
+    return nb.Num(-n.value, lambda: -n.sym, text, n.cost, n.exact)
 
 
 def fit_terms(terms: list, data: Data, source: str = "linear", memo: dict | None = None,

@@ -9,7 +9,7 @@ cannot be pinned is rounded to the fewest significant digits its error allows.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import sympy as sp
@@ -18,12 +18,26 @@ from wtc.errors import SRError
 
 @dataclass(frozen=True)
 class Num:
-    """A fixed constant: its float value, exact sympy form, text and description cost (digits)."""
+    """A fixed constant: its float value, exact sympy form, text and description cost (digits).
+
+    form: the sympy form, or a function of no arguments that builds it. Snapping weighs thousands
+    of candidates per formula and writes a few; building each one's sympy object up front was a
+    third of the snapping time (parity_last2's reading: 0.3 of 0.9 s), so `sym` builds it on first
+    use. Nums compare by value, text, cost and exactness."""
     value: float
-    sym: sp.Expr
+    form: object = field(compare=False)
     text: str
     cost: float
     exact: bool = True  # False: a rounded float that no simple number explained
+
+    @property
+    def sym(self) -> sp.Expr:
+        if not isinstance(self.form, sp.Basic):
+            object.__setattr__(self, "form", sp.sympify(self.form()))
+        return self.form
+
+    def __reduce__(self):        # pickled with its form built (a builder is a closure)
+        return Num, (self.value, self.sym, self.text, self.cost, self.exact)
 
     def __repr__(self) -> str:
         return self.text
@@ -34,13 +48,13 @@ def _digits(n: int) -> int:
 
 
 def integer(n: int) -> Num:
-    return Num(float(n), sp.Integer(n), str(n), _digits(n))
+    return Num(float(n), lambda: sp.Integer(n), str(n), _digits(n))
 
 
 def from_fraction(f: Fraction) -> Num:
     if f.denominator == 1:
         return integer(f.numerator)
-    return Num(f.numerator / f.denominator, sp.Rational(f.numerator, f.denominator),
+    return Num(f.numerator / f.denominator, lambda: sp.Rational(f.numerator, f.denominator),
                f"{f.numerator}/{f.denominator}", _digits(f.numerator) + _digits(f.denominator) + 0.5)
 
 
@@ -52,7 +66,7 @@ def decimal(m: int, e: int) -> Num:
     text = f"{m / 10**e:.{e}f}"
     sig = len(str(abs(m)).rstrip("0"))
     lead = max(0, e - len(str(abs(m))))  # zeros after the point before the first digit
-    return Num(m / 10**e, sp.Rational(f.numerator, f.denominator), text, sig + 0.3 * lead)
+    return Num(m / 10**e, lambda: sp.Rational(f.numerator, f.denominator), text, sig + 0.3 * lead)
 
 
 # named constants a formula may carry: (text, sympy, value)
@@ -63,7 +77,6 @@ SPECIAL = (("pi", sp.pi, math.pi), ("E", sp.E, math.e), ("sqrt(2)", sp.sqrt(2), 
 
 def special_multiple(f: Fraction, special: tuple) -> Num:
     text, sym, value = special
-    num = sym * sp.Rational(f.numerator, f.denominator)
     label = text if f == 1 else f"-{text}" if f == -1 else f"{f}*{text}"
     if abs(f) == 1:
         cost = 1.5
@@ -71,7 +84,7 @@ def special_multiple(f: Fraction, special: tuple) -> Num:
         cost = 1.5 + _digits(f.numerator)
     else:
         cost = 2.0 + _digits(f.numerator) + _digits(f.denominator)
-    return Num(float(f) * value, num, label, cost)
+    return Num(float(f) * value, lambda: sym * sp.Rational(f.numerator, f.denominator), label, cost)
 
 
 def pi_multiple(f: Fraction) -> Num:
@@ -91,8 +104,14 @@ def rounded(value: float, se: float) -> Num:
             break
     text = f"{r:.{sig}g}"
     f = Fraction(text) if "e" not in text else Fraction(r)
-    return Num(r, sp.Float(text, max(sig, 15)) if f.denominator != 1 else sp.Integer(int(f)),
+    return Num(r, (lambda: sp.Float(text, max(sig, 15))) if f.denominator != 1 else (lambda: sp.Integer(int(f))),
                text, sig + 2.0, exact=False)
+
+
+def _ratio(x) -> tuple[int, int]:
+    """x exactly as numerator, denominator (floats, numpy floats, ints, Fractions)."""
+    ratio = getattr(x, "as_integer_ratio", None)
+    return ratio() if ratio is not None else Fraction(x).as_integer_ratio()
 
 
 def simplest_rational(lo: float, hi: float, max_den: int = 10_000) -> Fraction | None:
@@ -108,23 +127,23 @@ def simplest_rational(lo: float, hi: float, max_den: int = 10_000) -> Fraction |
         r = simplest_rational(-hi, -lo, max_den)
         return -r if r is not None else None
     # convergents p/q built as h_n = a_n h_{n-1} + h_{n-2}. The ends are walked as exact rationals
-    # (a float is one): float reciprocals lose an end that is itself a simple fraction (lo = 49.75
-    # gave 647/13 instead of 199/4, found by the property test).
+    # (a float is one: an/ad, bn/bd from as_integer_ratio), in integers: float reciprocals lose an
+    # end that is itself a simple fraction (lo = 49.75 gave 647/13 instead of 199/4, found by the
+    # property test), and Fraction objects made this walk most of a formula's snapping time.
     p0, q0, p1, q1 = 0, 1, 1, 0
-    a, b = Fraction(lo), Fraction(hi)
+    an, ad = _ratio(lo)
+    bn, bd = _ratio(hi)
     for _ in range(40):
-        fa = math.floor(a)
-        if fa + 1 <= b or a == fa:  # an integer lies in [a, b]: the smallest one ends the walk
-            t = fa if a == fa else fa + 1
+        fa = an // ad
+        if an % ad == 0 or (fa + 1) * bd <= bn:  # an integer lies in [a, b]: the smallest one ends the walk
+            t = fa if an % ad == 0 else fa + 1
             p, q = t * p1 + p0, t * q1 + q0
             return Fraction(p, q) if q <= max_den else None
         p0, q0, p1, q1 = p1, q1, fa * p1 + p0, fa * q1 + q0
         if q1 > max_den:
             return None
-        da, db = a - fa, b - fa
-        if da <= 0 or db <= 0:
-            return None
-        a, b = 1 / db, 1 / da  # reciprocals swap the ends
+        # a - fa and b - fa are positive here (a is not an integer, b >= a); reciprocals swap the ends
+        an, ad, bn, bd = bd, bn - fa * bd, ad, an - fa * ad
     return None
 
 

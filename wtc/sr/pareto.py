@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
-
 import numpy as np
 import sympy as sp
 from sympy.printing.str import StrPrinter
@@ -24,19 +22,40 @@ from wtc.sr.expr import to_sympy
 from wtc.sr.fitting import Candidate
 
 
-@dataclass
 class Row:
-    """One line of the equations table."""
-    complexity: int
-    loss: float  # mean squared error over all points
-    score: float
-    equation: str
-    expr: sp.Expr
-    passes: bool
+    """One line of the equations table: complexity, loss, score, whether it passes, and the sympy
+    form `expr` with its text `equation`. form: the sympy expression, or a function of no
+    arguments that builds it: every fit makes a table and few read it (parity_last2's reading
+    spent 0.5 of 2.8 s converting rows nobody printed), so it is built on first use."""
+
+    __slots__ = ("complexity", "loss", "score", "passes", "_form", "_equation")
+
+    def __init__(self, complexity: int, loss: float, score: float, form, passes: bool):
+        self.complexity, self.loss, self.score, self.passes = complexity, loss, score, passes
+        self._form, self._equation = form, None
+
+    @property
+    def expr(self) -> sp.Expr:
+        if not isinstance(self._form, sp.Basic):
+            self._form = self._form()
+        return self._form
+
+    @property
+    def equation(self) -> str:
+        if self._equation is None:
+            self._equation = equation_str(self.expr)
+        return self._equation
 
     def as_dict(self) -> dict:
         return {"complexity": self.complexity, "loss": self.loss, "score": self.score,
                 "equation": self.equation, "passes": self.passes}
+
+    def __reduce__(self):        # pickled with its form built (a builder is a closure)
+        return Row, (self.complexity, self.loss, self.score, self.expr, self.passes)
+
+    def __repr__(self) -> str:
+        return (f"Row(complexity={self.complexity}, loss={self.loss!r}, score={self.score!r}, "
+                f"equation={self.equation!r}, passes={self.passes})")
 
 
 def choose(cands: list[Candidate], max_complexity: int) -> Candidate:
@@ -83,9 +102,12 @@ def table(cands: list[Candidate], symbols, binary_syms, max_complexity: int) -> 
     front = pareto([c for c in cands if c.complexity <= max_complexity] or cands)
     rows = []
     for c, s in zip(front, _scores(front)):
-        e = sympy_form(c.tree, symbols, binary_syms, simplify=False)
-        rows.append(Row(c.complexity, c.loss, s, equation_str(e), e, c.passes))
+        rows.append(Row(c.complexity, c.loss, s, _row_form(c.tree, symbols, binary_syms), c.passes))
     return rows
+
+
+def _row_form(tree, symbols, binary_syms):
+    return lambda: sympy_form(tree, symbols, binary_syms, simplify=False)
 
 
 # ---------------------------------------------------------------------------------- sympy

@@ -6,7 +6,7 @@ Gram matrix G = U U' and b = U y give the residual sum of squares of any subset 
   2 terms  sse = yy - (b_i^2 + b_j^2 - 2 b_i b_j G_ij) / (1 - G_ij^2)
   3 terms  yy - b' A^-1 b with the 3x3 block A of G (adjugate formula).
 Pairs are screened exhaustively, triples among the smallest terms plus every third term on the best
-pairs (numba kernels in wtc.sr.numba_eval). The screen returns (a) subsets whose estimated rmse passes
+pairs (wtc._C.screen, or the numba kernels of wtc.sr.numba_eval: op sr.screen of wtc.backend). The screen returns (a) subsets whose estimated rmse passes
 a loose threshold, without those that contain a smaller passing subset, and (b) the best few
 subsets per lower bound of complexity, for the Pareto table and as seeds of the inner pass.
 """
@@ -55,13 +55,23 @@ def prepare_columns(vals: np.ndarray, y: np.ndarray, w: np.ndarray):
     return U[keep], yc, idx[keep]
 
 
+def kernels():
+    """The screen's loops: wtc._C.screen where wtc.backend chooses native for sr.screen, else the numba
+    reference (imported, and compiled or loaded from its cache, on first use). Same signatures."""
+    from wtc import backend
+
+    if backend.choose("sr.screen", "cpu") == "native":
+        return backend.require_native("sr.screen").screen
+    from wtc.sr import numba_eval
+    return numba_eval
+
+
 def screen(U: np.ndarray, yc: np.ndarray, sizes: np.ndarray, sse_pass: float, *, max_lb: int,
            n_best: int = 3, n_triple_set: int = 240, n_extend: int = 40,
            max_pass: int = 3000) -> ScreenResult:
     """Screen all 1- and 2-term subsets of the columns U (N, m), 3-term subsets among the
     ``n_triple_set`` smallest terms and every third term on the ``n_extend`` best pairs."""
-    from wtc.sr import numba_eval as K  # numba: compiled (or loaded from cache) on first use
-
+    K = kernels()
     N = len(U)
     yy = float(yc @ yc)
     b = np.ascontiguousarray(U @ yc)  # (N,)
