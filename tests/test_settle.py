@@ -1,4 +1,4 @@
-"""Settling early (wtc.dt.attempt.SETTLE_FROM): discover's attempts end the annealing once a
+"""Settling early (wtc.dt.settle): discover's attempts end the annealing once a
 replica's argmax model is right everywhere on the settle check (as trained, or with its head refit
 by least squares); the hard phase follows, and ends at a check from HARD_SETTLED_MIN hard steps on
 where a replica is still right everywhere."""
@@ -8,7 +8,8 @@ import torch
 import wtc
 from wtc.tasks.task import shift
 from wtc.dt import DTConfig
-from wtc.dt.attempt import HARD_SETTLED_MIN, SETTLE_EVERY, SETTLE_FROM, SETTLE_SEQUENCES, Attempt, run_attempt
+from wtc.dt.attempt import Attempt, run_attempt
+from wtc.dt.settle import HARD_SETTLED_MIN, SETTLE_EVERY, SETTLE_FROM, SETTLE_SEQUENCES, SNAP_CHECK_STEPS, exact_by
 from wtc.dt.finish import least_squares_head
 from wtc.dt.selection import EVAL
 
@@ -135,3 +136,47 @@ def test_a_settled_state_resumes_where_it_was(tmp_path):
         again.train_step()
     for a, b in zip(run.model.parameters(), again.model.parameters()):
         assert torch.equal(a, b)
+
+
+def window_max_task():
+    """y_t = max(x_{t-2}, x_{t-1}, x_t) over ints in [0, 100): its content head follows the window
+    rule on most queries long before it is exact on all of them."""
+    def target(x):
+        return np.stack([x[:, max(0, t - 2): t + 1].max(axis=1) for t in range(x.shape[1])], axis=1)
+    return wtc.Task("max3", sample=lambda rng, n: rng.integers(0, 100, size=(n, 8)), target=target, seq_len=8)
+
+
+WINDOW_CFG = DTConfig(n_heads=2, n_mlps=1, replicas=4, workers=1, hard_steps=150, eval_sequences=256,
+                      precision_iters=0)
+
+
+def test_a_window_maximum_settles_once_its_snapped_heads_are_exact():
+    """The as-trained and head-refit checks fail where the snapped one succeeds; the check works on
+    a copy (the model in training is unchanged), and the attempt that settled so is solved."""
+    run = Attempt(window_max_task(), WINDOW_CFG, seed=0, attempt=0, settle=True)
+    while run.phase == "anneal":
+        run.train_step()
+    assert run.settled_by == "heads snapped" and run.hard_from in SNAP_CHECK_STEPS
+    assert exact_by(run.model, run.fit_data, snap=False) is None
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    assert exact_by(run.model, run.fit_data, snap=True) == "heads snapped"
+    for k, v in run.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    scores = run_attempt(run)
+    assert any(s["solved"] for s in scores) and run.history.final["settled_by"] == "heads snapped"
+
+
+def test_the_snapped_check_runs_only_at_its_steps(monkeypatch):
+    """Between SNAP_CHECK_STEPS the anneal's checks do not snap: an attempt whose snapped check is
+    made to fail never settles, and the snapped check ran exactly at the scheduled steps."""
+    from wtc.dt import settle
+    asked = []
+    monkeypatch.setattr(settle, "_snapped_right", lambda model, replicas, *a: asked.append(len(replicas)) or False)
+    run = Attempt(window_max_task(), WINDOW_CFG.replace(steps=450), seed=0, attempt=0, settle=True)
+    steps = []
+    while run.phase == "anneal":
+        run.train_step()
+        if run.step % SETTLE_EVERY == 0 and len(asked) > len(steps):
+            steps.append(run.step)
+    assert steps == [s for s in sorted(SNAP_CHECK_STEPS) if SETTLE_FROM <= s < 450]
+    assert asked == [settle.SNAP_CHECK_REPLICAS] * len(steps) and run.hard_from == 450

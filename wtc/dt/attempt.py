@@ -19,7 +19,7 @@ from wtc import checkpoint_io
 from wtc.dt import checkpoint, graph_step
 from wtc.dt.adamw import adamw
 from wtc.dt.config import DTConfig
-from wtc.dt.finish import least_squares_head, masked_mse, polish, refit_head
+from wtc.dt.finish import masked_mse, polish, refit_head
 from wtc.dt.history import History
 from wtc.dt.ladder import Deadline
 from wtc.dt.model import DiscreteTransformer
@@ -28,6 +28,7 @@ from wtc.dt.refine import refine_pointers
 from wtc.dt.schedule import Anneal
 from wtc.dt.scores import metric_value, nearly, rank_key, solid
 from wtc.dt.selection import EVAL, Sampling, entropy
+from wtc.dt.settle import HARD_SETTLED_MIN, SETTLE_EVERY, SETTLE_FROM, SNAP_CHECK_STEPS, exact_by
 from wtc.dt.snap import SNAP_SEQUENCES, snap_heads
 from wtc.errors import CheckpointError
 from wtc.progress import Steps, mode, say
@@ -40,12 +41,6 @@ REFINE_SEQUENCES = 512   # batch of the pointer refinement (counterfactual forwa
 PRECISION_REPLICAS = 2   # nearly-solved replicas that get the float64 polish
 PRECISION_CHUNK = 250    # L-BFGS iterations between checks whether they are solved
 PRECISION_GAIN = 0.01    # a chunk lowering no replica's loss by 1% ends the pass
-# Settling early (discover, integer tasks): from SETTLE_FROM, every SETTLE_EVERY steps, a replica
-# right on SETTLE_SEQUENCES fit sequences (Attempt._exact) ends the annealing. A settled attempt's
-# hard phase ends at the first such check from HARD_SETTLED_MIN hard steps on (its pointers crisp,
-# its sub-MLPs precise under them; the finish's refit and polish do the rest); an attempt that did
-# not settle runs its hard phase in full: it may still be learning.
-SETTLE_FROM, SETTLE_EVERY, SETTLE_SEQUENCES, HARD_SETTLED_MIN = 100, 50, 512, 100
 # DTConfig fields that steer the ladder, not what one attempt computes: a resume may change them
 LADDER_FIELDS = ("max_attempts", "workers")
 
@@ -106,6 +101,7 @@ class Attempt:
         self.optimizer = adamw(self.model.parameters(), config.lr, config.weight_decay, self.device)
         self.step, self.phase = 0, "anneal"
         self.hard_from = config.steps          # the step the hard phase starts at (earlier once settled)
+        self.settled_by: str | None = None     # how the settle check found a replica exact (wtc.dt.settle)
         self.graphed: graph_step.GraphedStep | None = None   # hard-phase steps from a CUDA graph (GPU only)
         self.snaps, self.snap_seconds = [], 0.0   # heads set to routing rules at the finish (wtc.dt.snap), CPU s
         self.coefficient_snaps: list[dict] = []   # periodic aggregates set to integers (wtc.dt.periodic_snap)
@@ -175,34 +171,25 @@ class Attempt:
         return self.hard_from + self.config.hard_steps
 
     def _settled(self) -> bool:
-        """Whether the annealing may end here: some replica's argmax model is right at every position
-        of the settle check (SETTLE_FROM)."""
+        """Whether the annealing may end here: some replica is exact at a settle check (wtc.dt.settle)."""
         if not self.settle or self.step < SETTLE_FROM or self.step % SETTLE_EVERY:
             return False
-        return self._exact()
+        return self._exact(snap=self.step in SNAP_CHECK_STEPS)
 
     def _hard_settled(self) -> bool:
         """Whether a settled attempt's hard phase may end here (HARD_SETTLED_MIN)."""
         hard = self.step - self.hard_from
         if not self.settle or self.hard_from >= self.config.steps or hard < HARD_SETTLED_MIN or hard % SETTLE_EVERY:
             return False
-        return self._exact()
+        return self._exact(snap=True)
 
-    @torch.no_grad()
-    def _exact(self) -> bool:
-        """Some replica's argmax model is right at every position of SETTLE_SEQUENCES fit sequences,
-        as trained or with a least-squares head fit to half of them (the finish refits it anyway:
-        a sum's or a delay's trained head was the last thing to settle, measured)."""
-        x, y, valid, y_raw = (t[:SETTLE_SEQUENCES] for t in self.fit_data)
-        streams = []
-        with self.model.hooks([("hook_stream", lambda stream, hook: streams.append(stream))]):
-            pred, _ = self.model(x, EVAL)
-        if (self._batch_metric(pred, y_raw, valid) >= 1.0).any():
-            return True
-        h, body = SETTLE_SEQUENCES // 2, streams[0][:, :, self.model.P:].double()   # (R, B, T, V)
-        W, b, _ = least_squares_head(body[:, :h], y[:h], valid[:h])
-        refit = (torch.einsum("rbtv,rvo->rbto", body[:, h:], W) + b[:, None, None]).float()
-        return bool((self._batch_metric(refit, y_raw[h:], valid[h:]) >= 1.0).any())
+    def _exact(self, snap: bool = True) -> bool:
+        """Some replica is exact on the settle check (wtc.dt.settle.exact_by); snap: the snapped check
+        may run. The first way it settled is kept in the history (settled_by)."""
+        how = exact_by(self.model, self.fit_data, snap=snap and self.config.snap)
+        if how is not None and self.phase == "anneal":
+            self.settled_by = how
+        return how is not None
 
     def _update(self, xt: torch.Tensor, yt: torch.Tensor, valid: torch.Tensor, sampling: Sampling):
         """One optimizer step on a batch: forward (module ranges tracked), loss, backward, AdamW.
@@ -297,6 +284,7 @@ class Attempt:
         meta = {"model": checkpoint.model_meta(self.model), "task": self.task.name,
                 "task_sha256": self.task.fingerprint(), "seed": self.seed,
                 "attempt": self.attempt, "step": self.step, "phase": self.phase, "hard_from": self.hard_from,
+                "settled_by": self.settled_by,
                 "rng_numpy": self.rng.bit_generator.state, "opt_groups": opt["param_groups"],
                 "hist_step": self.history.step, "hist_phase": self.history.phase, "hist_tau": self.history.tau}
         checkpoint_io.write_atomic(path, tensors, meta)
@@ -317,6 +305,7 @@ class Attempt:
         self.rng.bit_generator.state = meta["rng_numpy"]
         self.step, self.phase = meta["step"], meta["phase"]
         self.hard_from = meta.get("hard_from", self.config.steps)   # states written before settling existed
+        self.settled_by = meta.get("settled_by")
         self.graphed = None          # a graph captured the model and optimizer replaced above
         h = self.history
         h.step, h.phase, h.tau = list(meta["hist_step"]), list(meta["hist_phase"]), list(meta["hist_tau"])
@@ -362,7 +351,7 @@ def run_attempt(run: Attempt, progress: bool | str = False, state_path: Path | N
         scores = run.precision_pass(scores, deadline)
     run.history.final = {"scores": scores}
     settled = run.hard_from < cfg.steps
-    extras = {"settled_at_step": run.hard_from if settled else None,
+    extras = {"settled_at_step": run.hard_from if settled else None, "settled_by": run.settled_by if settled else None,
               "hard_steps_run": run.step - run.hard_from if settled and stopped is None else None,
               "snaps": [dataclasses.asdict(s) for s in run.snaps], "coefficient_snaps": run.coefficient_snaps}
     run.history.final.update({k: v for k, v in extras.items() if v})

@@ -69,11 +69,13 @@ class History:
     def plot(self, path, replica: int | None = None) -> str:
         """Write a PNG: loss and metric vs step above, mean selection/attention entropy and tau below."""
         # a Figure without pyplot: no global figure state, and a third of a second less to import;
-        # constrained layout instead of tight_layout's extra draw (1.2 s -> 0.6 s a plot, measured)
+        # fixed margins (the labels are short and known) instead of a layout engine's extra pass:
+        # tight_layout 1.2 s, constrained 0.55 s, fixed 0.3 s a plot (measured, 2-core Xeon)
         from matplotlib.figure import Figure
 
         c = self.curves(replica)
-        fig = Figure(figsize=(8, 6), layout="constrained")
+        fig = Figure(figsize=(8, 6))
+        fig.subplots_adjust(left=0.09, right=0.9, top=0.94, bottom=0.08, hspace=0.06)
         ax1, ax2 = fig.subplots(2, 1, sharex=True)
         ax1.semilogy(c["step"], np.maximum(c["loss"], 1e-12), label="loss (MSE, normalised)")
         ax1.set_ylabel("loss")
