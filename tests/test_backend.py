@@ -218,3 +218,16 @@ def test_plan_reports_a_forced_backend_that_cannot_run(monkeypatch):
     assert set(p) == set(OPS)
     assert p["dt.route"].startswith("error: ") and "TRITON_INTERPRET" in p["dt.route"]
     assert backend.plan("cuda")["dt.route"] == "triton"
+
+
+def test_choosing_for_cpu_work_does_not_import_triton():
+    """Triton can run only on a GPU (or under its interpreter, asked for by name): deciding a CPU
+    op must not import it (0.3 s of every discover worker's first step, measured)."""
+    import subprocess
+    import sys
+    code = ("import sys, torch; from wtc import backend; "
+            "print([backend.choose(op, torch.zeros(1)) for op in backend.OPS]); "
+            "assert 'triton' not in sys.modules, 'triton imported'")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("WTC_KERNELS", "TRITON_INTERPRET")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-500:]

@@ -115,11 +115,21 @@ def test_the_check_changes_nothing_until_it_settles():
         assert torch.equal(a, b), name
 
 
-def test_continuous_tasks_do_not_settle():
-    task = wtc.Task("half", sample=lambda rng, n: rng.uniform(0, 1, size=(n, 6)), target=lambda x: 0.5 * x,
-                    seq_len=6,
-                    output="real")
-    assert not Attempt(task, SMALL, seed=0, attempt=0, settle=True).settle
+def test_a_real_valued_task_settles_within_its_tolerance():
+    """y_t = 0.5 x_t + 0.25 x_{t-1} over reals: the head refit meets the solved criterion
+    (REAL_TOLERANCE) early; the attempt settles and is solved on fresh data. A product of the two,
+    which a population without sub-MLPs cannot compute, is not within the tolerance."""
+    def real_task(name, target):
+        return wtc.Task(name, sample=lambda rng, n: rng.uniform(0, 1, size=(n, 6)), target=target, seq_len=6,
+                        output="real")
+
+    cfg = SMALL.replace(n_heads=1, n_mlps=0)
+    product = Attempt(real_task("product", lambda x: x * shift(x, 1)), cfg, seed=0, attempt=0, settle=True)
+    assert exact_by(product.model, product.fit_data, snap=True, real=True) is None
+    run = Attempt(real_task("half", lambda x: 0.5 * x + 0.25 * shift(x, 1)), cfg, seed=0, attempt=0, settle=True)
+    scores = run_attempt(run)
+    assert run.settled_by in ("as trained", "head refit") and run.hard_from < SMALL.steps
+    assert any(s["solved"] for s in scores)
 
 
 def test_a_settled_state_resumes_where_it_was(tmp_path):
@@ -171,7 +181,7 @@ def test_the_snapped_check_runs_only_at_its_steps(monkeypatch):
     made to fail never settles, and the snapped check ran exactly at the scheduled steps."""
     from wtc.dt import settle
     asked = []
-    monkeypatch.setattr(settle, "_snapped_right", lambda model, replicas, *a: asked.append(len(replicas)) or False)
+    monkeypatch.setattr(settle, "_snapped_exact", lambda model, replicas, *a: asked.append(len(replicas)) or False)
     run = Attempt(window_max_task(), WINDOW_CFG.replace(steps=450), seed=0, attempt=0, settle=True)
     steps = []
     while run.phase == "anneal":

@@ -147,7 +147,9 @@ def choose(op: str, where, *, size: int | None = None, dtype=None) -> str:
     if forced == "reference":
         return "reference"
     device = _device_type(where)
-    if "triton" in spec.backends and forced in (None, "triton"):
+    # triton is looked up only where it could run: importing it to learn that costs 0.3 s, which a
+    # discover worker paid on its first CPU op (measured)
+    if "triton" in spec.backends and (forced == "triton" or (forced is None and device == "cuda")):
         ok, why = triton_status()
         if forced == "triton":
             if not ok:

@@ -74,10 +74,10 @@ class Attempt:
                  settle: bool = False):
         """device (default config.device): where the steps run (a CUDA device takes the Triton
         kernels); the model is built and normalised on the CPU first, so a seed gives the same
-        initial model anywhere. settle: end the annealing once a replica is exact (SETTLE_FROM;
-        integer tasks only; discover's attempts: wtc.train keeps the whole schedule it was given)."""
+        initial model anywhere. settle: end the annealing once a replica is exact (wtc.dt.settle;
+        discover's attempts: wtc.train keeps the whole schedule it was given)."""
         self.task, self.config, self.seed, self.attempt = task, config, seed, attempt
-        self.settle = settle and task.output == "integer"
+        self.settle = settle
         config.check_size(task.seq_len, task.n_inputs)
         self.device = torch.device(device or config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -186,7 +186,7 @@ class Attempt:
     def _exact(self, snap: bool = True) -> bool:
         """Some replica is exact on the settle check (wtc.dt.settle.exact_by); snap: the snapped check
         may run. The first way it settled is kept in the history (settled_by)."""
-        how = exact_by(self.model, self.fit_data, snap=snap and self.config.snap)
+        how = exact_by(self.model, self.fit_data, snap=snap and self.config.snap, real=self.task.output != "integer")
         if how is not None and self.phase == "anneal":
             self.settled_by = how
         return how is not None

@@ -1,12 +1,15 @@
 """Settling early: whether a population in training already holds an exact replica.
 
-discover's attempts (integer tasks) check from SETTLE_FROM, every SETTLE_EVERY steps, whether some
+discover's attempts check from SETTLE_FROM, every SETTLE_EVERY steps, whether some
 replica is right at every position of SETTLE_SEQUENCES fit sequences; the first such check ends the
 annealing. A settled attempt's hard phase ends at the first such check from HARD_SETTLED_MIN hard
 steps on (its pointers crisp, its sub-MLPs precise under them; the finish's refit, snap and polish
 do the rest); an attempt that does not settle runs its whole schedule: it may still be learning.
 
-A replica counts as exact when, on the check's sequences, its argmax model is right
+A replica counts as exact when, on the check's sequences, its argmax model is right (an integer
+task: every rounded output the target; a real one: every relative error within the task's solved
+criterion, REAL_TOLERANCE; a linear recurrence's or a weighted sum's head refit meets it from step
+100, where it used to anneal for all 1000 steps)
   as trained;
   with a least-squares head fit to half of them and checked on the other half (the finish refits
     the head anyway: a sum's or a delay's trained head was the last thing to settle, measured);
@@ -25,19 +28,29 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from wtc.tasks.limits import REAL_TOLERANCE
 from wtc.dt.finish import least_squares_head, refit_head
 from wtc.dt.selection import EVAL
 from wtc.dt.snap import snap_heads
 
-SETTLE_FROM, SETTLE_EVERY, SETTLE_SEQUENCES, HARD_SETTLED_MIN = 100, 50, 512, 100
+SETTLE_FROM, SETTLE_EVERY, SETTLE_SEQUENCES, HARD_SETTLED_MIN = 100, 50, 512, 50
 SNAP_CHECK_REPLICAS = 2
 SNAP_CHECK_STEPS = frozenset(int(SETTLE_FROM * f) << k for k in range(16) for f in (1, 1.5))   # 100, 150, 200, 300, 400, ...
 
 
-def _right(model, pred: torch.Tensor, y_raw: torch.Tensor, valid: torch.Tensor) -> np.ndarray:
-    """Per replica (R,): whether the rounded prediction is the target at every valid position."""
-    hit = (torch.round(model.denormalize_outputs(pred)) == torch.nan_to_num(y_raw)).float() * valid
-    return (hit.sum(dim=(1, 2, 3)) >= valid.sum()).cpu().numpy()
+def _quality(model, pred: torch.Tensor, y_raw: torch.Tensor, valid: torch.Tensor, real: bool) -> np.ndarray:
+    """Per replica (R,), higher is better: the share of valid positions whose rounded prediction is
+    the target (integer outputs), or minus the largest relative error |p - y| / (1 + |y|) (real)."""
+    p, y = model.denormalize_outputs(pred), torch.nan_to_num(y_raw)
+    if not real:
+        hit = (torch.round(p) == y).float() * valid
+        return (hit.sum(dim=(1, 2, 3)) / valid.sum()).cpu().numpy()
+    rel = torch.nan_to_num((p - y).abs() / (1 + y.abs()), nan=float("inf")) * valid
+    return -rel.amax(dim=(1, 2, 3)).cpu().numpy()
+
+
+def _exact(quality: np.ndarray, real: bool) -> np.ndarray:
+    return quality >= -REAL_TOLERANCE if real else quality >= 1.0
 
 
 def _has_pointer_heads(model) -> bool:
@@ -45,33 +58,34 @@ def _has_pointer_heads(model) -> bool:
 
 
 @torch.no_grad()
-def exact_by(model, fit_data, snap: bool) -> str | None:
+def exact_by(model, fit_data, snap: bool, real: bool = False) -> str | None:
     """How some replica of `model` is exact on the check's sequences of fit_data ((x, y, valid, y_raw),
     normalised as Attempt keeps them): "as trained", "head refit" or "heads snapped"; None when
-    none is. snap: whether the snapped check may run (the caller's schedule)."""
+    none is. snap: whether the snapped check may run (the caller's schedule). real: the task's
+    outputs are real numbers (exact: within REAL_TOLERANCE)."""
     x, y, valid, y_raw = (t[:SETTLE_SEQUENCES] for t in fit_data)
     streams = []
     with model.hooks([("hook_stream", lambda stream, hook: streams.append(stream))]):
         pred, _ = model(x, EVAL)
-    if _right(model, pred, y_raw, valid).any():
+    if _exact(_quality(model, pred, y_raw, valid, real), real).any():
         return "as trained"
     h, body = len(x) // 2, streams[0][:, :, model.P:].double()   # (R, B, T, V)
     W, b, _ = least_squares_head(body[:, :h], y[:h], valid[:h])
     refit = (torch.einsum("rbtv,rvo->rbto", body[:, h:], W) + b[:, None, None]).float()
-    if _right(model, refit, y_raw[h:], valid[h:]).any():
+    quality = _quality(model, refit, y_raw[h:], valid[h:], real)
+    if _exact(quality, real).any():
         return "head refit"
     if not snap or not _has_pointer_heads(model):
         return None
-    hit = (torch.round(model.denormalize_outputs(refit)) == torch.nan_to_num(y_raw[h:])).float() * valid[h:]
-    closest = np.argsort(-hit.sum(dim=(1, 2, 3)).cpu().numpy(), kind="stable")[:SNAP_CHECK_REPLICAS]
-    if _snapped_right(model, [int(r) for r in closest], x, y, valid, y_raw):
+    closest = np.argsort(-quality, kind="stable")[:SNAP_CHECK_REPLICAS]
+    if _snapped_exact(model, [int(r) for r in closest], x, y, valid, y_raw, real):
         return "heads snapped"
     return None
 
 
-def _snapped_right(model, replicas: list[int], x, y, valid, y_raw) -> bool:
+def _snapped_exact(model, replicas: list[int], x, y, valid, y_raw, real: bool) -> bool:
     """Whether one of `replicas`, frozen, its pointer heads snapped and its head refit on the first
-    half of the sequences (a copy: the model in training is untouched), is right on the second."""
+    half of the sequences (a copy: the model in training is untouched), is exact on the second."""
     h = len(x) // 2
     copy = model.select_replicas(replicas)
     copy.freeze()
@@ -79,4 +93,4 @@ def _snapped_right(model, replicas: list[int], x, y, valid, y_raw) -> bool:
     snap_heads(copy, x[:h], y[:h], valid[:h])
     refit_head(copy, x[:h], y[:h], valid[:h])
     pred, _ = copy(x[h:], EVAL)
-    return bool(_right(copy, pred, y_raw[h:], valid[h:]).any())
+    return bool(_exact(_quality(copy, pred, y_raw[h:], valid[h:], real), real).any())

@@ -42,7 +42,7 @@ from wtc.progress import log as progress_log
 from wtc.threads import cores, torch_threads
 
 
-POLL_S = 0.2   # seconds between looks at the running workers
+POLL_S = 0.05  # seconds between looks at the running workers
 
 
 class WorkerError(WtcError, RuntimeError):
