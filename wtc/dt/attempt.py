@@ -28,7 +28,8 @@ from wtc.dt.refine import refine_pointers
 from wtc.dt.schedule import Anneal
 from wtc.dt.scores import metric_value, nearly, rank_key, solid
 from wtc.dt.selection import EVAL, Sampling, entropy
-from wtc.dt.settle import HARD_SETTLED_MIN, SETTLE_EVERY, SETTLE_FROM, SNAP_CHECK_STEPS, exact_by
+from wtc.dt.settle import (HARD_SETTLED_MIN, POLISH_CHECK_ITERS, POLISH_CHECK_STEPS, SETTLE_EVERY, SETTLE_FROM,
+                            SNAP_CHECK_STEPS, exact_by)
 from wtc.dt.snap import SNAP_SEQUENCES, snap_heads
 from wtc.errors import CheckpointError
 from wtc.progress import Steps, mode, say
@@ -174,19 +175,21 @@ class Attempt:
         """Whether the annealing may end here: some replica is exact at a settle check (wtc.dt.settle)."""
         if not self.settle or self.step < SETTLE_FROM or self.step % SETTLE_EVERY:
             return False
-        return self._exact(snap=self.step in SNAP_CHECK_STEPS)
+        return self._exact(snap=self.step in SNAP_CHECK_STEPS, polish=self.step in POLISH_CHECK_STEPS)
 
     def _hard_settled(self) -> bool:
-        """Whether a settled attempt's hard phase may end here (HARD_SETTLED_MIN)."""
+        """Whether a settled attempt's hard phase may end here (HARD_SETTLED_MIN): exact by the check
+        that settled it, or a cheaper one."""
         hard = self.step - self.hard_from
         if not self.settle or self.hard_from >= self.config.steps or hard < HARD_SETTLED_MIN or hard % SETTLE_EVERY:
             return False
-        return self._exact(snap=True)
+        return self._exact(snap=True, polish=self.settled_by == "sub-MLPs polished")
 
-    def _exact(self, snap: bool = True) -> bool:
-        """Some replica is exact on the settle check (wtc.dt.settle.exact_by); snap: the snapped check
-        may run. The first way it settled is kept in the history (settled_by)."""
-        how = exact_by(self.model, self.fit_data, snap=snap and self.config.snap, real=self.task.output != "integer")
+    def _exact(self, snap: bool = True, polish: bool = False) -> bool:
+        """Some replica is exact on the settle check (wtc.dt.settle.exact_by); snap, polish: the
+        snapped and polished checks may run. The first way it settled is kept (settled_by)."""
+        how = exact_by(self.model, self.fit_data, snap=snap and self.config.snap, real=self.task.output != "integer",
+                       polish_iters=POLISH_CHECK_ITERS if polish and self.config.polish_iters else 0)
         if how is not None and self.phase == "anneal":
             self.settled_by = how
         return how is not None

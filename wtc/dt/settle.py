@@ -19,7 +19,12 @@ criterion, REAL_TOLERANCE; a linear recurrence's or a weighted sum's head refit 
     (max_last3: the snapped check was exact at step 100 of 1300; without it the attempt never
     settled). Snapping costs 0.1-0.6 s for SNAP_CHECK_REPLICAS replicas, so it runs at the checks of
     SNAP_CHECK_STEPS only (geometrically spaced: a task it cannot settle pays a few of them) and in
-    a settled attempt's hard phase, on the replicas the head refit puts closest.
+    a settled attempt's hard phase, on the replicas the head refit puts closest;
+  or, at the checks of POLISH_CHECK_STEPS, with those replicas' sub-MLPs and head then polished
+    (POLISH_CHECK_ITERS of the finish's L-BFGS, pointers pinned). A minimum, a product or a
+    threshold is exact only once its sub-MLP is precise, which training alone reaches late or
+    never (min_last2: polished, exact at step 400; as trained, never in 1300 steps). 0.5-1 s a
+    check, three times in a schedule.
 The check reads the model and draws no randomness: an attempt that has not settled is step for step
 the attempt without checks.
 """
@@ -29,13 +34,15 @@ import numpy as np
 import torch
 
 from wtc.tasks.limits import REAL_TOLERANCE
-from wtc.dt.finish import least_squares_head, refit_head
+from wtc.dt.finish import least_squares_head, polish, refit_head
 from wtc.dt.selection import EVAL
 from wtc.dt.snap import snap_heads
 
 SETTLE_FROM, SETTLE_EVERY, SETTLE_SEQUENCES, HARD_SETTLED_MIN = 100, 50, 512, 50
 SNAP_CHECK_REPLICAS = 2
 SNAP_CHECK_STEPS = frozenset(int(SETTLE_FROM * f) << k for k in range(16) for f in (1, 1.5))   # 100, 150, 200, 300, 400, ...
+POLISH_CHECK_STEPS = frozenset(2 * SETTLE_FROM << k for k in range(16))                         # 200, 400, 800, ...
+POLISH_CHECK_ITERS = 100
 
 
 def _quality(model, pred: torch.Tensor, y_raw: torch.Tensor, valid: torch.Tensor, real: bool) -> np.ndarray:
@@ -58,11 +65,12 @@ def _has_pointer_heads(model) -> bool:
 
 
 @torch.no_grad()
-def exact_by(model, fit_data, snap: bool, real: bool = False) -> str | None:
+def exact_by(model, fit_data, snap: bool, real: bool = False, polish_iters: int = 0) -> str | None:
     """How some replica of `model` is exact on the check's sequences of fit_data ((x, y, valid, y_raw),
-    normalised as Attempt keeps them): "as trained", "head refit" or "heads snapped"; None when
-    none is. snap: whether the snapped check may run (the caller's schedule). real: the task's
-    outputs are real numbers (exact: within REAL_TOLERANCE)."""
+    normalised as Attempt keeps them): "as trained", "head refit", "heads snapped" or "sub-MLPs
+    polished"; None when none is. snap: whether the snapped check may run, polish_iters: the
+    polished one after it (the caller's schedule; 0: not). real: the task's outputs are real
+    numbers (exact: within REAL_TOLERANCE)."""
     x, y, valid, y_raw = (t[:SETTLE_SEQUENCES] for t in fit_data)
     streams = []
     with model.hooks([("hook_stream", lambda stream, hook: streams.append(stream))]):
@@ -75,22 +83,35 @@ def exact_by(model, fit_data, snap: bool, real: bool = False) -> str | None:
     quality = _quality(model, refit, y_raw[h:], valid[h:], real)
     if _exact(quality, real).any():
         return "head refit"
-    if not snap or not _has_pointer_heads(model):
+    if not (snap or polish_iters):
         return None
     closest = np.argsort(-quality, kind="stable")[:SNAP_CHECK_REPLICAS]
-    if _snapped_exact(model, [int(r) for r in closest], x, y, valid, y_raw, real):
-        return "heads snapped"
-    return None
+    return _finished_exact(model, [int(r) for r in closest], x, y, valid, y_raw, real, snap, polish_iters)
 
 
-def _snapped_exact(model, replicas: list[int], x, y, valid, y_raw, real: bool) -> bool:
-    """Whether one of `replicas`, frozen, its pointer heads snapped and its head refit on the first
-    half of the sequences (a copy: the model in training is untouched), is exact on the second."""
+def _finished_exact(model, replicas: list[int], x, y, valid, y_raw, real: bool, snap: bool,
+                    polish_iters: int) -> str | None:
+    """Whether one of `replicas`, finished as the finish would (frozen, its pointer heads snapped,
+    its head refit; then its sub-MLPs polished) on the first half of the sequences, is exact on the
+    second: "heads snapped" or "sub-MLPs polished", else None. Works on a copy: the model in
+    training is untouched."""
     h = len(x) // 2
     copy = model.select_replicas(replicas)
     copy.freeze()
     copy.eval()
-    snap_heads(copy, x[:h], y[:h], valid[:h])
-    refit_head(copy, x[:h], y[:h], valid[:h])
-    pred, _ = copy(x[h:], EVAL)
-    return bool(_exact(_quality(copy, pred, y_raw[h:], valid[h:], real), real).any())
+
+    def exact_now() -> bool:
+        refit_head(copy, x[:h], y[:h], valid[:h])
+        pred, _ = copy(x[h:], EVAL)
+        return bool(_exact(_quality(copy, pred, y_raw[h:], valid[h:], real), real).any())
+
+    if snap and _has_pointer_heads(copy):
+        snap_heads(copy, x[:h], y[:h], valid[:h])
+        if exact_now():
+            return "heads snapped"
+    if polish_iters and any(b.mlp is not None for b in copy.blocks):
+        refit_head(copy, x[:h], y[:h], valid[:h])
+        polish(copy, x[:h], y[:h], valid[:h], iters=polish_iters)
+        if exact_now():
+            return "sub-MLPs polished"
+    return None
