@@ -111,7 +111,8 @@ def _finished_exact(model, replicas: list[int], x, y, valid, y_raw, real: bool, 
             return "heads snapped"
     if polish_iters and any(b.mlp is not None for b in copy.blocks):
         refit_head(copy, x[:h], y[:h], valid[:h])
-        polish(copy, x[:h], y[:h], valid[:h], iters=polish_iters)
+        with torch.enable_grad():            # exact_by runs without; the L-BFGS needs gradients
+            polish(copy, x[:h], y[:h], valid[:h], iters=polish_iters)
         if exact_now():
             return "sub-MLPs polished"
     return None
