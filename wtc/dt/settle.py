@@ -21,10 +21,11 @@ criterion, REAL_TOLERANCE; a linear recurrence's or a weighted sum's head refit 
     SNAP_CHECK_STEPS only (geometrically spaced: a task it cannot settle pays a few of them) and in
     a settled attempt's hard phase, on the replicas the head refit puts closest;
   or, at the checks of POLISH_CHECK_STEPS, with those replicas' sub-MLPs and head then polished
-    (POLISH_CHECK_ITERS of the finish's L-BFGS, pointers pinned). A minimum, a product or a
-    threshold is exact only once its sub-MLP is precise, which training alone reaches late or
-    never (min_last2: polished, exact at step 400; as trained, never in 1300 steps). 0.5-1 s a
-    check, three times in a schedule.
+    (POLISH_CHECK_ITERS of the finish's L-BFGS, pointers pinned). An output a sub-MLP computes is
+    exact only once the sub-MLP is precise, which training alone reaches late or never (min_last2:
+    polished, exact at step 400; as trained, never in 1300 steps; products, thresholds and free
+    fall's square were not settled by it either, session 28). 0.5-1 s a check, three times in a
+    schedule.
 The check reads the model and draws no randomness: an attempt that has not settled is step for step
 the attempt without checks.
 """

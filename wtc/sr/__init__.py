@@ -3,7 +3,8 @@
 Built for the sub-MLPs of a Discrete Transformer: 1-3 scalar inputs (bits, small integers or
 reals), 10^3-10^4 samples of an approximate network output, and a simple exact formula to find
 (a + b - 2ab, max(a, b), a*b, 100 - 4.905 t^2, relu(a - b), exp(-0.5 x), ...) -- or an honest
-"nothing simple fits". Pure Python + numpy + numba + sympy; no Julia.
+"nothing simple fits". Python + numpy + sympy, the screen's loops in wtc._C (numba: their
+reference); no Julia.
 
 Functional entry point (what the extraction code calls)::
 
@@ -52,7 +53,7 @@ How the builtin engine works (one module each):
 - enumeration: bottom-up enumeration by node count over the k inputs and the constant 1, with
   semantic dedup by hashing rounded values on probe points (data + off-distribution points);
 - screen, kernels: y ~ theta0 + sum of up to 3 enumerated terms, all pairs and many triples
-  screened in closed form from one Gram matrix (numba);
+  screened in closed form from one Gram matrix (wtc._C.screen; numba_eval, the reference);
 - fitting, numbers: refit on all points, each coefficient snapped to the simplest number within
   3 standard errors (integers, short decimals, Stern-Brocot fractions, pi/e/sqrt(2)/log(2)
   multiples), the rest refit;
