@@ -142,6 +142,7 @@ def test_a_settled_state_resumes_where_it_was(tmp_path):
     again = Attempt(flip_task(), SMALL, seed=0, attempt=0, settle=True)
     again.restore(tmp_path / "state.safetensors")
     assert (again.step, again.phase, again.hard_from) == (run.step, "hard", run.hard_from) and run.hard_from < SMALL.steps
+    assert again.settled_by == run.settled_by is not None
     for _ in range(3):
         run.train_step()
         again.train_step()

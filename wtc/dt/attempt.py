@@ -29,7 +29,7 @@ from wtc.dt.schedule import Anneal
 from wtc.dt.scores import metric_value, nearly, rank_key, solid
 from wtc.dt.selection import EVAL, Sampling, entropy
 from wtc.dt.settle import (HARD_SETTLED_MIN, POLISH_CHECK_ITERS, POLISH_CHECK_STEPS, SETTLE_EVERY, SETTLE_FROM,
-                            SNAP_CHECK_STEPS, exact_by)
+                            SNAP_CHECK_STEPS, exact_by, quality)
 from wtc.dt.snap import SNAP_SEQUENCES, snap_heads
 from wtc.errors import CheckpointError
 from wtc.progress import Steps, mode, say
@@ -122,14 +122,11 @@ class Attempt:
         return xt, torch.nan_to_num(yt), valid.float(), y_raw
 
     def _batch_metric(self, pred: torch.Tensor, y_raw: torch.Tensor, valid: torch.Tensor) -> np.ndarray:
+        """Per replica: accuracy (integer outputs) or the largest relative error (real)."""
         with torch.no_grad():
-            p = self.model.denormalize_outputs(pred)
-            y = torch.nan_to_num(y_raw)
-            if self.task.output == "integer":
-                hit = (torch.round(p) == y).float() * valid
-                return (hit.sum(dim=(1, 2, 3)) / valid.sum()).cpu().numpy()
-            rel = ((p - y).abs() / (1 + y.abs())) * valid
-            return rel.amax(dim=(1, 2, 3)).cpu().numpy()
+            real = self.task.output != "integer"
+            q = quality(self.model, pred, y_raw, valid, real)
+            return -q if real else q
 
     # ------------------------------------------------------------------ phases
     def train_step(self) -> None:

@@ -46,14 +46,15 @@ POLISH_CHECK_STEPS = frozenset(2 * SETTLE_FROM << k for k in range(16))         
 POLISH_CHECK_ITERS = 100
 
 
-def _quality(model, pred: torch.Tensor, y_raw: torch.Tensor, valid: torch.Tensor, real: bool) -> np.ndarray:
+def quality(model, pred: torch.Tensor, y_raw: torch.Tensor, valid: torch.Tensor, real: bool) -> np.ndarray:
     """Per replica (R,), higher is better: the share of valid positions whose rounded prediction is
-    the target (integer outputs), or minus the largest relative error |p - y| / (1 + |y|) (real)."""
+    the target (integer outputs), or minus the largest relative error |p - y| / (1 + |y|) (real; NaN
+    where a prediction is NaN, never exact). Attempt's batch metric is this, the error's sign flipped."""
     p, y = model.denormalize_outputs(pred), torch.nan_to_num(y_raw)
     if not real:
         hit = (torch.round(p) == y).float() * valid
         return (hit.sum(dim=(1, 2, 3)) / valid.sum()).cpu().numpy()
-    rel = torch.nan_to_num((p - y).abs() / (1 + y.abs()), nan=float("inf")) * valid
+    rel = (p - y).abs() / (1 + y.abs()) * valid
     return -rel.amax(dim=(1, 2, 3)).cpu().numpy()
 
 
@@ -76,17 +77,17 @@ def exact_by(model, fit_data, snap: bool, real: bool = False, polish_iters: int 
     streams = []
     with model.hooks([("hook_stream", lambda stream, hook: streams.append(stream))]):
         pred, _ = model(x, EVAL)
-    if _exact(_quality(model, pred, y_raw, valid, real), real).any():
+    if _exact(quality(model, pred, y_raw, valid, real), real).any():
         return "as trained"
     h, body = len(x) // 2, streams[0][:, :, model.P:].double()   # (R, B, T, V)
     W, b, _ = least_squares_head(body[:, :h], y[:h], valid[:h])
     refit = (torch.einsum("rbtv,rvo->rbto", body[:, h:], W) + b[:, None, None]).float()
-    quality = _quality(model, refit, y_raw[h:], valid[h:], real)
-    if _exact(quality, real).any():
+    refit_quality = quality(model, refit, y_raw[h:], valid[h:], real)
+    if _exact(refit_quality, real).any():
         return "head refit"
     if not (snap or polish_iters):
         return None
-    closest = np.argsort(-quality, kind="stable")[:SNAP_CHECK_REPLICAS]
+    closest = np.argsort(-refit_quality, kind="stable")[:SNAP_CHECK_REPLICAS]
     return _finished_exact(model, [int(r) for r in closest], x, y, valid, y_raw, real, snap, polish_iters)
 
 
@@ -104,7 +105,7 @@ def _finished_exact(model, replicas: list[int], x, y, valid, y_raw, real: bool, 
     def exact_now() -> bool:
         refit_head(copy, x[:h], y[:h], valid[:h])
         pred, _ = copy(x[h:], EVAL)
-        return bool(_exact(_quality(copy, pred, y_raw[h:], valid[h:], real), real).any())
+        return bool(_exact(quality(copy, pred, y_raw[h:], valid[h:], real), real).any())
 
     if snap and _has_pointer_heads(copy):
         snap_heads(copy, x[:h], y[:h], valid[:h])
