@@ -1,4 +1,6 @@
+import faulthandler
 import os
+import sys
 
 import torch
 
@@ -17,6 +19,23 @@ def pytest_collection_modifyitems(config, items):
     """Slow (integration) tests first, in file order: with one worker per core (pytest -n auto) the
     longest ones start at once and the quick ones fill in behind them."""
     items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1)
+
+
+HANG_S = 1200   # the longest test takes ~80 s on this project's 2-core machines
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test still running after HANG_S seconds dumps every thread's stack and ends its process:
+    under xdist it is reported as failed ("worker crashed while running ...") and the run goes on.
+    faulthandler's watchdog is a C thread: it fires where a C call holds the GIL and never returns
+    (OpenBLAS's SVD on an inf, which held a CI run until its 90-minute limit), where SIGALRM-based
+    or Python-thread timeouts never get to run."""
+    faulthandler.dump_traceback_later(HANG_S, exit=True, file=sys.__stderr__)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import sympy as sp
 
+from wtc import lapack
 from wtc.sr import numbers
 
 
@@ -60,7 +61,10 @@ def snap_output(expr: sp.Expr, symbols: list[sp.Symbol], data: dict[str, np.ndar
     monomials = [sp.Integer(1)] + [mono for _, mono in terms]
     options = []
     for k in widths:
-        values, nums = _snap(F, target, tol * k)
+        try:
+            values, nums = _snap(F, target, tol * k)
+        except np.linalg.LinAlgError:   # target or a refit's residual not finite (wtc.lapack)
+            return expr
         pred = F @ values
         cost = (int(np.count_nonzero(values)), sum(n.cost if n is not None else 20 for n in nums if n is None or n.value))
         options.append((cost, pred, values, nums))
@@ -84,14 +88,14 @@ def _snap(F: np.ndarray, target: np.ndarray, tol: float):
     """Snap coefficients one at a time (largest effect first), refitting the rest each time; a term
     whose whole effect is below tol is dropped. Returns (values, Num or None per column)."""
     m = F.shape[1]
-    coef, *_ = np.linalg.lstsq(F, target, rcond=None)
+    coef = lapack.lstsq(F, target)
     rms = np.sqrt(np.mean(F**2, axis=0)) + 1e-300
     fixed: dict[int, float] = {}
     nums: list = [None] * m
     for j in sorted(range(m), key=lambda i: -abs(coef[i]) * rms[i]):
         rest = [i for i in range(m) if i not in fixed]
         resid = target - sum(F[:, i] * v for i, v in fixed.items()) if fixed else target
-        c, *_ = np.linalg.lstsq(F[:, rest], resid, rcond=None)
+        c = lapack.lstsq(F[:, rest], resid)
         value = float(c[rest.index(j)])
         if abs(value) * rms[j] <= tol:
             fixed[j] = 0.0

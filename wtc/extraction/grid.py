@@ -16,6 +16,8 @@ import itertools
 import numpy as np
 import sympy as sp
 
+from wtc import lapack
+
 MAX_LEVELS = 7           # values per input (the digits of base 7)
 MAX_TERMS = 49           # monomials (product of the inputs' value counts)
 
@@ -31,7 +33,10 @@ def grid_polynomial(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_ab
     mean = np.bincount(inverse, weights=y) / np.bincount(inverse)
     powers = list(itertools.product(*[range(len(v)) for v in levels]))
     design = np.stack([np.prod([rows[:, i] ** p for i, p in enumerate(ps)], axis=0) for ps in powers], axis=1)
-    coef = np.linalg.lstsq(design, mean, rcond=None)[0]
+    try:
+        coef = lapack.lstsq(design, mean)
+    except np.linalg.LinAlgError:          # a power overflowed, or y is not finite
+        return None
     counts = np.bincount(inverse)
     symbols = [sp.Symbol(n) for n in names]
     for digits in range(1, 13):            # the fewest decimals that keep every input seen within tol_abs

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wtc import lapack
 from wtc.sr import numbers as nb
 from wtc.sr.data import REL_FLOOR, Data
 from wtc.sr.expr import const_cost, evaluate, size
@@ -53,8 +54,10 @@ def _wls(F: np.ndarray, y: np.ndarray, w: np.ndarray):
     sw = np.sqrt(w)[:, None]
     A = F * sw
     try:
-        theta, *_ = np.linalg.lstsq(A, y * sw[:, 0], rcond=None)
-        cov = np.linalg.pinv(A.T @ A)
+        theta = lapack.lstsq(A, y * sw[:, 0])
+        with np.errstate(over="ignore", invalid="ignore"):
+            gram = A.T @ A              # it can overflow where A does not: pinv refuses it then
+        cov = lapack.pinv(gram)
     except np.linalg.LinAlgError:
         return None
     return theta, cov

@@ -17,6 +17,7 @@ import itertools
 
 import numpy as np
 
+from wtc import lapack
 from wtc.sr import numbers as nb
 from wtc.sr.data import Data
 from wtc.sr.expr import OPS, evaluate, renumber, substitute
@@ -341,7 +342,7 @@ def _cov(J, p, free) -> dict:
         return {j: 0.0 for j in free}
     A = J.T @ J
     try:
-        d = np.diag(np.linalg.pinv(A))
+        d = np.diag(lapack.pinv(A))
     except np.linalg.LinAlgError:
         return {j: 0.0 for j in free}
     return {j: float(max(v, 0.0)) for j, v in zip(free, d)}

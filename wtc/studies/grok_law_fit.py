@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from wtc import lapack
 from wtc.errors import StudyError
 
 
@@ -27,7 +28,7 @@ def ols(X: np.ndarray, y: np.ndarray, level: float = 0.95) -> dict:
     n, k = X.shape
     if n < k or np.linalg.matrix_rank(X) < k:
         return {"coef": None, "se": None, "ci": None, "r2": None, "n": n, "dof": n - k}
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    coef = lapack.lstsq(X, y)
     resid = y - X @ coef
     dof = n - k
     tss = float(((y - y.mean()) ** 2).sum())

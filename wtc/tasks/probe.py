@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wtc import lapack
 from wtc.errors import TaskError
 from wtc.tasks.task import Task
 
@@ -174,7 +175,10 @@ def _period(task: Task, c: int, rng: np.random.Generator) -> tuple[int, bool]:
 def _affine(features: np.ndarray, out: np.ndarray) -> bool:
     """Whether out (n, k) is an affine function of features (n, f), to float64 rounding."""
     design = np.concatenate([features, np.ones((len(features), 1))], axis=1)
-    coef, *_ = np.linalg.lstsq(design, out, rcond=None)
+    try:
+        coef = lapack.lstsq(design, out)
+    except np.linalg.LinAlgError:   # inf or NaN among the features or outputs: no affine map
+        return False
     scale = 1.0 + np.abs(out).max()
     return bool(np.abs(design @ coef - out).max() <= 1e-7 * scale)
 
