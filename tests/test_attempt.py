@@ -325,3 +325,46 @@ def test_programs_with_integer_operators_round_trip():
     assert back.outputs == [out] and back.lines[0].expr == prog.lines[0].expr
     assert isinstance(back.outputs[0].atoms(Ge).pop(), Ge) and back.outputs[0].atoms(FloorDiv)
     assert back.outputs[0].atoms(In) == {In(y, 2, 3, 5, 7)}
+
+
+FORK_SCRIPT = r"""
+import json, threading
+import numpy as np
+import wtc
+from wtc.dt import DTConfig, workers
+
+workers.allow_fork()                      # as the CLI does, before any work
+launched = []
+fork = workers._fork
+workers._fork = lambda spec, log: launched.append(spec["attempt"]) or fork(spec, log)
+cfg = DTConfig(n_heads=2, n_mlps=1, mlp_hidden=8, steps=150, hard_steps=20, polish_iters=20, replicas=4,
+               batch_size=32, eval_sequences=256, precision_iters=0, workers=2)
+forked = wtc.discover("sum_last2", seed=0, budget_s=60, progress=False, config=cfg)
+first = sorted(launched)
+stop = threading.Event()
+threading.Thread(target=stop.wait, daemon=True).start()    # a thread since allow_fork: no more forks
+spawned = wtc.discover("sum_last2", seed=0, budget_s=60, progress=False, config=cfg)
+stop.set()
+x, _ = wtc.tasks.get("sum_last2").batch(np.random.default_rng(3), 16)
+print(json.dumps({"first": first, "after_thread": sorted(launched[len(first):]),
+                  "same_source": forked.program.source == spawned.program.source,
+                  "same_verification": forked.verification == spawned.verification,
+                  "same_final": forked.history.final == spawned.history.final,
+                  "same_predictions": bool(np.array_equal(forked.model.predict(x), spawned.model.predict(x))),
+                  "solved": forked.solved}))
+"""
+
+
+def test_forked_workers_give_the_same_discovery_as_interpreters(tmp_path):
+    """wtc.dt.workers.allow_fork (the CLI's way): a fresh process forks its rung workers; once it
+    has started a thread it starts interpreters instead, and both give the same discovery."""
+    import subprocess
+    import sys
+
+    (tmp_path / "run.py").write_text(FORK_SCRIPT)
+    done = subprocess.run([sys.executable, str(tmp_path / "run.py")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["first"] == [0, 1] and got["after_thread"] == [], got
+    assert got["solved"] and got["same_source"] and got["same_verification"] and got["same_final"], got
+    assert got["same_predictions"], got

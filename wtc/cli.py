@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -86,9 +87,12 @@ def _cmd_discover(args) -> int:
     if not args.task and not args.module:
         raise CLIError("give a TASK or --all")
     task = options.task(args)
-    # the first wave's workers import torch while this process does (wtc.worker_pool)
-    with Prestarted(cores() if cores() > 1 else 0, preload=("wtc.discover_job",)) as ready:
+    forking = hasattr(os, "fork")      # workers forked after this import (allow_fork): none prestarted
+    with Prestarted(cores() if cores() > 1 and not forking else 0, preload=("wtc.discover_job",)) as ready:
         from wtc.discovery import Discovery, DiscoveryError, discover
+        if forking:
+            from wtc.dt.workers import allow_fork
+            allow_fork()
 
         if args.out:           # before the work: an output in the way fails now, not after minutes
             try:
@@ -449,8 +453,6 @@ def run() -> None:
     Every output is written and closed by then (the commands write files in `with` blocks and
     join their workers); tearing down torch and its thread pools took 1.5-2 s on a loaded 2-core
     machine, which a user waits for after the answer is printed."""
-    import os
-
     code = main()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -463,8 +465,6 @@ def run() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the command. A user error (any wtc.WtcError, a missing or unreadable file) prints one line,
     `wtc: error: ...`, and exits with status 2; `--debug` (or WTC_DEBUG=1) shows the traceback."""
-    import os
-
     from wtc.errors import WtcError
 
     args = build_parser().parse_args(argv)

@@ -5,7 +5,9 @@ it faster), so a second core is worth a second rung, not a faster first one: on 
 wtc.train and wtc.discover run rungs 0 and 1 at once (wtc.dt.ladder decides which run and picks
 the winner as the sequential loop would). Workers are fresh interpreters (`python -m
 wtc.dt.workers SPEC`): no fork after OpenMP started, and no re-import of the user's main script
-(multiprocessing's spawn would re-run a script without a __main__ guard). They rebuild built-in
+(multiprocessing's spawn would re-run a script without a __main__ guard). A process that declared
+itself fresh (allow_fork: the CLI, once torch is imported) forks them instead while it has started
+no thread since; a forked worker runs the same spec as an interpreter would. They rebuild built-in
 tasks by name, data tasks (Task.from_arrays) from their records, and tasks defined by the user's
 callables from a pool of sequences drawn here (wtc.tasks.pool: a callable cannot be sent to a
 fresh interpreter without pickles, which wtc never loads), each written to the wave's scratch
@@ -26,10 +28,12 @@ import importlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -43,6 +47,9 @@ from wtc.threads import cores, torch_threads
 
 
 POLL_S = 0.05  # seconds between looks at the running workers
+
+# this process's threads (ids) when allow_fork() declared it fresh (None: workers are interpreters)
+_FORK_BASELINE: frozenset[str] | None = None
 
 
 class WorkerError(WtcError, RuntimeError):
@@ -141,6 +148,7 @@ def run_wave(job_name: str, jt: JobTask, rungs: list[Rung], seed: int, opts: dic
             jt.pool.save(Path(scratch) / "pool.npz")
             task_ref = POOL + str(Path(scratch) / "pool.npz")
         board = Board(task.name, bool(opts.get("progress")))
+        fork = _may_fork()
         try:
             for rung in rungs:
                 if wave_decided(results, failures, {rung.attempt: None}, solved):
@@ -166,12 +174,15 @@ def run_wave(job_name: str, jt: JobTask, rungs: list[Rung], seed: int, opts: dic
                         ready = None
                 if ready is None:
                     log = open(Path(scratch) / f"attempt{rung.attempt}.log", "w+")
-                    proc = subprocess.Popen([sys.executable, "-m", "wtc.dt.workers", json.dumps(spec)], stdout=log,
-                                            stderr=subprocess.STDOUT)
+                    if fork:
+                        proc = _fork(spec, log)
+                    else:
+                        proc = subprocess.Popen([sys.executable, "-m", "wtc.dt.workers", json.dumps(spec)],
+                                                stdout=log, stderr=subprocess.STDOUT)
                 pending[rung.attempt] = (rung, path, log, proc)
             relayed = {a: 0 for a in pending}
             progress_log.debug(f"{task.name}: attempts {', '.join(map(str, sorted(pending)))} run in "
-                               f"{len(pending)} worker processes (pids "
+                               f"{len(pending)} worker processes ({'forked' if fork else 'interpreters'}, pids "
                                f"{', '.join(str(pending[a][3].pid) for a in sorted(pending))})")
             while pending and not wave_decided(results, failures, pending, solved):
                 if kill_at is not None and time.time() > kill_at:
@@ -203,6 +214,85 @@ def run_wave(job_name: str, jt: JobTask, rungs: list[Rung], seed: int, opts: dic
     if failures and min(failures) < min([a for a, r in results.items() if solved and solved(r)], default=math.inf):
         raise failures[min(failures)]
     return results
+
+
+def _thread_ids() -> frozenset[str] | None:
+    try:
+        return frozenset(os.listdir("/proc/self/task"))
+    except OSError:            # no /proc: never fork
+        return None
+
+
+def allow_fork() -> None:
+    """Declare this process fresh: torch and the jobs imported, nothing computed (the CLI, before
+    its work). Its rung workers are then forked from it while it has started no thread since,
+    instead of started as interpreters that import torch again (~2 s of CPU each, on the first
+    wave's critical path). A thread started since (GNU OpenMP's pool after a parallel region here,
+    a Python thread) would not survive a fork: from then on workers are interpreters again. Threads
+    are told apart by id, not counted: numpy's OpenBLAS threads, running here at import, may stop
+    while an OpenMP pool starts (and they re-initialise themselves in a forked child)."""
+    global _FORK_BASELINE
+    _FORK_BASELINE = _thread_ids() if hasattr(os, "fork") else None
+
+
+def _may_fork() -> bool:
+    now = _thread_ids()
+    return _FORK_BASELINE is not None and now is not None and now <= _FORK_BASELINE
+
+
+class _Forked:
+    """A forked worker, as run_wave uses a subprocess.Popen: pid, poll(), kill(), wait()."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def _reap(self, flags: int) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, flags)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self) -> int:
+        return self._reap(0)
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _fork(spec: dict, log) -> _Forked:
+    """Run main(spec) in a forked child whose stdout and stderr are `log`, as `python -m
+    wtc.dt.workers SPEC` would (the same spec, the same task reference: the same result)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return _Forked(pid)
+    code = 1
+    try:                                   # the child: never returns into the parent's code
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        main(spec)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 def milestone(opts: dict, text: str) -> None:
