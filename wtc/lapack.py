@@ -3,8 +3,8 @@
 Why: OpenBLAS's LAPACK, which numpy's wheels ship, spins forever in dgesdd / dgelsd on a matrix
 that mixes inf with finite entries (numpy issue #32591; measured here: a 3x3 with one inf never
 returns, and a SIGALRM cannot interrupt it). wtc's regressions meet such matrices without any
-bad input: the Gram matrix F'F of finite but large columns overflows. One hung a test worker of
-the CI for over an hour. Every lstsq / pinv in wtc goes through here and raises numpy's
+bad input: the Gram matrix F'F of finite but large columns overflows. One held a test worker here
+16+ minutes inside wtc.sr's pinv (the likely cause of a CI run past its 90 minutes). Every lstsq / pinv in wtc goes through here and raises numpy's
 LinAlgError instead, which each caller treats as an unusable fit.
 """
 from __future__ import annotations
