@@ -1,7 +1,7 @@
 """Settling early (wtc.dt.settle): discover's attempts end the annealing once a
 replica's argmax model is right everywhere on the settle check (as trained, or with its head refit
-by least squares); the hard phase follows, and ends at a check from HARD_SETTLED_MIN hard steps on
-where a replica is still right everywhere."""
+by least squares, its heads snapped, its sub-MLPs polished); the finish starts from the model the
+check found exact."""
 import numpy as np
 import torch
 
@@ -9,8 +9,8 @@ import wtc
 from wtc.tasks.task import shift
 from wtc.dt import DTConfig
 from wtc.dt.attempt import Attempt, run_attempt
-from wtc.dt.settle import (HARD_SETTLED_MIN, POLISH_CHECK_ITERS, SETTLE_EVERY, SETTLE_FROM, SETTLE_SEQUENCES,
-                        SNAP_CHECK_STEPS, exact_by)
+from wtc.dt.settle import (POLISH_CHECK_ITERS, POLISH_CHECK_STEPS, SETTLE_EVERY, SETTLE_FROM, SETTLE_SEQUENCES,
+                           SNAP_CHECK_STEPS, exact_by)
 from wtc.dt.finish import least_squares_head
 from wtc.dt.selection import EVAL
 
@@ -31,30 +31,23 @@ def table_task():
                     target=lambda x: table[shift(x, 1), x], seq_len=6)
 
 
-def test_settled_attempt_starts_the_hard_phase_at_an_exact_check():
+def test_a_settled_attempt_finishes_from_the_exact_check():
+    """No hard phase after settling: the finish starts from the step that was exact, whose argmax
+    model the check read; the history ends at that step."""
     run = Attempt(flip_task(), SMALL, seed=0, attempt=0, settle=True)
     scores = run_attempt(run)
     settled = run.history.final["settled_at_step"]
     assert SETTLE_FROM <= settled < SMALL.steps and settled % SETTLE_EVERY == 0
-    assert run.hard_from == settled and run.step == settled + SMALL.hard_steps == run.planned_steps
+    assert run.hard_from == settled == run.step == run.planned_steps and run.phase == "done"
+    assert run.history.step[-1] == settled - 1 and set(run.history.phase) == {"anneal"}
     assert any(s["solved"] for s in scores)
 
 
-def test_a_settled_hard_phase_ends_once_a_replica_is_still_exact():
-    cfg = SMALL.replace(hard_steps=400)
-    run = Attempt(flip_task(), cfg, seed=0, attempt=0, settle=True)
-    scores = run_attempt(run)
-    hard = run.history.final["hard_steps_run"]
-    assert HARD_SETTLED_MIN <= hard < cfg.hard_steps and hard % SETTLE_EVERY == 0
-    assert run.step == run.hard_from + hard and run.hard_from < cfg.steps
-    assert any(s["solved"] for s in scores)
-
-
-def test_an_unsettled_hard_phase_runs_in_full():
-    cfg = SMALL.replace(steps=SETTLE_FROM - 1, hard_steps=HARD_SETTLED_MIN + SETTLE_EVERY)   # no settle check
+def test_an_unsettled_attempt_runs_its_whole_schedule():
+    cfg = SMALL.replace(steps=SETTLE_FROM - 1, hard_steps=2 * SETTLE_EVERY)   # no settle check
     run = Attempt(flip_task(), cfg, seed=0, attempt=0, settle=True)
     run_attempt(run)
-    assert run.step == cfg.steps + cfg.hard_steps and "hard_steps_run" not in run.history.final
+    assert run.step == cfg.steps + cfg.hard_steps == run.planned_steps and "settled_at_step" not in run.history.final
 
 
 def _exact_by_hand(run) -> bool:
@@ -134,18 +127,17 @@ def test_a_real_valued_task_settles_within_its_tolerance():
 
 
 def test_a_settled_state_resumes_where_it_was(tmp_path):
+    """A state saved once the check settled resumes at the finish: the same step, phase and settle
+    record, and the same finished model and scores."""
     run = Attempt(flip_task(), SMALL, seed=0, attempt=0, settle=True)
     while run.phase == "anneal":
         run.train_step()
-    run.train_step()
     run.save(tmp_path / "state.safetensors")
     again = Attempt(flip_task(), SMALL, seed=0, attempt=0, settle=True)
     again.restore(tmp_path / "state.safetensors")
-    assert (again.step, again.phase, again.hard_from) == (run.step, "hard", run.hard_from) and run.hard_from < SMALL.steps
+    assert (again.step, again.phase, again.hard_from) == (run.step, "finish", run.hard_from) and run.hard_from < SMALL.steps
     assert again.settled_by == run.settled_by is not None
-    for _ in range(3):
-        run.train_step()
-        again.train_step()
+    assert run_attempt(run) == run_attempt(again)
     for a, b in zip(run.model.parameters(), again.model.parameters()):
         assert torch.equal(a, b)
 
@@ -180,7 +172,8 @@ def test_a_window_maximum_settles_once_its_snapped_heads_are_exact():
 
 def test_the_snapped_check_runs_only_at_its_steps(monkeypatch):
     """Between SNAP_CHECK_STEPS the anneal's checks do not snap: an attempt whose snapped check is
-    made to fail never settles, and the snapped check ran exactly at the scheduled steps."""
+    made to fail never settles, and the snapped check ran exactly at the scheduled steps, on the
+    closest replicas, and on every replica at the polished check's steps."""
     from wtc.dt import settle
     asked = []
     monkeypatch.setattr(settle, "_finished_exact", lambda model, replicas, *a: asked.append(len(replicas)) or None)
@@ -191,13 +184,15 @@ def test_the_snapped_check_runs_only_at_its_steps(monkeypatch):
         if run.step % SETTLE_EVERY == 0 and len(asked) > len(steps):
             steps.append(run.step)
     assert steps == [s for s in sorted(SNAP_CHECK_STEPS) if SETTLE_FROM <= s < 450]
-    assert asked == [settle.SNAP_CHECK_REPLICAS] * len(steps) and run.hard_from == 450
+    R = WINDOW_CFG.replicas
+    assert asked == [R if s in POLISH_CHECK_STEPS else settle.SNAP_CHECK_REPLICAS for s in steps]
+    assert R > settle.SNAP_CHECK_REPLICAS and run.hard_from == 450
 
 
 def test_the_polished_check_finishes_a_copy_of_the_closest_replicas():
-    """min(x_{t-1}, x_t) needs a precise sub-MLP: at step 400 a copy of the closest replicas, snapped
-    and polished (POLISH_CHECK_ITERS of L-BFGS), is exact (on the Xeon of session 28, where the
-    cheaper checks are not); the population in training is untouched."""
+    """min(x_{t-1}, x_t) needs a precise sub-MLP: at step 400 a copy of the replicas, snapped, the
+    closest then polished (up to POLISH_CHECK_ITERS of L-BFGS), is exact (on the Xeon of session 28,
+    where the cheaper checks are not); the population in training is untouched."""
     task = wtc.Task("min2", sample=lambda rng, n: rng.integers(0, 20, size=(n, 6)),
                     target=lambda x: np.minimum(x, shift(x, 1)), seq_len=6)
     cfg = DTConfig(n_heads=2, n_mlps=1, replicas=4, workers=1, mlp_inputs=2, mlp_hidden=16)

@@ -28,8 +28,8 @@ from wtc.dt.refine import refine_pointers
 from wtc.dt.schedule import Anneal
 from wtc.dt.scores import metric_value, nearly, rank_key, solid
 from wtc.dt.selection import EVAL, Sampling, entropy
-from wtc.dt.settle import (HARD_SETTLED_MIN, POLISH_CHECK_ITERS, POLISH_CHECK_STEPS, SETTLE_EVERY, SETTLE_FROM,
-                            SNAP_CHECK_STEPS, exact_by, quality)
+from wtc.dt.settle import (POLISH_CHECK_ITERS, POLISH_CHECK_STEPS, SETTLE_EVERY, SETTLE_FROM, SNAP_CHECK_STEPS,
+                            exact_by, quality)
 from wtc.dt.snap import SNAP_SEQUENCES, snap_heads
 from wtc.errors import CheckpointError
 from wtc.progress import Steps, mode, say
@@ -140,7 +140,8 @@ class Attempt:
             sampling = Sampling.hard_phase(tau)
         x, y = self.task.batch(self.rng, cfg.batch_size)
         xt, yt, valid, y_raw = self._tensors(x, y)
-        log_entropy = self.step % LOG_EVERY == 0 or self.step + 1 == self.hard_from + cfg.hard_steps
+        at_check = self.settle and self.phase == "anneal" and (self.step + 1) % SETTLE_EVERY == 0   # may be the last
+        log_entropy = self.step % LOG_EVERY == 0 or self.step + 1 == self.planned_steps or at_check
         if self.phase == "hard" and not log_entropy and graph_step.enabled(self.device):
             if self.graphed is None:
                 self.graphed = graph_step.GraphedStep(self._hard_update, self.optimizer,
@@ -156,31 +157,25 @@ class Attempt:
                 self.history.record(self.step, self.phase, tau, loss_r.detach().cpu().numpy(),
                                     self._batch_metric(pred.detach(), y_raw, valid), sel_h.cpu().numpy(), attn_h.cpu().numpy())
         self.step += 1
-        if self.phase == "anneal" and (self.step >= cfg.steps or self._settled()):
+        if self.phase == "anneal" and self.step < cfg.steps and self._settled():
+            self.phase, self.hard_from = "finish", self.step     # exact now: the finish starts from here
+        elif self.phase == "anneal" and self.step >= cfg.steps:
             self.phase, self.hard_from = "hard", self.step
             for group in self.optimizer.param_groups:
                 group["lr"] = cfg.lr * cfg.hard_lr_scale
-        elif self.phase == "hard" and (self.step >= self.hard_from + cfg.hard_steps or self._hard_settled()):
+        elif self.phase == "hard" and self.step >= self.hard_from + cfg.hard_steps:
             self.phase = "finish"
             self.graphed = None      # its buffers and memory pool are of no further use
 
     @property
-    def planned_steps(self) -> int:   # the annealing (cut short once settled) and the hard phase (the same)
-        return self.hard_from + self.config.hard_steps
+    def planned_steps(self) -> int:   # the annealing (cut short once settled) and the hard phase (none once settled)
+        return self.hard_from + (0 if self.hard_from < self.config.steps else self.config.hard_steps)
 
     def _settled(self) -> bool:
         """Whether the annealing may end here: some replica is exact at a settle check (wtc.dt.settle)."""
         if not self.settle or self.step < SETTLE_FROM or self.step % SETTLE_EVERY:
             return False
         return self._exact(snap=self.step in SNAP_CHECK_STEPS, polish=self.step in POLISH_CHECK_STEPS)
-
-    def _hard_settled(self) -> bool:
-        """Whether a settled attempt's hard phase may end here (HARD_SETTLED_MIN): exact by the check
-        that settled it, or a cheaper one."""
-        hard = self.step - self.hard_from
-        if not self.settle or self.hard_from >= self.config.steps or hard < HARD_SETTLED_MIN or hard % SETTLE_EVERY:
-            return False
-        return self._exact(snap=True, polish=self.settled_by == "sub-MLPs polished")
 
     def _exact(self, snap: bool = True, polish: bool = False) -> bool:
         """Some replica is exact on the settle check (wtc.dt.settle.exact_by); snap, polish: the
@@ -352,7 +347,6 @@ def run_attempt(run: Attempt, progress: bool | str = False, state_path: Path | N
     run.history.final = {"scores": scores}
     settled = run.hard_from < cfg.steps
     extras = {"settled_at_step": run.hard_from if settled else None, "settled_by": run.settled_by if settled else None,
-              "hard_steps_run": run.step - run.hard_from if settled and stopped is None else None,
               "snaps": [dataclasses.asdict(s) for s in run.snaps], "coefficient_snaps": run.coefficient_snaps}
     run.history.final.update({k: v for k, v in extras.items() if v})
     if stopped is not None:

@@ -2,9 +2,9 @@
 
 discover's attempts check from SETTLE_FROM, every SETTLE_EVERY steps, whether some
 replica is right at every position of SETTLE_SEQUENCES fit sequences; the first such check ends the
-annealing. A settled attempt's hard phase ends at the first such check from HARD_SETTLED_MIN hard
-steps on (its pointers crisp, its sub-MLPs precise under them; the finish's refit, snap and polish
-do the rest); an attempt that does not settle runs its whole schedule: it may still be learning.
+training, and the finish (refit, snap, polish) starts from the model as it is then: the check
+read the argmax model the finish freezes (a hard phase after it changed no solved count on ten
+tasks, session 30). An attempt that does not settle runs its whole schedule: it may still be learning.
 
 A replica counts as exact when, on the check's sequences, its argmax model is right (an integer
 task: every rounded output the target; a real one: every relative error within the task's solved
@@ -17,15 +17,17 @@ criterion, REAL_TOLERANCE; a linear recurrence's or a weighted sum's head refit 
     finish does) and the head refit, checked the same way. A windowed maximum's content head
     follows its rule on most queries long before training makes it exact on all of them
     (max_last3: the snapped check was exact at step 100 of 1300; without it the attempt never
-    settled). Snapping costs 0.1-0.6 s for SNAP_CHECK_REPLICAS replicas, so it runs at the checks of
-    SNAP_CHECK_STEPS only (geometrically spaced: a task it cannot settle pays a few of them) and in
-    a settled attempt's hard phase, on the replicas the head refit puts closest;
-  or, at the checks of POLISH_CHECK_STEPS, with those replicas' sub-MLPs and head then polished
-    (POLISH_CHECK_ITERS of the finish's L-BFGS, pointers pinned). An output a sub-MLP computes is
-    exact only once the sub-MLP is precise, which training alone reaches late or never (min_last2:
-    polished, exact at step 400; as trained, never in 1300 steps; products, thresholds and free
-    fall's square were not settled by it either, session 28). 0.5-1 s a check, three times in a
-    schedule.
+    settled). Snapping costs 0.1-0.5 s for SNAP_CHECK_REPLICAS replicas, so it runs at the checks of
+    SNAP_CHECK_STEPS only (geometrically spaced: a task it cannot settle pays a few of them), on
+    the replicas the head refit puts closest;
+  or, at the checks of POLISH_CHECK_STEPS, with every replica snapped (a snap can make exact a
+    replica the refit ranks last) and the SNAP_CHECK_REPLICAS closest then polished: their
+    sub-MLPs and head, pointers pinned, by the finish's L-BFGS on POLISH_CHECK_SEQUENCES, up to
+    POLISH_CHECK_ITERS iterations in chunks, stopped once one is exact or a chunk brings none
+    closer. An output a sub-MLP computes is exact only once the sub-MLP is precise, which
+    training alone reaches late or never (min_last2: polished, exact at step 400; as trained,
+    never in 1300 steps); a product of two digits needs the polish on 1024 sequences, not 256
+    (product_last2, step 400: 0.993 of positions right after 200 iterations on 256, all on 1024).
 The check reads the model and draws no randomness: an attempt that has not settled is step for step
 the attempt without checks.
 """
@@ -39,11 +41,11 @@ from wtc.dt.finish import least_squares_head, polish, refit_head
 from wtc.dt.selection import EVAL
 from wtc.dt.snap import snap_heads
 
-SETTLE_FROM, SETTLE_EVERY, SETTLE_SEQUENCES, HARD_SETTLED_MIN = 100, 50, 512, 50
+SETTLE_FROM, SETTLE_EVERY, SETTLE_SEQUENCES = 100, 50, 512
 SNAP_CHECK_REPLICAS = 2
 SNAP_CHECK_STEPS = frozenset(int(SETTLE_FROM * f) << k for k in range(16) for f in (1, 1.5))   # 100, 150, 200, 300, 400, ...
 POLISH_CHECK_STEPS = frozenset(2 * SETTLE_FROM << k for k in range(16))                         # 200, 400, 800, ...
-POLISH_CHECK_ITERS = 100
+POLISH_CHECK_ITERS, POLISH_CHECK_CHUNK, POLISH_CHECK_SEQUENCES = 200, 50, 1024
 
 
 def quality(model, pred: torch.Tensor, y_raw: torch.Tensor, valid: torch.Tensor, real: bool) -> np.ndarray:
@@ -87,34 +89,51 @@ def exact_by(model, fit_data, snap: bool, real: bool = False, polish_iters: int 
         return "head refit"
     if not (snap or polish_iters):
         return None
-    closest = np.argsort(-refit_quality, kind="stable")[:SNAP_CHECK_REPLICAS]
-    return _finished_exact(model, [int(r) for r in closest], x, y, valid, y_raw, real, snap, polish_iters)
+    # the polished check snaps every replica: a snap can make exact a replica the refit ranks last
+    # (relu_diff, step 200: max relative error 0.68 after the refit, 0 snapped)
+    replicas = (range(model.R) if polish_iters and model.R > SNAP_CHECK_REPLICAS
+                else np.argsort(-refit_quality, kind="stable")[:SNAP_CHECK_REPLICAS])
+    return _finished_exact(model, [int(r) for r in replicas], fit_data, real, snap, polish_iters)
 
 
-def _finished_exact(model, replicas: list[int], x, y, valid, y_raw, real: bool, snap: bool,
-                    polish_iters: int) -> str | None:
+def _finished_exact(model, replicas: list[int], fit_data, real: bool, snap: bool, polish_iters: int) -> str | None:
     """Whether one of `replicas`, finished as the finish would (frozen, its pointer heads snapped,
-    its head refit; then its sub-MLPs polished) on the first half of the sequences, is exact on the
-    second: "heads snapped" or "sub-MLPs polished", else None. Works on a copy: the model in
-    training is untouched."""
+    its head refit; then its sub-MLPs polished) on the first half of the check's sequences, is
+    exact on the second: "heads snapped" or "sub-MLPs polished", else None. The polish takes the
+    SNAP_CHECK_REPLICAS closest after the snap, fit on POLISH_CHECK_SEQUENCES (the first half and
+    sequences past the check's), in chunks of POLISH_CHECK_CHUNK iterations: it stops once one is
+    exact, or after a chunk that does not bring the closest one closer. Works on a copy: the model
+    in training is untouched."""
+    x, y, valid, y_raw = (t[:SETTLE_SEQUENCES] for t in fit_data)
     h = len(x) // 2
     copy = model.select_replicas(replicas)
     copy.freeze()
     copy.eval()
 
-    def exact_now() -> bool:
-        refit_head(copy, x[:h], y[:h], valid[:h])
+    def closeness(fx, fy, fvalid) -> np.ndarray:
+        refit_head(copy, fx, fy, fvalid)
         pred, _ = copy(x[h:], EVAL)
-        return bool(_exact(quality(copy, pred, y_raw[h:], valid[h:], real), real).any())
+        return quality(copy, pred, y_raw[h:], valid[h:], real)
 
     if snap and _has_pointer_heads(copy):
         snap_heads(copy, x[:h], y[:h], valid[:h])
-        if exact_now():
+        if _exact(closeness(x[:h], y[:h], valid[:h]), real).any():
             return "heads snapped"
-    if polish_iters and any(b.mlp is not None for b in copy.blocks):
-        refit_head(copy, x[:h], y[:h], valid[:h])
+    if not polish_iters or not any(b.mlp is not None for b in copy.blocks):
+        return None
+    if copy.R > SNAP_CHECK_REPLICAS:
+        near = np.argsort(-closeness(x[:h], y[:h], valid[:h]), kind="stable")[:SNAP_CHECK_REPLICAS]
+        copy = copy.select_replicas([int(r) for r in near])
+    more = POLISH_CHECK_SEQUENCES - h
+    px, py, pvalid = (torch.cat([t[:h], t[SETTLE_SEQUENCES:SETTLE_SEQUENCES + more]]) for t in fit_data[:3])
+    best = closeness(px, py, pvalid).max()
+    for _ in range(0, polish_iters, POLISH_CHECK_CHUNK):
         with torch.enable_grad():            # exact_by runs without; the L-BFGS needs gradients
-            polish(copy, x[:h], y[:h], valid[:h], iters=polish_iters)
-        if exact_now():
+            polish(copy, px, py, pvalid, iters=POLISH_CHECK_CHUNK)
+        now = closeness(px, py, pvalid)
+        if _exact(now, real).any():
             return "sub-MLPs polished"
+        if now.max() <= best:
+            return None
+        best = now.max()
     return None
