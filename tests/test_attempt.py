@@ -368,3 +368,54 @@ def test_forked_workers_give_the_same_discovery_as_interpreters(tmp_path):
     assert got["first"] == [0, 1] and got["after_thread"] == [], got
     assert got["solved"] and got["same_source"] and got["same_verification"] and got["same_final"], got
     assert got["same_predictions"], got
+LIBRARY_FORK_SCRIPT = r"""
+import json, threading
+import numpy as np
+import torch
+import wtc
+from wtc.dt import DTConfig, workers
+
+launched = []
+fork = workers._fork
+workers._fork = lambda spec, log: launched.append(spec["attempt"]) or fork(spec, log)
+task = wtc.Task("flip_c", sample=lambda rng, n: rng.integers(0, 2, size=(n, 6)), target=lambda x: 1 - x, seq_len=6)
+cfg = DTConfig(n_heads=1, n_mlps=1, mlp_hidden=8, steps=150, hard_steps=20, polish_iters=20, replicas=4,
+               batch_size=32, eval_sequences=256, precision_iters=0, workers=2)
+runs, counts = [], []
+for case in ("fresh", "openmp", "thread"):
+    if case == "openmp":                  # an OpenMP pool started after wtc was imported
+        torch.set_num_threads(2)
+        a = torch.randn(1500, 1500)
+        (a @ a).sum()
+        torch.set_num_threads(1)
+    if case == "thread":
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, daemon=True).start()
+    before = len(launched)
+    runs.append(wtc.discover(task, seed=0, budget_s=60, progress=False, config=cfg))
+    counts.append(sorted(launched[before:]))
+stop.set()
+x, _ = task.batch(np.random.default_rng(3), 16)
+print(json.dumps({"forked": counts, "solved": runs[0].solved,
+                  "same_source": all(r.program.source == runs[0].program.source for r in runs),
+                  "same_verification": all(r.verification == runs[0].verification for r in runs),
+                  "same_predictions": all(bool(np.array_equal(r.model.predict(x), runs[0].model.predict(x)))
+                                          for r in runs)}))
+"""
+
+
+def test_a_library_caller_forks_its_workers_while_fresh(tmp_path):
+    """wtc.discover from user code, a task of lambdas: workers are forked while the process has
+    started no thread since wtc loaded its workers module; after an OpenMP pool or a Python thread
+    they are interpreters; every way gives the same discovery."""
+    import subprocess
+    import sys
+
+    (tmp_path / "run.py").write_text(LIBRARY_FORK_SCRIPT)
+    done = subprocess.run([sys.executable, str(tmp_path / "run.py")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["forked"] == [[0, 1], [], []], got
+    assert got["solved"] and got["same_source"] and got["same_verification"] and got["same_predictions"], got
+
+

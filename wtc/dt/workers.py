@@ -7,7 +7,8 @@ the winner as the sequential loop would). Workers are fresh interpreters (`pytho
 wtc.dt.workers SPEC`): no fork after OpenMP started, and no re-import of the user's main script
 (multiprocessing's spawn would re-run a script without a __main__ guard). A process that declared
 itself fresh (allow_fork: the CLI, once torch is imported) forks them instead while it has started
-no thread since; a forked worker runs the same spec as an interpreter would. They rebuild built-in
+no thread since, and so does a library caller's process under stricter conditions (_may_fork); a
+forked worker runs the same spec as an interpreter would. They rebuild built-in
 tasks by name, data tasks (Task.from_arrays) from their records, and tasks defined by the user's
 callables from a pool of sequences drawn here (wtc.tasks.pool: a callable cannot be sent to a
 fresh interpreter without pickles, which wtc never loads), each written to the wave's scratch
@@ -148,7 +149,7 @@ def run_wave(job_name: str, jt: JobTask, rungs: list[Rung], seed: int, opts: dic
             jt.pool.save(Path(scratch) / "pool.npz")
             task_ref = POOL + str(Path(scratch) / "pool.npz")
         board = Board(task.name, bool(opts.get("progress")))
-        fork = _may_fork()
+        fork = _may_fork(rungs)
         try:
             for rung in rungs:
                 if wave_decided(results, failures, {rung.attempt: None}, solved):
@@ -223,6 +224,9 @@ def _thread_ids() -> frozenset[str] | None:
         return None
 
 
+_IMPORTED_WITH = _thread_ids()     # this process's threads when this module was imported
+
+
 def allow_fork() -> None:
     """Declare this process fresh: torch and the jobs imported, nothing computed (the CLI, before
     its work). Its rung workers are then forked from it while it has started no thread since,
@@ -235,9 +239,23 @@ def allow_fork() -> None:
     _FORK_BASELINE = _thread_ids() if hasattr(os, "fork") else None
 
 
-def _may_fork() -> bool:
+def _may_fork(rungs: list[Rung]) -> bool:
+    """Whether this wave's workers may be forked: in a process declared fresh (allow_fork) that has
+    started no thread since; or, in a library caller's process (wtc.discover from user code), one
+    that has started no thread since this module was imported, runs no Python thread but its main
+    one, has not initialised CUDA, and whose rungs run on one CPU thread each. An OpenMP pool the
+    caller started before then is left behind by a fork: a child on one thread never enters it (a
+    child on two hangs in it: measured), so those rungs are interpreters."""
     now = _thread_ids()
-    return _FORK_BASELINE is not None and now is not None and now <= _FORK_BASELINE
+    if now is None or not hasattr(os, "fork"):
+        return False
+    if _FORK_BASELINE is not None:
+        return now <= _FORK_BASELINE
+    import threading
+    torch = sys.modules.get("torch")
+    cuda = torch is not None and torch.cuda.is_initialized()
+    return (_IMPORTED_WITH is not None and now <= _IMPORTED_WITH and threading.active_count() == 1 and not cuda
+            and all(r.config.threads == 1 and r.config.device == "cpu" for r in rungs))
 
 
 class _Forked:
