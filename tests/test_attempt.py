@@ -224,6 +224,22 @@ def test_precision_pass_is_skipped_when_a_replica_is_already_solid(monkeypatch):
     assert run.precision_pass(scores) is scores and calls == []
 
 
+def test_precision_pass_polishes_a_replica_solved_without_margin_first(monkeypatch):
+    """A replica solved on fresh data but not solid (max_abs_err > 0.4) is what the pass polishes
+    first, with the closest unsolved one; the pass ends once it is solid."""
+    import wtc.dt.attempt as attempt_mod
+
+    run, calls, ratios = _precision_run(monkeypatch)
+    run.config = run.config.replace(precision_iters=4 * attempt_mod.PRECISION_CHUNK)
+    picked = []
+    select = run.model.select_replicas
+    monkeypatch.setattr(run.model, "select_replicas", lambda idx: picked.append(list(idx)) or select(idx))
+    monkeypatch.setattr(run, "evaluate", lambda n: [_score(0.9), _score(1.0, solved=True, max_abs_err=0.2)])
+    ratios += [0.5, 0.5, 0.5, 0.5]
+    run.precision_pass([_score(0.9), _score(1.0, solved=True, max_abs_err=0.45)])
+    assert picked == [[1, 0]] and len(calls) == 1
+
+
 def test_precision_pass_stops_when_a_chunk_gains_nothing(monkeypatch):
     import torch
 
