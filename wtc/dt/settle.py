@@ -115,14 +115,17 @@ def _finished_exact(model, replicas: list[int], fit_data, real: bool, snap: bool
         pred, _ = copy(x[h:], EVAL)
         return quality(copy, pred, y_raw[h:], valid[h:], real)
 
+    snapped = None
     if snap and _has_pointer_heads(copy):
         snap_heads(copy, x[:h], y[:h], valid[:h])
-        if _exact(closeness(x[:h], y[:h], valid[:h]), real).any():
+        snapped = closeness(x[:h], y[:h], valid[:h])
+        if _exact(snapped, real).any():
             return "heads snapped"
     if not polish_iters or not any(b.mlp is not None for b in copy.blocks):
         return None
     if copy.R > SNAP_CHECK_REPLICAS:
-        near = np.argsort(-closeness(x[:h], y[:h], valid[:h]), kind="stable")[:SNAP_CHECK_REPLICAS]
+        ranked = closeness(x[:h], y[:h], valid[:h]) if snapped is None else snapped
+        near = np.argsort(-ranked, kind="stable")[:SNAP_CHECK_REPLICAS]
         copy = copy.select_replicas([int(r) for r in near])
     more = POLISH_CHECK_SEQUENCES - h
     px, py, pvalid = (torch.cat([t[:h], t[SETTLE_SEQUENCES:SETTLE_SEQUENCES + more]]) for t in fit_data[:3])
