@@ -176,7 +176,8 @@ def test_the_snapped_check_runs_only_at_its_steps(monkeypatch):
     closest replicas, and on every replica at the polished check's steps."""
     from wtc.dt import settle
     asked = []
-    monkeypatch.setattr(settle, "_finished_exact", lambda model, replicas, *a: asked.append(len(replicas)) or None)
+    monkeypatch.setattr(settle, "_finished_exact",
+                        lambda model, replicas, *a: asked.append(len(replicas)) or settle.Check(None))
     run = Attempt(window_max_task(), WINDOW_CFG.replace(steps=450), seed=0, attempt=0, settle=True)
     steps = []
     while run.phase == "anneal":
@@ -205,3 +206,73 @@ def test_the_polished_check_finishes_a_copy_of_the_closest_replicas():
     assert polished is not None and (cheaper is not None or polished == "sub-MLPs polished")
     for k, v in run.model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def _product_task():
+    return wtc.Task("product", sample=lambda rng, n: rng.uniform(0, 1, size=(n, 6)), target=lambda x: x * shift(x, 1),
+                    seq_len=6, output="real")
+
+
+def test_a_close_check_ends_the_annealing_and_keeps_the_attempt_to_train_on(monkeypatch):
+    """read_close: a polished check that finds a replica within CLOSE_FOR_READING (here made wide
+    enough for any) ends the annealing (settled_by CLOSE_READ), once; resume_from is the attempt as
+    it stood at the check, and trained on from there it is step for step the attempt without checks."""
+    from wtc.dt import attempt as attempt_module, settle
+    monkeypatch.setattr(settle, "CLOSE_FOR_READING", float("inf"))
+    task, cfg = _product_task(), SMALL.replace(steps=300)
+    run = Attempt(task, cfg, seed=0, attempt=0, settle=True, read_close=True)
+    scores = run_attempt(run)
+    first = min(POLISH_CHECK_STEPS)
+    assert run.settled_by == attempt_module.CLOSE_READ and run.history.final["settled_at_step"] == first
+    assert run.phase == "done" and len(scores) == cfg.replicas
+    resumed = run.resume_from
+    assert resumed.step == first and resumed.phase == "anneal" and resumed.resume_from is None
+    assert resumed.read_checks_left == attempt_module.READ_CHECKS - 1 == 0 and resumed.settled_by is None
+    plain = Attempt(task, cfg, seed=0, attempt=0, settle=True)     # checks, none of them close checks
+    for _ in range(first):
+        plain.train_step()
+    for _ in range(60):
+        plain.train_step()
+        resumed.train_step()
+    for (name, a), b in zip(resumed.model.state_dict().items(), plain.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert resumed.history.step == plain.history.step and plain.phase == resumed.phase == "anneal"
+
+
+def test_a_close_check_is_for_real_outputs_and_discover_only(monkeypatch):
+    """An integer task is exact or not: no close check. Without read_close (wtc.train) none either."""
+    from wtc.dt import settle
+    assert settle.Check(None, -0.01).worth_reading(real=True)
+    assert not settle.Check(None, -0.01).worth_reading(real=False)
+    assert not settle.Check(None, -2 * settle.CLOSE_FOR_READING).worth_reading(real=True)
+    assert not settle.Check(None, None).worth_reading(real=True)
+    assert not settle.Check("head refit", -0.0).worth_reading(real=True)
+    monkeypatch.setattr(settle, "CLOSE_FOR_READING", float("inf"))
+    run = Attempt(_product_task(), SMALL.replace(steps=250), seed=0, attempt=0, settle=True)
+    run_attempt(run)
+    assert run.resume_from is None and run.settled_by is None
+
+
+def test_discover_trains_on_when_the_close_check_reading_fails(monkeypatch):
+    """A rung that ended at a close check reads its best replica; when that reading fails, the
+    attempt trains on from the check to its whole schedule and is read again as usual."""
+    from wtc import discover_job
+    from wtc.dt import settle
+    from wtc.dt.ladder import Rung
+    from wtc.extraction.formulas import ExtractionError
+    monkeypatch.setattr(settle, "CLOSE_FOR_READING", float("inf"))
+    real_extract, calls = discover_job.extract, []
+
+    def extract_failing_first(model, task, **kw):
+        calls.append(model)
+        if len(calls) == 1:
+            raise ExtractionError("made to fail")
+        return real_extract(model, task, **kw)
+    monkeypatch.setattr(discover_job, "extract", extract_failing_first)
+    cfg = SMALL.replace(steps=260, hard_steps=20)
+    result = discover_job.DiscoverJob.run(_product_task(), Rung(0, "as configured", cfg), 0, {}, None)
+    record = result.record
+    assert record["read_at_step"] == min(POLISH_CHECK_STEPS) and "settled_by" not in record
+    assert len(record["errors"]) == 1 and record["errors"][0].endswith(": made to fail")
+    assert len(calls) >= 2 and record["replicas_read"] == len(calls) - 1
+    assert result.best.history.step[-1] == cfg.steps + cfg.hard_steps - 1    # trained to the end

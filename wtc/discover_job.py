@@ -76,14 +76,14 @@ class RungResult:
 
 
 def read_replicas(run: Attempt, scores: list[dict], record: dict, seed: int, opts: dict,
-                  started: float, deadline: Deadline | None) -> Candidate | None:
-    """Read the best REPLICAS_TO_READ replicas in rank order, verify each, stop at the first that
+                  started: float, deadline: Deadline | None, count: int = REPLICAS_TO_READ) -> Candidate | None:
+    """Read the best `count` replicas in rank order, verify each, stop at the first that
     verifies and holds at twice the length; each reading gets the time left before the deadline
     (less VERIFY_RESERVE_S), and none starts after it. Returns the best reading, or None."""
     task, attempt = run.task, run.attempt
     order = sorted(range(len(scores)), key=lambda i: rank_key(task, scores[i]), reverse=True)
     best = None
-    for r in order[:REPLICAS_TO_READ]:
+    for r in order[:count]:
         if deadline is not None and deadline.left() <= VERIFY_RESERVE_S:
             record["cut"] = f"the budget ran out before replica {r} was read"
             break
@@ -115,6 +115,11 @@ def read_replicas(run: Attempt, scores: list[dict], record: dict, seed: int, opt
     return best
 
 
+def _better(a: Candidate | None, b: Candidate | None) -> Candidate | None:
+    """The better of two readings (Candidate.key), either may be None."""
+    return a if b is None or (a is not None and a.key >= b.key) else b
+
+
 class DiscoverJob:
     """discover's work on one rung (the job protocol of wtc.dt.workers). opts: progress,
     milestones, deadline (Deadline.to_json)."""
@@ -132,18 +137,33 @@ class DiscoverJob:
         started = time.perf_counter()
         attempt = rung.attempt
         deadline = Deadline.from_json(opts.get("deadline"))
-        run = Attempt(task, rung.config, seed, attempt, settle=True)
+        run = Attempt(task, rung.config, seed, attempt, settle=True, read_close=True)
         milestone(opts, f"{task.name} attempt {attempt} ({rung.label}): training")
-        scores = run_attempt(run, mode(opts), deadline=deadline)
-        milestone(opts, f"{task.name} attempt {attempt}: {sum(bool(s['solved']) for s in scores)}/{len(scores)} "
-                        f"replicas solved ({time.perf_counter() - started:.0f}s); reading the best ones out")
-        record = {"attempt": attempt, "label": rung.label, "replicas": len(scores),
-                  "replicas_solved": sum(bool(s["solved"]) for s in scores), "replicas_read": 0,
+        record = {"attempt": attempt, "label": rung.label, "replicas": rung.config.replicas, "replicas_read": 0,
                   "verified": False}
-        for key in ("stopped_at_step", "settled_at_step"):
+        best = None
+        while True:
+            scores = run_attempt(run, mode(opts), deadline=deadline)
+            solved = sum(bool(s["solved"]) for s in scores)
+            record["replicas_solved"] = solved
+            if run.resume_from is None:
+                milestone(opts, f"{task.name} attempt {attempt}: {solved}/{len(scores)} replicas solved "
+                                f"({time.perf_counter() - started:.0f}s); reading the best ones out")
+                best = _better(best, read_replicas(run, scores, record, seed, opts, started, deadline))
+                break
+            # ended at a close check (wtc.dt.settle.Check.worth_reading): a reading of its best replica decides
+            step = run.hard_from
+            milestone(opts, f"{task.name} attempt {attempt}: close at step {step}, {solved}/{len(scores)} replicas "
+                            f"solved ({time.perf_counter() - started:.0f}s); reading the best one out")
+            best = _better(best, read_replicas(run, scores, record, seed, opts, started, deadline, count=1))
+            record["read_at_step"] = step
+            if record["verified"] or "cut" in record:
+                break
+            milestone(opts, f"{task.name} attempt {attempt}: not verified at step {step}; training on")
+            run = run.resume_from
+        for key in ("stopped_at_step", "settled_at_step", "settled_by"):
             if key in run.history.final:
                 record[key] = run.history.final[key]
-        best = read_replicas(run, scores, record, seed, opts, started, deadline)
         if best is None:             # nothing read (cut, or every reading failed): keep the top replica
             top = max(range(len(scores)), key=lambda i: rank_key(task, scores[i]))
             model, history = take_replica(run, top)

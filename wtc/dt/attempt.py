@@ -29,7 +29,7 @@ from wtc.dt.schedule import Anneal
 from wtc.dt.scores import metric_value, nearly, rank_key, solid
 from wtc.dt.selection import EVAL, Sampling, entropy
 from wtc.dt.settle import (POLISH_CHECK_ITERS, POLISH_CHECK_STEPS, SETTLE_EVERY, SETTLE_FROM, SNAP_CHECK_STEPS,
-                            exact_by, quality)
+                            check, quality)
 from wtc.dt.snap import SNAP_SEQUENCES, snap_heads
 from wtc.errors import CheckpointError
 from wtc.progress import Steps, mode, say
@@ -44,6 +44,8 @@ PRECISION_CHUNK = 250    # L-BFGS iterations between checks whether they are sol
 PRECISION_GAIN = 0.01    # a chunk lowering no replica's loss by 1% ends the pass
 # DTConfig fields that steer the ladder, not what one attempt computes: a resume may change them
 LADDER_FIELDS = ("max_attempts", "workers")
+READ_CHECKS = 1          # close checks an attempt ends at for a reading (read_close); a failed one costs a finish and a reading
+CLOSE_READ = "close: read"   # settled_by of an attempt that ended at a close check
 
 
 def tau_at(config: DTConfig, step: int) -> float:
@@ -72,13 +74,19 @@ class Attempt:
     """One population run: all state needed to checkpoint and resume it lives here."""
 
     def __init__(self, task, config: DTConfig, seed: int, attempt: int, device: str | torch.device | None = None,
-                 settle: bool = False):
+                 settle: bool = False, read_close: bool = False):
         """device (default config.device): where the steps run (a CUDA device takes the Triton
         kernels); the model is built and normalised on the CPU first, so a seed gives the same
         initial model anywhere. settle: end the annealing once a replica is exact (wtc.dt.settle;
-        discover's attempts: wtc.train keeps the whole schedule it was given)."""
+        discover's attempts: wtc.train keeps the whole schedule it was given). read_close (with
+        settle): also end it, up to READ_CHECKS times, at a polished check that finds a replica
+        close (wtc.dt.settle.Check.worth_reading), keeping in `resume_from` this attempt as it
+        stood at the check: the caller reads the finished population and, when no reading
+        verifies, trains on from there (step for step the attempt that never stopped)."""
         self.task, self.config, self.seed, self.attempt = task, config, seed, attempt
         self.settle = settle
+        self.read_checks_left = READ_CHECKS if settle and read_close else 0
+        self.resume_from: Attempt | None = None   # set when the annealing ended at a close check
         config.check_size(task.seq_len, task.n_inputs)
         self.device = torch.device(device or config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -178,10 +186,18 @@ class Attempt:
         return self._exact(snap=self.step in SNAP_CHECK_STEPS, polish=self.step in POLISH_CHECK_STEPS)
 
     def _exact(self, snap: bool = True, polish: bool = False) -> bool:
-        """Some replica is exact on the settle check (wtc.dt.settle.exact_by); snap, polish: the
-        snapped and polished checks may run. The first way it settled is kept (settled_by)."""
-        how = exact_by(self.model, self.fit_data, snap=snap and self.config.snap, real=self.task.output != "integer",
-                       polish_iters=POLISH_CHECK_ITERS if polish and self.config.polish_iters else 0)
+        """Some replica is exact on the settle check (wtc.dt.settle.exact_by), or close enough to
+        read (read_close); snap, polish: the snapped and polished checks may run. The first way it
+        settled is kept (settled_by)."""
+        real = self.task.output != "integer"
+        found = check(self.model, self.fit_data, snap=snap and self.config.snap, real=real,
+                      polish_iters=POLISH_CHECK_ITERS if polish and self.config.polish_iters else 0)
+        how = found.how
+        if how is None and self.read_checks_left and self.phase == "anneal" and found.worth_reading(real):
+            self.read_checks_left -= 1
+            # the attempt as it stands (steps on as if unchecked); the task and the fit data are never changed
+            self.resume_from = copy.deepcopy(self, {id(self.task): self.task, id(self.fit_data): self.fit_data})
+            how = CLOSE_READ
         if how is not None and self.phase == "anneal":
             self.settled_by = how
         return how is not None
@@ -238,7 +254,9 @@ class Attempt:
         parity_last2 the pass spent 59 s CPU, 60% of the attempt, on two replicas it never solved
         while six others were solid); stopped after a chunk that lowers no loss by PRECISION_GAIN.
         A replica solved without the margin is polished first (rose_c: solid after two chunks, 11 s,
-        where four chunks on the two closest unsolved ones solved neither, 22 s)."""
+        where four chunks on the two closest unsolved ones solved neither, 22 s). An attempt ended at
+        a close check gets the whole pass too: after one chunk free_fall_height at step 200 read as
+        100.003 - 4.907 t^2 + 0.007 t (verified, within the tolerance), after the pass as 100 - 4.905 t^2."""
         if any(solid(self.task, s) for s in scores):
             return scores
         close = [r for r, s in enumerate(scores) if nearly(self.task, s)]
