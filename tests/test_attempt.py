@@ -15,9 +15,8 @@ from wtc.discovery import plain_json, program_from_dict, program_to_dict
 from wtc.dt import DTConfig
 from wtc.dt.attempt import Attempt
 from wtc.dt.config import ConfigError
-from wtc.dt.ladder import check_budget, climb
+from wtc.dt.ladder import Ladder, check_budget, climb
 from wtc.dt.train import train
-from wtc.dt.workers import wave_decided
 from wtc.errors import CheckpointError
 from wtc.extraction import Line, Program, Reading
 from wtc.extraction.routing_rules import Rule
@@ -27,32 +26,51 @@ TINY = DTConfig(n_layers=1, n_heads=1, n_mlps=1, mlp_hidden=8, steps=20, hard_st
 
 
 class FakeRungs:
-    """Rung i 'takes' seconds[i] on a fake clock (a wave takes its longest rung) and scores keys[i];
-    solved when the key is at least 10."""
+    """A runner of the ladder on a fake clock, as wtc.dt.workers.run_ladder runs it: `workers`
+    slots, a new rung started as soon as one frees; rung i takes seconds[i] and scores keys[i]
+    (solved when the key is at least 10); rungs no longer wanted are stopped; at kill_at every
+    rung still running is killed (no result)."""
 
-    def __init__(self, keys, seconds=None):
-        self.keys, self.seconds, self.now, self.waves = keys, seconds or [1.0] * len(keys), 0.0, []
+    def __init__(self, keys, seconds=None, kill_at=None):
+        self.keys, self.seconds, self.kill_at = keys, seconds or [1.0] * len(keys), kill_at
+        self.now, self.started, self.start_times = 0.0, [], []
 
     def clock(self):
         return self.now
 
-    def __call__(self, rungs):
-        self.waves.append([r.attempt for r in rungs])
-        self.now += max(self.seconds[r.attempt] for r in rungs)
-        return {r.attempt: (r.attempt, self.keys[r.attempt]) for r in rungs}
+    def __call__(self, ladder):
+        running = {}                      # attempt -> when it ends
+        while True:
+            while len(running) < ladder.workers and (rung := ladder.next_rung()) is not None:
+                self.started.append(rung.attempt)
+                self.start_times.append(self.now)
+                running[rung.attempt] = self.now + self.seconds[rung.attempt]
+            if not running:
+                return
+            a = min(running, key=lambda k: (running[k], k))
+            if self.kill_at is not None and running[a] > self.kill_at:
+                self.now = self.kill_at
+                return
+            self.now = running.pop(a)
+            ladder.done(a, (a, self.keys[a]))
+            for b in [b for b in running if not ladder.wanted(b)]:
+                del running[b]
 
 
 def _climb(fake, workers, **kw):
     kw.setdefault("max_attempts", len(fake.keys))
-    winner, ran = climb(DTConfig(), fake, workers=workers, solved=lambda r: r[1] is not None and r[1] >= 10,
-                        key=lambda r: r[1], clock=fake.clock, **kw)
+    winner, ran, _ = climb(DTConfig(), fake, workers=workers, solved=lambda r: r[1] is not None and r[1] >= 10,
+                           key=lambda r: r[1], clock=fake.clock, **kw)
     return winner, [rung.attempt for rung, _ in ran]
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3, 5])
 def test_ladder_winner_is_the_sequential_one_for_any_workers(workers):
-    # attempts 2 and 4 solve: the winner is 2 even when 3 and 4 ran in the same wave, and they are dropped
+    # attempts 2 and 4 solve: the winner is 2 even when 3 and 4 ran beside it, and they are dropped
     winner, ran = _climb(FakeRungs([1, 5, 10, 3, 11]), workers)
+    assert winner == (2, 10) and ran == [0, 1, 2]
+    # a later rung that solves first does not win while an earlier one may still solve
+    winner, ran = _climb(FakeRungs([1, 5, 10, 11, 3], seconds=[1, 1, 9, 1, 1]), workers)
     assert winner == (2, 10) and ran == [0, 1, 2]
     # none solves: the best key, the first of equals
     winner, ran = _climb(FakeRungs([1, 5, None, 5, 2]), workers)
@@ -63,17 +81,24 @@ def test_ladder_winner_is_the_sequential_one_for_any_workers(workers):
 
 def test_ladder_rungs_climb_the_configs():
     fake = FakeRungs([1, 1, 1])
-    seen = []
-    climb(DTConfig(mlp_inputs=2), lambda rungs: seen.extend(rungs) or fake(rungs), workers=2, max_attempts=3,
-          solved=lambda r: False, key=lambda r: r[1])
-    assert [r.attempt for r in seen] == [0, 1, 2] and fake.waves == [[0, 1], [2]]
+    _, _, ladder = climb(DTConfig(mlp_inputs=2), fake, workers=2, max_attempts=3, solved=lambda r: False,
+                         key=lambda r: r[1], clock=fake.clock)
+    seen = ladder.begun
+    assert fake.started == [0, 1, 2]
     assert seen[0].config.mlp_inputs == 2 and seen[1].config.mlp_inputs == 3
     assert seen[1].label == DTConfig().rung(1)[0]
 
 
-def test_ladder_budget_covers_half_the_longest_wave(caplog):
+def test_a_free_worker_starts_the_next_rung_at_once():
+    # rung 0 takes 1 s, rung 1 5 s: rungs 2 and 3 start at 1 and 2 s, not after rung 1 (waves took 6 s)
+    fake = FakeRungs([0, 0, 0, 0], seconds=[1, 5, 1, 1])
+    _climb(fake, 2)
+    assert fake.start_times == [0, 0, 1, 2] and fake.now == 5
+
+
+def test_ladder_budget_covers_half_the_longest_rung(caplog):
     caplog.set_level("INFO", logger="wtc")          # progress lines go to the "wtc" logger (wtc.progress)
-    # waves of 1: after 0 (2 s) and 1 (5 s), 7 s spent + half the longest 2.5 s > 9 s: rung 2 does not start
+    # one worker: after 0 (2 s) and 1 (5 s), 7 s spent + half the longest 2.5 s > 9 s: rung 2 does not start
     fake = FakeRungs([0] * 6, seconds=[2, 5, 1, 1, 1, 1])
     _, ran = _climb(fake, 1, budget_s=9, max_attempts=None)
     assert ran == [0, 1]
@@ -81,18 +106,46 @@ def test_ladder_budget_covers_half_the_longest_wave(caplog):
     fake = FakeRungs([0] * 6, seconds=[2, 5, 1, 1, 1, 1])
     _, ran = _climb(fake, 1, budget_s=10, max_attempts=None)
     assert ran[:3] == [0, 1, 2]
-    # the first wave always runs (its attempts stop at the deadline), and says so when it used the budget
-    fake = FakeRungs([0] * 4, seconds=[30, 1, 1, 1])
+    # two workers: rung 1 ends at 1 s, so rungs 2 and 3 start while rung 0 runs on; then the budget says no
+    fake = FakeRungs([0] * 5, seconds=[30, 1, 1, 1, 1])
+    _, ran = _climb(fake, 2, budget_s=3, max_attempts=None)
+    assert ran == [0, 1, 2, 3] and fake.start_times == [0, 0, 1, 2]
+    # the first rungs always run (their attempts stop at the deadline), and say so when they used the budget
+    fake = FakeRungs([0] * 4, seconds=[30, 30, 1, 1])
     _, ran = _climb(fake, 2, budget_s=3, max_attempts=None, name="demo", progress=True)
-    assert ran == [0, 1] and fake.waves == [[0, 1]]
+    assert ran == [0, 1] and fake.started == [0, 1]
     assert "used the 3s budget" in caplog.text
-    # every rung of the first wave cut at the budget (no result): the ladder still stops
-    fake = FakeRungs([0] * 4, seconds=[30, 1, 1, 1])
-    winner, ran = climb(DTConfig(), lambda rungs: fake(rungs) and {}, workers=2, solved=lambda r: False,
-                        key=lambda r: r, clock=fake.clock, budget_s=3)
-    assert winner is None and ran == [] and fake.waves == [[0, 1]]
+    # every first rung killed at the budget (no result): the ladder still stops, and says what was cut
+    fake = FakeRungs([0] * 4, seconds=[30, 30, 1, 1], kill_at=3.5)
+    winner, ran, ladder = climb(DTConfig(), fake, workers=2, solved=lambda r: False, key=lambda r: r,
+                                clock=fake.clock, budget_s=3)
+    assert winner is None and ran == [] and fake.started == [0, 1]
+    assert [(rung.attempt, wanted) for rung, wanted in ladder.unfinished()] == [(0, True), (1, True)]
     with pytest.raises(ConfigError, match="never ends"):
         _climb(FakeRungs([0]), 1, max_attempts=None)
+
+
+def test_the_ladder_wants_a_rung_until_an_earlier_one_solved_or_failed():
+    ladder = Ladder(DTConfig(), workers=2, solved=lambda r: r == "solved", key=lambda r: None, max_attempts=5)
+    r0, r1, r2 = ladder.next_rung(), ladder.next_rung(), ladder.next_rung()
+    ladder.done(1, "solved")
+    assert ladder.wanted(0) and not ladder.wanted(2)            # rung 0 may still solve: it would win
+    assert ladder.next_rung() is None                          # nothing after a solved rung starts
+    ladder.done(0, "not solved")
+    assert ladder.outcome() == ("solved", [(r0, "not solved"), (r1, "solved")])
+    assert ladder.unfinished() == [(r2, False)]                # stopped, not cut
+    ladder = Ladder(DTConfig(), workers=2, solved=lambda r: r == "solved", key=lambda r: None, max_attempts=5)
+    r0, r1, r2 = ladder.next_rung(), ladder.next_rung(), ladder.next_rung()
+    ladder.done(0, "not solved")
+    ladder.failed(1, RuntimeError("rung 1 broke"))
+    assert not ladder.wanted(2) and ladder.next_rung() is None
+    with pytest.raises(RuntimeError, match="rung 1 broke"):     # what the sequential loop would have raised
+        ladder.outcome()
+    ladder.done(2, "solved")                                   # a later solve does not hide it
+    with pytest.raises(RuntimeError, match="rung 1 broke"):
+        ladder.outcome()
+    with pytest.raises(ConfigError, match="workers must be"):
+        Ladder(DTConfig(), workers=0, solved=bool, key=bool, max_attempts=1)
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 0, 0.0, -1, True, False, "3", [3]])
@@ -127,24 +180,12 @@ def test_resume_refuses_another_runs_results(tmp_path):
     with pytest.raises(CheckpointError, match="attempt 3, not 0"):
         train("sum_last2", TINY, seed=0, progress=False, checkpoint_dir=tmp_path, resume=True)
     # the ladder's own fields may change on resume (they do not change what an attempt computes);
-    # a kept result that solved settles the wave, so attempt 1 does not run
+    # a kept result that solved ends the ladder, so attempt 1 does not run
     meta["train_info"]["attempt"], meta["key"][0] = 0, True
     checkpoint_io.write_atomic(tmp_path / "attempt0_result", tensors, meta)
     model, _ = train("sum_last2", TINY.replace(workers=2, max_attempts=2), seed=0, progress=False,
                      checkpoint_dir=tmp_path, resume=True)
     assert model.train_info["task"] == "sum_last2" and not list(tmp_path.glob("attempt1*"))
-
-
-def test_wave_is_decided_by_its_first_solved_or_failed_rung():
-    def solved(r):
-        return r == "solved"
-
-    assert not wave_decided({}, {}, {0: None, 1: None}, solved)
-    assert not wave_decided({1: "solved"}, {}, {0: None}, solved)     # rung 0 may still solve: it would win
-    assert wave_decided({1: "solved"}, {}, {2: None}, solved)         # rung 2 cannot matter
-    assert not wave_decided({0: "not solved"}, {}, {1: None}, solved)
-    assert wave_decided({0: "not solved"}, {1: RuntimeError()}, {2: None}, solved)
-    assert not wave_decided({0: "solved"}, {}, {1: None}, None)       # no rule given: wait for all
 
 
 def test_resume_in_workers_refuses_another_runs_state(tmp_path):
@@ -352,7 +393,7 @@ from wtc.dt import DTConfig, workers
 workers.allow_fork()                      # as the CLI does, before any work
 launched = []
 fork = workers._fork
-workers._fork = lambda spec, log: launched.append(spec["attempt"]) or fork(spec, log)
+workers._fork = lambda spec, log, task: launched.append(spec["attempt"]) or fork(spec, log, task)
 cfg = DTConfig(n_heads=2, n_mlps=1, mlp_hidden=8, steps=150, hard_steps=20, polish_iters=20, replicas=4,
                batch_size=32, eval_sequences=256, precision_iters=0, workers=2)
 forked = wtc.discover("sum_last2", seed=0, budget_s=60, progress=False, config=cfg)
@@ -393,7 +434,7 @@ from wtc.dt import DTConfig, workers
 
 launched = []
 fork = workers._fork
-workers._fork = lambda spec, log: launched.append(spec["attempt"]) or fork(spec, log)
+workers._fork = lambda spec, log, task: launched.append(spec["attempt"]) or fork(spec, log, task)
 task = wtc.Task("flip_c", sample=lambda rng, n: rng.integers(0, 2, size=(n, 6)), target=lambda x: 1 - x, seq_len=6)
 cfg = DTConfig(n_heads=1, n_mlps=1, mlp_hidden=8, steps=150, hard_steps=20, polish_iters=20, replicas=4,
                batch_size=32, eval_sequences=256, precision_iters=0, workers=2)

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 import wtc
-from wtc.discover_job import DiscoverJob
+from wtc.discover_job import JUDGED_ON, DiscoverJob, judged
 from wtc.discovery import Discovery, DiscoveryError, sized_for
 from wtc.dt import DTConfig
 from wtc.dt.attempt import Attempt, run_attempt
 from wtc.dt.finish import polish
-from wtc.dt.ladder import Deadline, Rung, margin_s
-from wtc.dt.workers import POOL, job_task, run_wave
+from wtc.dt.ladder import Deadline, Ladder, Rung, margin_s
+from wtc.dt.workers import POOL, job_task, run_ladder
 from wtc.errors import TaskError
 from wtc.extraction import extract
 from wtc.extraction.formulas import ExtractionTimeout
@@ -94,8 +94,32 @@ def test_discover_a_callable_task_gives_one_program_for_any_number_of_workers():
     assert one.program is not None and two.program is not None
     assert one.program.source == two.program.source
     assert [a["label"] for a in one.attempts] == [a["label"] for a in two.attempts]
-    assert one.attempts[0].get("verified_on") == "fresh draws here"    # the verdict is the user's callables'
+    assert one.attempts[0].get("verified_on") == JUDGED_ON    # the verdict is the user's callables'
     assert one.verification.n == 10000
+    assert one.verification == two.verification
+
+
+def test_a_pooled_reading_is_judged_the_same_in_the_job_and_in_the_caller(tmp_path):
+    """A job holding the user's task (in-process, or forked: PoolTask.origin) judges its reading
+    itself; one rebuilt from the pool file (a worker interpreter) leaves that to the caller, whose
+    verdict is the same."""
+    task = callable_task("user_sum2_j")
+    jt = job_task(task, seed=0)
+    assert jt.task.origin is task
+    rung = Rung(0, "as configured", DTConfig(steps=300, hard_steps=60, replicas=4))
+    here = DiscoverJob.run(jt.task, rung, 0, {"progress": False}, None)
+    assert here.record["verified_on"] == JUDGED_ON and here.best.program is not None
+    jt.pool.save(tmp_path / "pool.npz")
+    rebuilt = pool.Pool.read(tmp_path / "pool.npz").task()
+    assert rebuilt.origin is None
+    there = DiscoverJob.run(rebuilt, rung, 0, {"progress": False}, None)
+    assert "verified_on" not in there.record
+    there = judged(there, task, 0)
+    assert there.best.program.source == here.best.program.source
+    assert there.best.verification == here.best.verification
+    assert {k: v for k, v in there.record.items() if k != "seconds"} == \
+        {k: v for k, v in here.record.items() if k != "seconds"}
+
 
 
 # ---------------------------------------------------------------------- the budget, stage by stage
@@ -139,9 +163,10 @@ def test_a_rung_cut_before_reading_keeps_its_model_and_says_so():
 
 def test_workers_past_the_last_resort_are_killed():
     task = wtc.tasks.get("prev2")
-    rungs = [Rung(a, "r", TINY.replace(steps=100000)) for a in (0, 1)]
-    results = run_wave("wtc.dt.attempt:TrainJob", job_task(task, 0), rungs, 0, {}, kill_at=time.time() + 3)
-    assert results == {}                     # both were killed (each would train for minutes)
+    ladder = Ladder(TINY.replace(steps=100000), workers=2, solved=lambda r: True, key=lambda r: None,
+                    max_attempts=2)
+    run_ladder("wtc.dt.attempt:TrainJob", job_task(task, 0), ladder, 0, {}, kill_at=time.time() + 3)
+    assert ladder.results == {} and len(ladder.unfinished()) == 2    # both were killed (each trains for minutes)
 
 
 def test_margin_is_five_percent_or_ten_seconds():

@@ -8,8 +8,8 @@ layers; then the same again with new seeds) until a program verifies or the budg
 is the verified program, or an honest failure with the best attempt's evidence.
 
 The configuration is resolved once (plan: the probe of what the target reads sizes the first
-rung). Rungs run in waves of DTConfig.workers (one per core by default) in worker processes
-(wtc.dt.workers), every kind of task: built-in tasks by name, data tasks from their records,
+rung). Rungs run DTConfig.workers at a time (one per core by default; the next starts when one
+finishes) in worker processes (wtc.dt.workers), every kind of task: built-in tasks by name, data tasks from their records,
 callable tasks from a pool drawn here (wtc.tasks.pool). A rung's work is wtc.discover_job
 (DiscoverJob: train, read, verify, within the deadline). The winner is the sequential loop's: the
 first attempt in index order whose program verifies, else the best reading (wtc.dt.ladder).
@@ -28,14 +28,14 @@ import numpy as np
 
 from wtc import arguments, provenance
 from wtc import tasks as task_registry
-from wtc.discover_job import (REPLICAS_TO_READ, VERIFY_SEQUENCES, RungResult, plain_json,  # noqa: F401 (re-exported)
-                              program_from_dict, program_to_dict)
+from wtc.discover_job import (JUDGED_ON, REPLICAS_TO_READ, VERIFY_SEQUENCES, RungResult, judged,  # noqa: F401
+                              plain_json, program_from_dict, program_to_dict)    # (some re-exported)
 from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
 from wtc.dt.periodic import periodic_sizing
 from wtc.dt.ladder import READ_SHARE, Deadline, check_budget, climb, margin_s
 from wtc.dt.recency import recent_layout
 from wtc.dt.running import step_layout
-from wtc.dt.workers import JobTask, job_task, run_wave, worker_count
+from wtc.dt.workers import JobTask, job_task, run_ladder, worker_count
 from wtc.errors import WtcError
 from wtc.extraction import verify
 from wtc.progress import enable, log
@@ -251,7 +251,7 @@ class Discovery:
 class Plan:
     """discover's configuration, resolved once: the first rung's DTConfig (sized to what the probe
     found where the given config left a field at its default), why it was sized so, the probe's
-    finding, rungs per wave, the attempt cap, and the task as the rungs' jobs get it."""
+    finding, rungs run at once, the attempt cap, and the task as the rungs' jobs get it."""
 
     config: DTConfig
     sizing: str
@@ -287,13 +287,13 @@ def discover(task: Task | str, seed: int = 0, budget_s: float | None = None, pro
     budget_s must be a finite positive number of seconds; the call returns within it plus a margin
     (5% or 10 s, whichever is larger) with the best program found so far. Training stops at 75%
     of the budget (wtc.dt.ladder.READ_SHARE), finishing at 87.5%, reading replicas out at the budget,
-    and a new wave of attempts starts only while the time left covers half the longest wave;
+    and a new attempt starts only while the time left covers half the longest attempt;
     whatever the budget cut is said in the attempts' records (stopped_at_step, cut) and the
     report. A given `config` keeps the fields it sets and caps the attempts at its max_attempts;
     without one, attempts go on until the budget is spent. A task defined by callables trains on a
     pool drawn from them (wtc.tasks.pool: in worker processes too) and its programs are verified
-    here with its own callables. prestarted: worker interpreters already started
-    (wtc.worker_pool; the CLI opens them before its own imports), used by the first wave.
+    with its own callables (in a worker forked from here, or here). prestarted: worker interpreters already started
+    (wtc.worker_pool; the CLI opens them before its own imports), used by the first rungs.
     progress: lines through the "wtc" logger (wtc.progress: on stderr unless logging is configured);
     the result's `run` records the version, seed, configuration, task fingerprint and machine.
     """
@@ -305,41 +305,38 @@ def discover(task: Task | str, seed: int = 0, budget_s: float | None = None, pro
     run = provenance.record(task, seed, p.config, started)
     if progress:
         enable()
-        log.debug(f"{task.name}: {p.workers} attempt(s) per wave; first configuration {p.config.to_dict()}")
+        log.debug(f"{task.name}: {p.workers} attempt(s) at once; first configuration {p.config.to_dict()}")
     if progress and p.sizing:
         log.info(f"{task.name}: the target reads {p.dependence.describe()}: {p.sizing}")
     deadline = Deadline.of(budget, started, READ_SHARE)
     opts = {"progress": progress, "deadline": deadline.to_json()}
     kill_at = started + budget + margin_s(budget) / 2
-    cut: list[dict] = []
 
-    def wave(rungs):
-        first = rungs[0].attempt == 0
-        results = run_wave(JOB, p.job, rungs, seed, opts, solved=lambda r: r.verified,
-                           prestarted=prestarted if first else None, kill_at=kill_at)
-        if p.job.pooled:
-            results = {a: judged_here(r, task, seed) for a, r in results.items()}
-        decided = min((a for a, r in results.items() if r.verified), default=None)
-        for rung in rungs:
-            if rung.attempt in results:
-                record = results[rung.attempt].record
-                if progress:
-                    log.info(f"{task.name} attempt {rung.attempt} ({rung.label}): {record['replicas_solved']}/"
-                          f"{record['replicas']} replicas solved, program "
-                          f"{'verified' if record['verified'] else 'not verified'} ({record['seconds']:.0f}s)"
-                          + ("; not used: an earlier attempt verified" if decided is not None and rung.attempt > decided
-                             else "") + (f"; {record['cut']}" if record.get("cut") else ""))
-            elif decided is None or rung.attempt < decided:
-                cut.append({"attempt": rung.attempt, "label": rung.label})
-                if progress:
-                    log.info(f"{task.name} attempt {rung.attempt} ({rung.label}): stopped at the {budget:g}s budget")
-            elif progress:
-                log.info(f"{task.name} attempt {rung.attempt} ({rung.label}): stopped, an earlier attempt verified")
-        return results
+    def receive(rung, result: RungResult) -> RungResult:
+        if p.job.pooled and result.record.get("verified_on") != JUDGED_ON:   # else a forked worker judged it
+            result = judged(result, task, seed)
+        record = result.record
+        if progress:
+            log.info(f"{task.name} attempt {rung.attempt} ({rung.label}): {record['replicas_solved']}/"
+                     f"{record['replicas']} replicas solved, program "
+                     f"{'verified' if record['verified'] else 'not verified'} ({record['seconds']:.0f}s)"
+                     + (f"; {record['cut']}" if record.get("cut") else ""))
+        return result
 
-    best, ran = climb(p.config, wave, workers=p.workers, solved=lambda r: r.verified, key=lambda r: r.key,
-                      budget_s=budget, max_attempts=p.max_attempts, name=task.name, progress=progress,
-                      clock=time.time, t0=started)
+    def run_rungs(ladder):
+        run_ladder(JOB, p.job, ladder, seed, opts, receive, prestarted=prestarted, kill_at=kill_at)
+
+    best, ran, ladder = climb(p.config, run_rungs, workers=p.workers, solved=lambda r: r.verified,
+                              key=lambda r: r.key, budget_s=budget, max_attempts=p.max_attempts, name=task.name,
+                              progress=progress, clock=time.time, t0=started)
+    cut = [{"attempt": rung.attempt, "label": rung.label} for rung, wanted in ladder.unfinished() if wanted]
+    if progress:
+        for rung, wanted in ladder.unfinished():
+            log.info(f"{task.name} attempt {rung.attempt} ({rung.label}): "
+                     + (f"stopped at the {budget:g}s budget" if wanted else "stopped, an earlier attempt verified"))
+        for a in sorted(ladder.results):
+            if ladder.end is not None and a > ladder.end:
+                log.info(f"{task.name} attempt {a}: not used, attempt {ladder.end} verified first in the ladder")
     attempts = [result.record for _, result in ran]
     found = None if best is None else best.best
     if found is None:
@@ -347,19 +344,6 @@ def discover(task: Task | str, seed: int = 0, budget_s: float | None = None, pro
                          run, p.sizing)
     return Discovery(task, found.program, found.model, found.history, found.verification,
                      time.perf_counter() - t0, attempts, p.dependence, cut, budget, run, p.sizing)
-
-
-def judged_here(result: RungResult, task, seed: int) -> RungResult:
-    """A pooled rung's best reading verified again here, with the task's own callables on fresh
-    draws (and at twice the length): the pool only chose which replica to read."""
-    best = result.best
-    if best is None or best.program is None:
-        return result
-    ver = verify(best.program, task, n=VERIFY_SEQUENCES,
-                 seed=int(np.random.default_rng([seed, result.record["attempt"], 7]).integers(2**31)))
-    record = {**result.record, "verified": bool(ver.solved and best.program.ok), "verified_on": "fresh draws here",
-              "holds_longer": [ver.holds_longer]}
-    return RungResult(record, dataclasses.replace(best, verification=ver))
 
 
 def sized_for(config: DTConfig, dep) -> tuple[DTConfig, str]:

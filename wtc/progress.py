@@ -182,7 +182,7 @@ class Steps:
 
 
 class Board:
-    """What the workers of a wave report, shown together: their milestone lines are logged as they
+    """What the running workers report, shown together: their milestone lines are logged as they
     come, and their step records make one status line ("attempt 0 step 400/1300 | attempt 1 step
     380/1300 | 52s"), kept at the bottom of a terminal and redrawn every REFRESH_S, or logged every
     LINE_EVERY_S elsewhere. Off when progress is not shown."""

@@ -5,8 +5,9 @@ starting up, instead of after it.
 starts a worker per rung, which imports torch again (about 3 s each on this 2-core machine, one
 after the other). A Prestarted pool, opened by the CLI before its own heavy imports, starts the
 workers' interpreters at once (`python -m wtc.dt.workers - MODULE...`); each imports the modules
-it is given (the caller's jobs: the CLI names wtc.discovery for discover) and waits for its spec on stdin, which wtc.dt.workers.run_wave writes when the first wave starts. What
-a rung computes does not change (the spec is the same; only when the interpreter started).
+it is given (the caller's jobs: the CLI names wtc.discovery for discover) and waits for its spec
+on stdin, which wtc.dt.workers.run_ladder writes when it starts a rung. What a rung computes
+does not change (the spec is the same; only when the interpreter started).
 
 Standard library only: importing this module must not import torch.
 """

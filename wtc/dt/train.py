@@ -20,7 +20,7 @@ from wtc import arguments
 from wtc import tasks as task_registry
 from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
 from wtc.dt.ladder import FINISH_SHARE, Deadline, check_budget, climb, margin_s
-from wtc.dt.workers import job_task, run_wave, worker_count
+from wtc.dt.workers import job_task, run_ladder, worker_count
 from wtc.errors import TrainingError
 from wtc.progress import enable, log
 
@@ -45,8 +45,8 @@ def train(task: Task | str, config: DTConfig | None = None, seed: int = 0, budge
     is the one returned) and history.final the fresh-data scores.
 
     budget_s (None, or a finite positive number of seconds) bounds the wall time: the call returns
-    within it plus a margin (5% or 10 s, whichever is larger). A new wave of attempts starts only
-    if the time left covers the longest wave so far; training stops when 90% of the budget is
+    within it plus a margin (5% or 10 s, whichever is larger). A new attempt starts only if the
+    time left covers half the longest attempt so far; training stops when 90% of the budget is
     spent, and the attempt is then frozen, refit (its polish cut at the budget) and scored as it
     stands (model.train_info["stopped_at_step"] says where, and a resume continues its training).
     progress: lines through the "wtc" logger (wtc.progress: on stderr unless logging is configured).
@@ -88,21 +88,22 @@ def train(task: Task | str, config: DTConfig | None = None, seed: int = 0, budge
     def solved(result) -> bool:
         return bool(result[0][0])
 
-    def wave(rungs):
-        results = run_wave(JOB, jt, rungs, seed, opts, solved=solved, kill_at=kill_at)
-        if progress and len(rungs) > 1:   # in-process attempts report themselves
-            for rung in rungs:
-                if rung.attempt not in results:
-                    log.info(f"{task.name} attempt {rung.attempt}: stopped (an earlier attempt solved it, or the "
-                             f"budget ran out)")
-                    continue
-                key, _, history = results[rung.attempt]
-                log.info(f"{task.name} attempt {rung.attempt}: {'solved' if key[0] else 'not solved'} "
-                         f"({history.seconds:.0f}s in a worker)")
-        return results
+    def receive(rung, result):
+        if progress and workers > 1:   # in-process attempts report themselves
+            key, _, history = result
+            log.info(f"{task.name} attempt {rung.attempt}: {'solved' if key[0] else 'not solved'} "
+                     f"({history.seconds:.0f}s in a worker)")
+        return result
 
-    best, _ = climb(config, wave, workers=workers, solved=solved, key=lambda r: r[0], budget_s=budget_s,
-                    max_attempts=config.max_attempts, name=task.name, progress=progress)
+    def run_rungs(ladder):
+        run_ladder(JOB, jt, ladder, seed, opts, receive, kill_at=kill_at)
+
+    best, _, ladder = climb(config, run_rungs, workers=workers, solved=solved, key=lambda r: r[0],
+                            budget_s=budget_s, max_attempts=config.max_attempts, name=task.name, progress=progress)
+    if progress:
+        for rung, wanted in ladder.unfinished():
+            log.info(f"{task.name} attempt {rung.attempt}: stopped ("
+                     + ("the budget ran out)" if wanted else "an earlier attempt solved it)"))
     if best is None:
         raise TrainingError(f"{task.name}: the {budget_s:g}s budget ran out before any attempt finished (it was "
                             f"stopped at the budget); give a larger budget_s")

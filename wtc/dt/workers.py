@@ -2,8 +2,8 @@
 
 A Discrete Transformer step is overhead-bound on one thread (more intra-op threads do not make
 it faster), so a second core is worth a second rung, not a faster first one: on a 2-core machine
-wtc.train and wtc.discover run rungs 0 and 1 at once (wtc.dt.ladder decides which run and picks
-the winner as the sequential loop would). Workers are fresh interpreters (`python -m
+wtc.train and wtc.discover run two rungs at once, the next starting when either finishes
+(wtc.dt.ladder decides which run and picks the winner as the sequential loop would). Workers are fresh interpreters (`python -m
 wtc.dt.workers SPEC`): no fork after OpenMP started, and no re-import of the user's main script
 (multiprocessing's spawn would re-run a script without a __main__ guard). A process that declared
 itself fresh (allow_fork: the CLI, once torch is imported) forks them instead while it has started
@@ -11,7 +11,7 @@ no thread since, and so does a library caller's process under stricter condition
 forked worker runs the same spec as an interpreter would. They rebuild built-in
 tasks by name, data tasks (Task.from_arrays) from their records, and tasks defined by the user's
 callables from a pool of sequences drawn here (wtc.tasks.pool: a callable cannot be sent to a
-fresh interpreter without pickles, which wtc never loads), each written to the wave's scratch
+fresh interpreter without pickles, which wtc never loads), each written to the ladder's scratch
 directory. A callable task's jobs run on the pooled task in this process too (JobTask), so every
 number of workers trains on the same data.
 
@@ -21,13 +21,12 @@ module, so a worker finds it by name and this module imports none of them):
     finished(task, rung, seed, opts, path)      a kept result to reuse (resume), else None
     run(task, rung, seed, opts, path)           do the work here; write the result to path if given
     load(path, task, rung, seed)                read a result back (refusing another run's)
-opts is JSON. Jobs: wtc.dt.attempt:TrainJob (wtc.train), wtc.discovery:DiscoverJob (wtc.discover).
+opts is JSON. Jobs: wtc.dt.attempt:TrainJob (wtc.train), wtc.discover_job:DiscoverJob (wtc.discover).
 """
 from __future__ import annotations
 
 import importlib
 import json
-import math
 import os
 import signal
 import subprocess
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from wtc.dt.config import DTConfig
-from wtc.dt.ladder import Rung
+from wtc.dt.ladder import Ladder, Rung
 from wtc.errors import WtcError
 from wtc.progress import MILESTONE, STATUS, Board, say  # noqa: F401 (MILESTONE re-exported)
 from wtc.progress import log as progress_log
@@ -65,7 +64,7 @@ POOL = "pool:"         # ... to a callable task's pool of drawn sequences (wtc.t
 class JobTask:
     """A task as the rungs' jobs see it. task: what they run on in this process (a callable task's
     pooled stand-in); ref: what a worker rebuilds it from (a built-in task's name, RECORDS or
-    POOL; the path follows once the wave has written the file); pool: the drawn pool (POOL only)."""
+    POOL; the path follows once run_ladder has written the file); pool: the drawn pool (POOL only)."""
 
     task: object
     ref: str
@@ -85,7 +84,7 @@ def job_task(task, seed: int) -> JobTask:
     if data.has_records(task):
         return JobTask(task, RECORDS)
     drawn = pool.draw(task, seed)
-    return JobTask(drawn.task(), POOL, drawn)
+    return JobTask(drawn.task(origin=task), POOL, drawn)
 
 
 def _worker_task(ref: str):
@@ -101,7 +100,7 @@ def _worker_task(ref: str):
 
 
 def worker_count(config: DTConfig, cap: int | None = None) -> int:
-    """Rungs per wave: config.workers, else one per core (at most cap)."""
+    """Rungs run at once: config.workers, else one per core (at most cap)."""
     if config.workers is not None:
         return config.workers
     return max(1, min(cores(), cap if cap is not None else cores()))
@@ -116,30 +115,27 @@ def _job(name: str):
     return getattr(loaded, attr) if attr else None
 
 
-def run_wave(job_name: str, jt: JobTask, rungs: list[Rung], seed: int, opts: dict,
-             solved: Callable[[object], bool] | None = None, prestarted=None,
-             kill_at: float | None = None) -> dict[int, object]:
-    """{attempt: result} for the rungs: each in its own worker when there are several, else in
-    this process.
-
-    With `solved`, the wave ends once its outcome is known: a rung solved (or failed) and every
-    rung before it done. Rungs after that one are stopped and left out of the answer; the
-    sequential loop would never have started them, and the ladder drops them anyway.
-    prestarted: a wtc.worker_pool.Prestarted whose waiting interpreters take rungs first.
-    kill_at (time.time() seconds): workers still running then are killed and left out of the
-    answer (the budget's last resort: jobs stop at their own deadline first).
+def run_ladder(job_name: str, jt: JobTask, ladder: Ladder, seed: int, opts: dict,
+               receive: Callable[[Rung, object], object] | None = None, prestarted=None,
+               kill_at: float | None = None) -> None:
+    """Run the ladder's rungs (wtc.dt.ladder.Ladder): with one worker one after another in this
+    process, else each in its own worker process, a new rung starting as soon as one finishes.
+    Rungs the ladder no longer wants (an earlier one solved) are stopped. receive(rung, result):
+    what the caller does with a result as it arrives (judge it, report it); it returns the
+    result the ladder keeps. prestarted: a wtc.worker_pool.Prestarted whose waiting interpreters
+    take rungs first. kill_at (time.time() seconds): workers still running then are killed and
+    give no result (the budget's last resort: jobs stop at their own deadline first).
     """
     job = _job(job_name)
     task, task_ref = jt.task, jt.ref
-    if len(rungs) == 1:
-        out = {}
-        for rung in rungs:
+    receive = receive or (lambda rung, result: result)
+    if ladder.workers == 1:
+        while (rung := ladder.next_rung()) is not None:
             with torch_threads(rung.config.threads):
-                out[rung.attempt] = job.run(task, rung, seed, opts, job.result_path(opts, rung.attempt))
-            if solved is not None and solved(out[rung.attempt]):
-                break
-        return out
-    results, failures, pending = {}, {}, {}
+                result = job.run(task, rung, seed, opts, job.result_path(opts, rung.attempt))
+            ladder.done(rung.attempt, receive(rung, result))
+        return
+    pending = {}
     with tempfile.TemporaryDirectory(prefix="wtc-rungs-") as scratch:
         if task_ref == RECORDS:
             from wtc.tasks import data
@@ -149,72 +145,75 @@ def run_wave(job_name: str, jt: JobTask, rungs: list[Rung], seed: int, opts: dic
             jt.pool.save(Path(scratch) / "pool.npz")
             task_ref = POOL + str(Path(scratch) / "pool.npz")
         board = Board(task.name, bool(opts.get("progress")))
-        fork = _may_fork(rungs)
+
+        def start(rung: Rung) -> None:
+            path = job.result_path(opts, rung.attempt) or Path(scratch) / f"attempt{rung.attempt}_result"
+            done = job.finished(task, rung, seed, opts, path)
+            if done is not None:               # kept from an earlier run (resume)
+                ladder.done(rung.attempt, receive(rung, done))
+                return
+            spec = {"job": job_name, "task": task_ref, "attempt": rung.attempt, "label": rung.label,
+                    "parent": os.getpid(), "config": rung.config.to_dict(), "seed": seed,
+                    "opts": {**opts, "progress": False, "milestones": bool(opts.get("progress"))},
+                    "path": str(path), "error": str(Path(scratch) / f"attempt{rung.attempt}_error.json")}
+            ready = prestarted.take() if prestarted is not None else None
+            if ready is not None:              # an interpreter that already imported torch and wtc
+                proc, log = ready
+                try:
+                    proc.stdin.write(json.dumps(spec))
+                    proc.stdin.close()
+                except OSError:                # it died while waiting: start one as usual
+                    proc.kill()
+                    ready = None
+            how = "prestarted"
+            if ready is None:
+                log = open(Path(scratch) / f"attempt{rung.attempt}.log", "w+")
+                if _may_fork([rung]):
+                    proc, how = _fork(spec, log, task), "forked"
+                else:
+                    proc, how = subprocess.Popen([sys.executable, "-m", "wtc.dt.workers", json.dumps(spec)],
+                                                 stdout=log, stderr=subprocess.STDOUT), "interpreter"
+            pending[rung.attempt] = (rung, path, log, proc, 0)
+            progress_log.debug(f"{task.name}: attempt {rung.attempt} runs in a worker process ({how}, pid {proc.pid})")
+
         try:
-            for rung in rungs:
-                if wave_decided(results, failures, {rung.attempt: None}, solved):
-                    break       # a kept (resumed) result before it solved: the rest never start
-                path = job.result_path(opts, rung.attempt) or Path(scratch) / f"attempt{rung.attempt}_result"
-                done = job.finished(task, rung, seed, opts, path)
-                if done is not None:
-                    results[rung.attempt] = done
-                    continue
-                spec = {"job": job_name, "task": task_ref, "attempt": rung.attempt, "label": rung.label,
-                        "parent": os.getpid(),
-                        "config": rung.config.to_dict(), "seed": seed,
-                        "opts": {**opts, "progress": False, "milestones": bool(opts.get("progress"))},
-                        "path": str(path), "error": str(Path(scratch) / f"attempt{rung.attempt}_error.json")}
-                ready = prestarted.take() if prestarted is not None else None
-                if ready is not None:          # an interpreter that already imported torch and wtc
-                    proc, log = ready
-                    try:
-                        proc.stdin.write(json.dumps(spec))
-                        proc.stdin.close()
-                    except OSError:            # it died while waiting: start one as usual
-                        proc.kill()
-                        ready = None
-                if ready is None:
-                    log = open(Path(scratch) / f"attempt{rung.attempt}.log", "w+")
-                    if fork:
-                        proc = _fork(spec, log)
-                    else:
-                        proc = subprocess.Popen([sys.executable, "-m", "wtc.dt.workers", json.dumps(spec)],
-                                                stdout=log, stderr=subprocess.STDOUT)
-                pending[rung.attempt] = (rung, path, log, proc)
-            relayed = {a: 0 for a in pending}
-            progress_log.debug(f"{task.name}: attempts {', '.join(map(str, sorted(pending)))} run in "
-                               f"{len(pending)} worker processes ({'forked' if fork else 'interpreters'}, pids "
-                               f"{', '.join(str(pending[a][3].pid) for a in sorted(pending))})")
-            while pending and not wave_decided(results, failures, pending, solved):
-                if kill_at is not None and time.time() > kill_at:
+            while True:
+                while len(pending) < ladder.workers and (rung := ladder.next_rung()) is not None:
+                    start(rung)
+                if not pending or (kill_at is not None and time.time() > kill_at):
                     break                      # the finally below kills what is still running
                 time.sleep(POLL_S)
                 for a in sorted(pending):
-                    rung, path, log, proc = pending[a]
-                    relayed[a] = _relay(log, relayed[a], board)
+                    rung, path, log, proc, relayed = pending[a]
+                    if not ladder.wanted(a):   # an earlier rung solved: the sequential loop never ran this one
+                        proc.kill()
+                        proc.wait()
+                        log.close()
+                        board.done(f"attempt {a}")
+                        del pending[a]
+                        continue
+                    relayed = _relay(log, relayed, board)
                     code = proc.poll()
                     if code is None:
+                        pending[a] = (rung, path, log, proc, relayed)
                         continue
-                    relayed[a] = _relay(log, relayed[a], board)    # what it wrote before it exited
+                    _relay(log, relayed, board)    # what it wrote before it exited
                     board.done(f"attempt {a}")
                     del pending[a]
                     log.seek(0)
                     tail = "".join(ln for ln in log.read().splitlines(True) if not ln.startswith(STATUS))[-3000:]
                     log.close()
                     if code != 0:
-                        failures[a] = _worker_failure(task, a, code, tail, Path(scratch) / f"attempt{a}_error.json")
+                        ladder.failed(a, _worker_failure(task, a, code, tail, Path(scratch) / f"attempt{a}_error.json"))
                     else:
-                        results[a] = job.load(path, task, rung, seed)
+                        ladder.done(a, receive(rung, job.load(path, task, rung, seed)))
                 board.tick()
         finally:   # stopped, or something went wrong here: no orphaned workers
             board.close()
-            for rung, path, log, proc in pending.values():
+            for rung, path, log, proc, _ in pending.values():
                 proc.kill()
                 proc.wait()
                 log.close()
-    if failures and min(failures) < min([a for a, r in results.items() if solved and solved(r)], default=math.inf):
-        raise failures[min(failures)]
-    return results
 
 
 def _thread_ids() -> frozenset[str] | None:
@@ -231,7 +230,7 @@ def allow_fork() -> None:
     """Declare this process fresh: torch and the jobs imported, nothing computed (the CLI, before
     its work). Its rung workers are then forked from it while it has started no thread since,
     instead of started as interpreters that import torch again (~2 s of CPU each, on the first
-    wave's critical path). A thread started since (GNU OpenMP's pool after a parallel region here,
+    first rungs' critical path). A thread started since (GNU OpenMP's pool after a parallel region here,
     a Python thread) would not survive a fork: from then on workers are interpreters again. Threads
     are told apart by id, not counted: numpy's OpenBLAS threads, running here at import, may stop
     while an OpenMP pool starts (and they re-initialise themselves in a forked child)."""
@@ -240,7 +239,7 @@ def allow_fork() -> None:
 
 
 def _may_fork(rungs: list[Rung]) -> bool:
-    """Whether this wave's workers may be forked: in a process declared fresh (allow_fork) that has
+    """Whether workers for these rungs may be forked: in a process declared fresh (allow_fork) that has
     started no thread since; or, in a library caller's process (wtc.discover from user code), one
     that has started no thread since this module was imported, runs no Python thread but its main
     one, has not initialised CUDA, and whose rungs run on one CPU thread each. An OpenMP pool the
@@ -259,7 +258,7 @@ def _may_fork(rungs: list[Rung]) -> bool:
 
 
 class _Forked:
-    """A forked worker, as run_wave uses a subprocess.Popen: pid, poll(), kill(), wait()."""
+    """A forked worker, as run_ladder uses a subprocess.Popen: pid, poll(), kill(), wait()."""
 
     def __init__(self, pid: int):
         self.pid, self.returncode = pid, None
@@ -285,9 +284,11 @@ class _Forked:
                 pass
 
 
-def _fork(spec: dict, log) -> _Forked:
+def _fork(spec: dict, log, task) -> _Forked:
     """Run main(spec) in a forked child whose stdout and stderr are `log`, as `python -m
-    wtc.dt.workers SPEC` would (the same spec, the same task reference: the same result)."""
+    wtc.dt.workers SPEC` would (the same spec: the same result). It keeps the parent's task
+    object, which is what the spec's reference rebuilds, and a pooled task's origin with it (the
+    user's callables: its reading is judged there, not in the parent; wtc.discover_job.judged)."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -299,7 +300,7 @@ def _fork(spec: dict, log) -> _Forked:
         os.dup2(log.fileno(), 2)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
-        main(spec)
+        main(spec, task)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -332,12 +333,6 @@ def _relay(log, offset: int, board: Board) -> int:
     return offset + len(chunk[:end].encode())
 
 
-def wave_decided(results: dict, failures: dict, pending: dict, solved) -> bool:
-    """True once a rung solved or failed and no rung before it is still running."""
-    ends = list(failures) + ([a for a, r in results.items() if solved(r)] if solved is not None else [])
-    return bool(ends) and all(a > min(ends) for a in pending)
-
-
 def _worker_failure(task, attempt: int, code: int, tail: str, err: Path) -> Exception:
     """The wtc error a worker reported in `err` (same class and message, so the CLI prints one
     line), else a WorkerError with the worker's log tail."""
@@ -367,7 +362,8 @@ def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
     threading.Thread(target=watch, daemon=True, name="wtc-parent-watch").start()
 
 
-def main(spec: dict) -> None:
+def main(spec: dict, task=None) -> None:
+    """Run the spec's job; task: the task object itself (a forked worker), else rebuilt from the spec's reference."""
     if spec.get("parent"):
         _exit_with_parent(int(spec["parent"]))
     path = Path(spec["path"])
@@ -375,7 +371,7 @@ def main(spec: dict) -> None:
         job = _job(spec["job"])
         rung = Rung(spec["attempt"], spec["label"], DTConfig.from_dict(spec["config"]))
         with torch_threads(rung.config.threads):
-            job.run(_worker_task(spec["task"]), rung, spec["seed"], spec["opts"], path)
+            job.run(task if task is not None else _worker_task(spec["task"]), rung, spec["seed"], spec["opts"], path)
     except WtcError as exc:
         Path(spec["error"]).write_text(json.dumps(
             {"module": type(exc).__module__, "class": type(exc).__name__, "message": str(exc)}))

@@ -41,6 +41,7 @@ class PoolTask(Task):
 
     check: "PoolTask | None" = field(default=None, kw_only=True)
     longer: "PoolTask | None" = field(default=None, kw_only=True)
+    origin: "Task | None" = field(default=None, kw_only=True)   # the user's task, where this process holds it
 
     def verification(self, n: int) -> tuple[Task, int]:
         task, n = super().verification(n)
@@ -75,14 +76,18 @@ class Pool:
     check: tuple[np.ndarray, np.ndarray]
     longer: tuple[np.ndarray, np.ndarray] | None
 
-    def task(self) -> PoolTask:
-        """The pooled task: trains on `train`; verification (worker side) on `check` (and `longer`)."""
+    def task(self, origin: Task | None = None) -> PoolTask:
+        """The pooled task: trains on `train`; verification (worker side) on `check` (and `longer`).
+        origin: the user's task it was drawn from, kept in memory only (a worker forked from the
+        parent holds it too, and judges its reading there; wtc.discover_job.judged)."""
         longer = None
         if self.longer is not None:
             shape = {**self.shape, "seq_len": self.longer[0].shape[1]}
             longer = _part(*self.longer, f"{self.name} (T={shape['seq_len']})", shape, self.squeeze, self.fingerprint)
         check = _part(*self.check, self.name, self.shape, self.squeeze, self.fingerprint, longer=longer)
-        return _part(*self.train, self.name, self.shape, self.squeeze, self.fingerprint, longer=longer, check=check)
+        task = _part(*self.train, self.name, self.shape, self.squeeze, self.fingerprint, longer=longer, check=check)
+        object.__setattr__(task, "origin", origin)
+        return task
 
     def save(self, path: Path) -> None:
         """An .npz of numbers and a JSON header (no pickles)."""
