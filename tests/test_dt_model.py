@@ -158,6 +158,19 @@ def test_restarts_climb_the_ladder_only_when_growing():
     assert all(fixed.rung(i)[1] == fixed for i in range(5))
 
 
+def test_the_first_pass_skips_a_step_that_changes_nothing():
+    """A base that already has aggregate heads gets nothing new from "+ aggregate heads": the first
+    pass goes on to the two-layer steps; later passes cycle the whole ladder (new seeds)."""
+    from wtc.dt.config import LADDER
+    base = DTConfig(n_agg_heads=2)
+    first = [base.rung(i) for i in range(4)]
+    assert [label for label, _ in first] == ["as configured", "3-input, 2-hidden-layer sub-MLPs",
+                                             "two layers: chained sub-MLPs", "two layers: heads in both"]
+    assert all(a != b for i, (_, a) in enumerate(first) for _, b in first[:i])     # each one new
+    assert [base.rung(4 + k)[0] for k in range(len(LADDER))] == [label for label, _ in LADDER]
+    assert base.rung(4 + 2)[1] == base                                               # the step, as it was
+
+
 def test_config_roundtrip():
     cfg = DTConfig(n_layers=2, n_heads=(1, 2), read={"L0.m*": ["x"]})
     assert DTConfig.from_dict(cfg.to_dict()) == cfg

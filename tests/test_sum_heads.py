@@ -42,11 +42,15 @@ def test_aggregates_never_read_pos_and_chain_in_every_other_replica():
                 assert (logits[1::2, prev] < 1).all()
 
 
+def _rung(config, label):
+    return next(rung for i in range(10) for lab, rung in [config.rung(i)] if lab == label)
+
+
 def test_two_layer_rungs_add_sums_and_keep_the_users_ops():
-    label, rung = DTConfig(n_agg_heads=2).rung(3)
+    rung = _rung(DTConfig(n_agg_heads=2), "two layers: chained sub-MLPs")
     assert rung.n_layers == 2 and rung.agg_ops == ("mean", "sum")
-    assert DTConfig(n_agg_heads=2, agg_ops=("sum",)).rung(4)[1].agg_ops == ("sum", "mean")
-    assert DTConfig(n_agg_heads=2).rung(2)[1].agg_ops == ("mean",)
+    assert _rung(DTConfig(n_agg_heads=2, agg_ops=("sum",)), "two layers: heads in both").agg_ops == ("sum", "mean")
+    assert _rung(DTConfig(n_agg_heads=2), "+ aggregate heads").agg_ops == ("mean",)
 
 
 def test_sum_and_mean_heads_match_float64_cumsums():

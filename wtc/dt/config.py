@@ -244,10 +244,28 @@ class DTConfig(KnownFields):
                               f"GiB: use {advice[what]}")
 
     def rung(self, attempt: int) -> tuple[str, "DTConfig"]:
-        """(label, config) of restart `attempt`: the next LADDER step when `grow`, else this config."""
+        """(label, config) of restart `attempt`: the next LADDER step when `grow`, else this config.
+        The first pass takes only steps that give a configuration not met before (a base sized
+        with aggregate heads gets nothing from "+ aggregate heads" but a new seed: in the
+        benchmarks' records none of 17 such rungs verified); later passes cycle the whole LADDER."""
         if not self.grow:
             return "as configured", self
-        label, changes = LADDER[attempt % len(LADDER)]
+        first = self._first_pass()
+        return self._step(first[attempt] if attempt < len(first) else (attempt - len(first)) % len(LADDER))
+
+    def _first_pass(self) -> list[int]:
+        """The LADDER steps whose configuration differs from every earlier step's, in order."""
+        seen, steps = [], []
+        for k in range(len(LADDER)):
+            config = self._step(k)[1]
+            if config not in seen:
+                seen.append(config)
+                steps.append(k)
+        return steps
+
+    def _step(self, k: int) -> tuple[str, "DTConfig"]:
+        """(label, config) of LADDER step k applied to this config."""
+        label, changes = LADDER[k]
         if "n_heads" in changes:                 # a rung never has fewer pointer heads than its base
             most, top = max(self.n_heads), max(changes["n_heads"])   # the rung's first layer gets the base's
             changes = {**changes, "n_heads": tuple(max(h, most) if h == top else h for h in changes["n_heads"])}
