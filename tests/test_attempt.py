@@ -110,6 +110,10 @@ def test_ladder_budget_covers_half_the_longest_rung(caplog):
     fake = FakeRungs([0] * 5, seconds=[30, 1, 1, 1, 1])
     _, ran = _climb(fake, 2, budget_s=3, max_attempts=None)
     assert ran == [0, 1, 2, 3] and fake.start_times == [0, 0, 1, 2]
+    # a rung still running counts as long as it has run: at 2 s rung 0 has run 2 s, and 2 + 1 > 2.6
+    fake = FakeRungs([0] * 5, seconds=[30, 1, 1, 1, 1])
+    _, ran = _climb(fake, 2, budget_s=2.6, max_attempts=None)
+    assert ran == [0, 1, 2] and fake.start_times == [0, 0, 1]
     # the first rungs always run (their attempts stop at the deadline), and say so when they used the budget
     fake = FakeRungs([0] * 4, seconds=[30, 30, 1, 1])
     _, ran = _climb(fake, 2, budget_s=3, max_attempts=None, name="demo", progress=True)

@@ -34,7 +34,7 @@ REPLICAS_TO_READ = 3
 UNSOLVED_REPLICAS_TO_READ = 1
 VERIFY_SEQUENCES = 10000
 VERIFY_RESERVE_S = 2.0      # a reading must leave this much of the deadline for its verification
-JUDGED_ON = "fresh draws from the task's callables"    # the record of a pooled rung's reading, judged (judged)
+JUDGED_ON = "fresh draws from the task's callables"    # record["verified_on"] of a judged reading (judged)
 
 
 @dataclass

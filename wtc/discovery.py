@@ -7,12 +7,13 @@ sums, counts and means; a second layer of sub-MLPs for chained operators; pointe
 layers; then the same again with new seeds) until a program verifies or the budget is spent. The result
 is the verified program, or an honest failure with the best attempt's evidence.
 
-The configuration is resolved once (plan: the probe of what the target reads sizes the first
-rung). Rungs run DTConfig.workers at a time (one per core by default; the next starts when one
-finishes) in worker processes (wtc.dt.workers), every kind of task: built-in tasks by name, data tasks from their records,
-callable tasks from a pool drawn here (wtc.tasks.pool). A rung's work is wtc.discover_job
-(DiscoverJob: train, read, verify, within the deadline). The winner is the sequential loop's: the
-first attempt in index order whose program verifies, else the best reading (wtc.dt.ladder).
+The configuration is resolved once (plan: the probe of what the target reads sizes the first rung).
+Rungs run DTConfig.workers at a time (one per core by default; the next starts when one finishes)
+in worker processes (wtc.dt.workers), every kind of task: built-in tasks by name, data tasks from
+their records, callable tasks from a pool drawn here (wtc.tasks.pool). A rung's work is
+wtc.discover_job (DiscoverJob: train, read, verify, within the deadline). The winner is the
+sequential loop's: the first attempt in index order whose program verifies, else the best reading
+(wtc.dt.ladder).
 """
 from __future__ import annotations
 

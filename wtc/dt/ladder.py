@@ -133,13 +133,15 @@ class Ladder:
 
     def next_rung(self) -> Rung | None:
         """The rung to start now, or None: a rung before it solved or failed, max_attempts are
-        begun, or the time left does not cover half the longest rung (the first `workers` rungs
-        always start)."""
+        begun, or the time left does not cover half the longest rung, finished or still running
+        (the first `workers` rungs always start)."""
         a = len(self.begun)
         if self.closed or not self.wanted(a) or (self.max_attempts is not None and a >= self.max_attempts):
             return None
         now = self.clock()
-        if a >= self.workers and self.budget_s is not None and now - self.t0 + NEW_RUNG_SHARE * self.longest > self.budget_s:
+        running = [now - t for r, t in self.started_at.items() if r not in self.results and r not in self.failures]
+        longest = max([self.longest] + running)       # a rung still running has taken at least this long
+        if a >= self.workers and self.budget_s is not None and now - self.t0 + NEW_RUNG_SHARE * longest > self.budget_s:
             self.closed = True
             if self.progress and now - self.t0 > self.budget_s:
                 from wtc.progress import log

@@ -1,19 +1,19 @@
 """Rungs of the ladder run side by side in worker processes, one CPU core each.
 
-A Discrete Transformer step is overhead-bound on one thread (more intra-op threads do not make
-it faster), so a second core is worth a second rung, not a faster first one: on a 2-core machine
+A Discrete Transformer step is overhead-bound on one thread (more intra-op threads do not make it
+faster), so a second core is worth a second rung, not a faster first one: on a 2-core machine
 wtc.train and wtc.discover run two rungs at once, the next starting when either finishes
-(wtc.dt.ladder decides which run and picks the winner as the sequential loop would). Workers are fresh interpreters (`python -m
-wtc.dt.workers SPEC`): no fork after OpenMP started, and no re-import of the user's main script
-(multiprocessing's spawn would re-run a script without a __main__ guard). A process that declared
-itself fresh (allow_fork: the CLI, once torch is imported) forks them instead while it has started
-no thread since, and so does a library caller's process under stricter conditions (_may_fork); a
-forked worker runs the same spec as an interpreter would. They rebuild built-in
-tasks by name, data tasks (Task.from_arrays) from their records, and tasks defined by the user's
-callables from a pool of sequences drawn here (wtc.tasks.pool: a callable cannot be sent to a
-fresh interpreter without pickles, which wtc never loads), each written to the ladder's scratch
-directory. A callable task's jobs run on the pooled task in this process too (JobTask), so every
-number of workers trains on the same data.
+(wtc.dt.ladder decides which run and picks the winner as the sequential loop would). Workers are
+fresh interpreters (`python -m wtc.dt.workers SPEC`): no fork after OpenMP started, and no
+re-import of the user's main script (multiprocessing's spawn would re-run a script without a
+__main__ guard). A process that declared itself fresh (allow_fork: the CLI, once torch is imported)
+forks them instead while it has started no thread since, and so does a library caller's process
+under stricter conditions (_may_fork); a forked worker runs the same spec as an interpreter would.
+They rebuild built-in tasks by name, data tasks (Task.from_arrays) from their records, and tasks
+defined by the user's callables from a pool of sequences drawn here (wtc.tasks.pool: a callable
+cannot be sent to a fresh interpreter without pickles, which wtc never loads), each written to the
+ladder's scratch directory. A callable task's jobs run on the pooled task in this process too
+(JobTask), so every number of workers trains on the same data.
 
 What a rung does is a job, named "module:Name" by its caller (an object in an importable wtc
 module, so a worker finds it by name and this module imports none of them):

@@ -7,7 +7,8 @@ draws a pool from them, seeded: sequences to train on, a separate part to check 
 The pool crosses to a worker as an .npz of numbers (save / read), and `PoolTask` there samples
 from it. The pooled task keeps the name and fingerprint of the task it stands for, so models
 trained on it extract against the user's task. The final verdict is never the pool's: discover
-verifies the chosen program in the parent with the user's callables on fresh draws.
+verifies the chosen program with the user's callables on fresh draws, in the parent or in a worker
+forked from it (PoolTask.origin: the user's task, kept in memory only).
 
 Callable tasks use the pool whether they run in a worker or in this process, so the program found
 is the same for any number of workers.
