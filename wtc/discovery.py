@@ -17,7 +17,6 @@ sequential loop's: the first attempt in index order whose program verifies, else
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -29,8 +28,8 @@ import numpy as np
 
 from wtc import arguments, provenance
 from wtc import tasks as task_registry
-from wtc.discover_job import (JUDGED_ON, REPLICAS_TO_READ, VERIFY_SEQUENCES, RungResult, judged,  # noqa: F401
-                              plain_json, program_from_dict, program_to_dict)    # (some re-exported)
+from wtc.discover_job import (JUDGED_ON, REPLICAS_TO_READ, RungResult, judged, plain_json,  # noqa: F401
+                              program_from_dict, program_to_dict)    # REPLICAS_TO_READ and the last three re-exported
 from wtc.dt.config import ConfigError, ConfigTypeError, DTConfig
 from wtc.dt.periodic import periodic_sizing
 from wtc.dt.ladder import READ_SHARE, Deadline, check_budget, climb, margin_s
@@ -38,7 +37,6 @@ from wtc.dt.recency import recent_layout
 from wtc.dt.running import step_layout
 from wtc.dt.workers import JobTask, job_task, run_ladder, worker_count
 from wtc.errors import WtcError
-from wtc.extraction import verify
 from wtc.progress import enable, log
 from wtc.tasks import TaskError, probe
 from wtc.tasks.task import REAL_TOLERANCE
@@ -293,8 +291,9 @@ def discover(task: Task | str, seed: int = 0, budget_s: float | None = None, pro
     report. A given `config` keeps the fields it sets and caps the attempts at its max_attempts;
     without one, attempts go on until the budget is spent. A task defined by callables trains on a
     pool drawn from them (wtc.tasks.pool: in worker processes too) and its programs are verified
-    with its own callables (in a worker forked from here, or here). prestarted: worker interpreters already started
-    (wtc.worker_pool; the CLI opens them before its own imports), used by the first rungs.
+    with its own callables (in a worker forked from here, or here). prestarted: worker
+    interpreters already started (wtc.worker_pool; the CLI opens them before its own imports),
+    used by the first rungs.
     progress: lines through the "wtc" logger (wtc.progress: on stderr unless logging is configured);
     the result's `run` records the version, seed, configuration, task fingerprint and machine.
     """
@@ -335,9 +334,9 @@ def discover(task: Task | str, seed: int = 0, budget_s: float | None = None, pro
         for rung, wanted in ladder.unfinished():
             log.info(f"{task.name} attempt {rung.attempt} ({rung.label}): "
                      + (f"stopped at the {budget:g}s budget" if wanted else "stopped, an earlier attempt verified"))
-        for a in sorted(ladder.results):
-            if ladder.end is not None and a > ladder.end:
-                log.info(f"{task.name} attempt {a}: not used, attempt {ladder.end} verified first in the ladder")
+        end = ladder.end
+        for a in sorted(a for a in ladder.results if end is not None and a > end):
+            log.info(f"{task.name} attempt {a}: not used, attempt {end} verified first in the ladder")
     attempts = [result.record for _, result in ran]
     found = None if best is None else best.best
     if found is None:

@@ -186,9 +186,7 @@ def run_ladder(job_name: str, jt: JobTask, ladder: Ladder, seed: int, opts: dict
                 for a in sorted(pending):
                     rung, path, log, proc, relayed = pending[a]
                     if not ladder.wanted(a):   # an earlier rung solved: the sequential loop never ran this one
-                        proc.kill()
-                        proc.wait()
-                        log.close()
+                        _stop(proc, log)
                         board.done(f"attempt {a}")
                         del pending[a]
                         continue
@@ -211,9 +209,14 @@ def run_ladder(job_name: str, jt: JobTask, ladder: Ladder, seed: int, opts: dict
         finally:   # stopped, or something went wrong here: no orphaned workers
             board.close()
             for rung, path, log, proc, _ in pending.values():
-                proc.kill()
-                proc.wait()
-                log.close()
+                _stop(proc, log)
+
+
+def _stop(proc, log) -> None:
+    """Kill a worker (a Popen or _Forked), reap it and close its log."""
+    proc.kill()
+    proc.wait()
+    log.close()
 
 
 def _thread_ids() -> frozenset[str] | None:

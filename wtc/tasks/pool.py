@@ -56,9 +56,9 @@ class PoolTask(Task):
 
 
 def _part(x: np.ndarray, y: np.ndarray, name: str, shape: dict, squeeze: bool, fingerprint: str,
-          longer: PoolTask | None = None, check: PoolTask | None = None) -> PoolTask:
+          longer: PoolTask | None = None, check: PoolTask | None = None, origin: Task | None = None) -> PoolTask:
     rows = Records(x, y, squeeze, False, None, name)
-    task = PoolTask(name, rows.sample, rows.target, longer=longer, check=check, **shape)
+    task = PoolTask(name, rows.sample, rows.target, longer=longer, check=check, origin=origin, **shape)
     object.__setattr__(task, "_fingerprint", fingerprint)   # it stands for the user's task (frozen: private cache)
     object.__setattr__(task, "_ndim", 2 if squeeze else 3)
     object.__setattr__(task, "_dtype", None)
@@ -86,9 +86,8 @@ class Pool:
             shape = {**self.shape, "seq_len": self.longer[0].shape[1]}
             longer = _part(*self.longer, f"{self.name} (T={shape['seq_len']})", shape, self.squeeze, self.fingerprint)
         check = _part(*self.check, self.name, self.shape, self.squeeze, self.fingerprint, longer=longer)
-        task = _part(*self.train, self.name, self.shape, self.squeeze, self.fingerprint, longer=longer, check=check)
-        object.__setattr__(task, "origin", origin)
-        return task
+        return _part(*self.train, self.name, self.shape, self.squeeze, self.fingerprint, longer=longer, check=check,
+                     origin=origin)
 
     def save(self, path: Path) -> None:
         """An .npz of numbers and a JSON header (no pickles)."""
