@@ -71,3 +71,20 @@ def test_discover_user_task_not_in_registry():
     assert d.solved, d.summary()
     x, p = sp.symbols("x prev1_x")
     assert sp.simplify(d.program.outputs[0] - (3 * p - x)) == 0
+
+
+def test_discover_a_position_under_forces_declared_with_lambdas(tmp_path):
+    """The prefix sum of the prefix sum (a unit mass under forces x_t): the probe's second-order step
+    starts it with sum heads in two layers, so the first attempt verifies; the saved program.py,
+    exec'd in a fresh namespace, is right on fresh forces at the training length and at twice it."""
+    task = wtc.Task("position_under_forces", lambda rng, n: rng.integers(-10, 11, (n, 10)),
+                    lambda x: np.cumsum(np.cumsum(x, 1), 1), seq_len=10, any_length=True)
+    d = wtc.discover(task, seed=0, budget_s=240, progress=False)
+    assert d.solved and len(d.summary()["attempts"]) == 1, d.summary()["attempts"]
+    d.save(tmp_path)
+    namespace: dict = {}
+    exec(compile((tmp_path / "program.py").read_text(), "program.py", "exec"), namespace)
+    rng = np.random.default_rng(99)
+    for T in (10, 20):
+        for xs in rng.integers(-10, 11, (50, T)):
+            assert namespace["program"](xs.tolist()) == np.cumsum(np.cumsum(xs)).tolist()

@@ -197,3 +197,27 @@ def test_a_running_sum_of_a_computed_step_starts_with_sub_mlps_then_sum_heads():
         assert dep.step_affine and sized_for(DTConfig(), dep)[0].n_layers == 1, task.name
     window = Task("sum3", digits, lambda x: x + np.concatenate([np.zeros((len(x), 1), x.dtype), x[:, :-1]], 1), seq_len=10)
     assert dependence(window).step_modulus is None
+
+
+def test_a_running_sum_of_a_running_sum_starts_with_sum_heads_in_two_layers():
+    """y_t - 2 y_(t-1) + y_(t-2) = g(x_t) with g affine (a position under forces, with or without a
+    constant pull; any sampler): step_order 2, and discover starts with sum heads in both layers.
+    A first difference that is already a step stays order 1; a non-affine g at order 2 (a running
+    sum of a count of evens) and a layout set by hand keep the one-layer start."""
+    forces = lambda rng, n: rng.integers(-10, 11, (n, 10))                   # noqa: E731
+    double = lambda x: np.cumsum(np.cumsum(x, 1), 1)                          # noqa: E731
+    for task in (Task("position", forces, double, seq_len=10),
+                 Task("position_pulled", forces, lambda x: double(x - 1), seq_len=10),
+                 Task("position_bits", lambda rng, n: rng.integers(0, 2, (n, 12)), double, seq_len=12)):
+        dep = dependence(task)
+        assert (dep.step_modulus, dep.step_affine, dep.step_order) == (0, True, 2), task.name
+        config, why = sized_for(DTConfig(), dep)
+        assert (config.n_layers, config.n_heads, config.n_agg_heads, config.agg_ops) == (2, (0, 0), (2, 2), ("sum",))
+        assert "running sum of a running sum" in why, why
+        assert sized_for(DTConfig(n_agg_heads=1), dep)[0].n_layers == 1       # a layout set by hand stays
+    digits = lambda rng, n: rng.integers(0, 10, (n, 10))                      # noqa: E731
+    evens = Task("evens_sum", digits, lambda x: double(x % 2 == 0), seq_len=10)
+    dep = dependence(evens)
+    assert (dep.step_order, dep.step_affine) == (2, False)
+    assert sized_for(DTConfig(), dep)[0].n_layers == 1
+    assert dependence(Task("sum", digits, lambda x: np.cumsum(x, 1), seq_len=10)).step_order == 1

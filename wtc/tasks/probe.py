@@ -61,9 +61,11 @@ class Dependence:
     affine: list[bool] = field(default_factory=list)           # per channel: its period found as an exact affine response
     sum_periods: list[int] = field(default_factory=list)       # per channel: y's period in the prefix sum (0: none)
     # y_t - y_(t-1) (mod step_modulus; 0: plain) is a function g of the inputs at t alone: y is a
-    # running sum of g (None: it is not); step_affine: g is affine in the inputs (a sum head reads it)
+    # running sum of g (None: it is not); step_affine: g is affine in the inputs (a sum head reads it);
+    # step_order 2: the difference of the difference is g (y is a running sum of a running sum of g)
     step_modulus: int | None = None
     step_affine: bool = False
+    step_order: int = 1
 
     @property
     def oscillating(self) -> list[tuple[int, int | str, int]]:
@@ -275,27 +277,31 @@ def _sum_period(task: Task, c: int, rng: np.random.Generator) -> int:
 
 
 def _steps(task: Task, rng: np.random.Generator) -> dict:
-    """{step_modulus, step_affine} where y_t - y_(t-1) (y_(-1) = 0), plain or modulo P in
+    """{step_modulus, step_affine, step_order} where y_t - y_(t-1) (y_(-1) = 0), plain or modulo P in
     2..MAX_PERIOD (the largest that works: mod 4 also works mod 2), is the same function of the inputs at t at every t
     and in every sampled sequence (and not constant); {} when none is. A count of the even values
     so far has steps [x_t even] (not affine: a sub-MLP must compute them before a sum head adds
-    them), a parity of a dot product steps a_t b_t mod 2, a plain sum steps x_t (affine)."""
+    them), a parity of a dot product steps a_t b_t mod 2, a plain sum steps x_t (affine). Where no
+    such step exists the difference of the difference is tried, plain only (step_order 2): a
+    position under forces x_t (the prefix sum of the prefix sum) steps x_t there."""
     if task.output != "integer":
         return {}
     x, y = task.batch(rng, PROBE_SEQUENCES)
     if not np.all(np.isfinite(y)):
         return {}
-    step = np.diff(y, axis=1, prepend=0)                                   # (n, T, O)
     keys = x.reshape(-1, x.shape[2])
-    for P in (0,) + tuple(range(MAX_PERIOD, 1, -1)):
-        d = (step % P if P else step).reshape(len(keys), -1)
-        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-        inverse = inverse.ravel()
-        first = np.zeros((len(uniq), d.shape[1]))
-        first[inverse] = d                                                 # any one value per key
-        if not np.array_equal(first[inverse], d) or len(np.unique(d, axis=0)) < 2:
-            continue
-        return {"step_modulus": P, "step_affine": _steps_affine(uniq, first, P)}
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    inverse = inverse.ravel()
+    step = np.diff(y, axis=1, prepend=0)                                   # (n, T, O)
+    for order, moduli in ((1, (0,) + tuple(range(MAX_PERIOD, 1, -1))), (2, (0,))):
+        for P in moduli:
+            d = (step % P if P else step).reshape(len(keys), -1)
+            first = np.zeros((len(uniq), d.shape[1]))
+            first[inverse] = d                                             # any one value per key
+            if not np.array_equal(first[inverse], d) or len(np.unique(d, axis=0)) < 2:
+                continue
+            return {"step_modulus": P, "step_affine": _steps_affine(uniq, first, P), "step_order": order}
+        step = np.diff(step, axis=1, prepend=0)
     return {}
 
 
