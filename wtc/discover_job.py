@@ -86,8 +86,11 @@ def read_replicas(run: Attempt, scores: list[dict], record: dict, seed: int, opt
     """Read the best `count` replicas (UNSOLVED_REPLICAS_TO_READ when none is solved) in rank
     order, verify each, stop at the first that verifies and holds at twice the length; each
     reading gets the time left before the deadline (less VERIFY_RESERVE_S), and none starts after
-    it. Returns the best reading, or None."""
+    it. A pooled task whose user's task this process holds (PoolTask.origin) is verified with the
+    user's callables as the judge would (judged), not on the pool first and then again. Returns
+    the best reading, or None."""
     task, attempt = run.task, run.attempt
+    judge = getattr(task, "origin", None)
     order = sorted(range(len(scores)), key=lambda i: rank_key(task, scores[i]), reverse=True)
     if not any(s["solved"] for s in scores):
         count = min(count, UNSOLVED_REPLICAS_TO_READ)
@@ -106,8 +109,11 @@ def read_replicas(run: Attempt, scores: list[dict], record: dict, seed: int, opt
         except ExtractionError as exc:       # reported, and the search goes on
             record.setdefault("errors", []).append(f"replica {r}: {exc}")
             continue
-        ver = verify(program, task, n=VERIFY_SEQUENCES,
-                     seed=int(np.random.default_rng([seed, attempt, r]).integers(2**31)))
+        if judge is not None:
+            ver = verify(program, judge, n=VERIFY_SEQUENCES, seed=_judge_seed(seed, attempt))
+        else:
+            ver = verify(program, task, n=VERIFY_SEQUENCES,
+                         seed=int(np.random.default_rng([seed, attempt, r]).integers(2**31)))
         found = Candidate(program, model, history, ver, rank_key(task, scores[r]))
         milestone(opts, f"{task.name} attempt {attempt}: replica {r} read ({program.n_lines} lines), "
                         f"{'verified' if found.verified else 'not verified'}"
@@ -124,15 +130,21 @@ def read_replicas(run: Attempt, scores: list[dict], record: dict, seed: int, opt
     return best
 
 
-def judged(result: RungResult, task, seed: int) -> RungResult:
+def _judge_seed(seed: int, attempt: int) -> int:
+    return int(np.random.default_rng([seed, attempt, 7]).integers(2**31))
+
+
+def judged(result: RungResult, task, seed: int, read_so: bool = False) -> RungResult:
     """A pooled rung's best reading verified again with the task's own callables on fresh draws
     (and at twice the length): the pool only chose which replica to read. Done where the user's
-    task is at hand: in the worker forked from the caller (PoolTask.origin), else in the caller."""
+    task is at hand: in the worker forked from the caller (PoolTask.origin), else in the caller.
+    read_so: the reading was verified so already (read_replicas, in a job holding the task): its
+    verification is the verdict, not repeated."""
     best = result.best
     if best is None or best.program is None:
         return result
-    ver = verify(best.program, task, n=VERIFY_SEQUENCES,
-                 seed=int(np.random.default_rng([seed, result.record["attempt"], 7]).integers(2**31)))
+    ver = best.verification if read_so else verify(best.program, task, n=VERIFY_SEQUENCES,
+                                                   seed=_judge_seed(seed, result.record["attempt"]))
     record = {**result.record, "verified": bool(ver.solved and best.program.ok), "verified_on": JUDGED_ON,
               "holds_longer": [ver.holds_longer]}
     return RungResult(record, dataclasses.replace(best, verification=ver))
@@ -193,7 +205,7 @@ class DiscoverJob:
             best = Candidate(None, model, history, None, rank_key(task, scores[top]))
         result = RungResult(record, best)
         if getattr(task, "origin", None) is not None:
-            result = judged(result, task.origin, seed)
+            result = judged(result, task.origin, seed, read_so=True)
         result.record["seconds"] = time.perf_counter() - started
         if path is not None:
             save_rung(path, result, task, seed, attempt, rung.config)
