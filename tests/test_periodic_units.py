@@ -1,5 +1,6 @@
 """Periodic units of the sub-MLPs (DTConfig.mlp_periods): the features, their exactness on integer
 tables, every backend against the reference, and a planted model read back as `%`."""
+import copy
 import fnmatch
 import os
 import subprocess
@@ -176,3 +177,41 @@ def test_planted_counter_mod_k_reads_through_the_prefix_sum():
     assert program.ok, program.failures
     assert "sum(x[:t + 1])" in program.source and "% 5" in program.source, program.source
     assert verify(program, task, n=5000, seed=3).solved
+
+
+@pytest.mark.parametrize("hard", [False, True])
+def test_the_folded_periodic_units_equal_their_definition(hard):
+    """periodic() folds a soft choice into W_per (one product per replica) and takes a hard
+    choice's features of the chosen values only: on fresh random streams, units, choices and
+    weights, its outputs and the gradients of the stream, the choice's weights and W_per equal
+    periodic_reference()'s (features per variable, read per slot, then weighted) in float64, in
+    float32 within its rounding, and a hard choice's outputs are the same float32 numbers."""
+    from wtc.dt.selection import Choice
+
+    g = torch.Generator().manual_seed(7 + hard)
+    R, B, T, V = 3, 4, 6, 9
+    mlp = DiscreteTransformer(DTConfig(mlp_periods=PERIODS, replicas=R), seq_len=T, n_inputs=2).blocks[0].mlp
+    S = mlp.M * mlp.k
+    for dtype in (torch.float64, torch.float32):
+        m = copy.deepcopy(mlp).to(dtype)
+        with torch.no_grad():
+            m.W_per.copy_(torch.randn(m.W_per.shape, generator=g, dtype=dtype))
+        stream = torch.randn(R, B, T, V, generator=g, dtype=dtype).requires_grad_()
+        units = torch.rand(R, T, V, generator=g, dtype=dtype) * 20
+        if hard:
+            choice = Choice(index=torch.randint(0, V, (R, S), generator=g))
+        else:
+            choice = Choice(weights=torch.softmax(torch.randn(R, S, V, generator=g, dtype=dtype), -1).requires_grad_())
+        outs = []
+        for fn in (m.periodic, m.periodic_reference):
+            for t in (stream, m.W_per, choice.weights):
+                if t is not None:
+                    t.grad = None
+            y = fn(stream, units, choice)
+            (y * torch.linspace(-1, 1, y.numel(), dtype=dtype).view(y.shape)).sum().backward()
+            outs.append([y.detach().clone()] + [t.grad.clone() for t in (stream, m.W_per, choice.weights) if t is not None])
+        for a, b in zip(*outs):
+            tol = 1e-12 if dtype == torch.float64 else 1e-4
+            assert torch.allclose(a, b, rtol=tol, atol=tol * float(b.abs().max()))
+        if hard and dtype == torch.float32:
+            assert torch.equal(outs[0][0], outs[1][0])
