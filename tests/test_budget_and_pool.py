@@ -122,6 +122,45 @@ def test_a_pooled_reading_is_judged_the_same_in_the_job_and_in_the_caller(tmp_pa
 
 
 
+class _Raising:
+    """A read program that divides by zero on fresh data (as a replica's reading can)."""
+    ok, n_lines, task = True, 3, "user_sum2_r"
+
+    def __call__(self, x, **options):
+        raise ZeroDivisionError("float division by zero")
+
+
+def test_a_reading_whose_program_raises_on_fresh_data_is_a_failed_reading(monkeypatch):
+    """A program that raises on the fresh sequences is not an error of discover: in the job the
+    reading is reported in the record's errors and the next replica is read; the judge in the
+    caller returns "not verified" and keeps the model, as unread. A target that is not a function
+    of its inputs still raises (the task is at fault, not the reading)."""
+    import wtc.discover_job as job
+    from wtc.discover_job import Candidate, RungResult, read_replicas
+    from wtc.extraction.verification import ProgramFailedError, VerificationError
+
+    task = callable_task("user_sum2_r")
+    run = Attempt(task, TINY.replace(replicas=3), 0, 0)
+    scores = run_attempt(run)
+    monkeypatch.setattr(job, "extract", lambda model, task, **kw: _Raising())
+    record = {"attempt": 0, "replicas_read": 0, "verified": False}
+    assert read_replicas(run, scores, record, 0, {}, time.perf_counter(), None, count=2) is None
+    read = 2 if any(s["solved"] for s in scores) else job.UNSOLVED_REPLICAS_TO_READ
+    assert len(record["errors"]) == read
+    assert all("raised ZeroDivisionError" in e for e in record["errors"]) and not record["verified"]
+    model, history = object(), object()
+    result = judged(RungResult({"attempt": 0, "verified": True}, Candidate(_Raising(), model, history, None, (1,))),
+                    task, 0)
+    assert not result.verified and result.record["verified_on"] == JUDGED_ON
+    assert "raised ZeroDivisionError" in result.record["errors"][-1]
+    assert result.best.program is None and result.best.model is model
+    drifting = wtc.Task("drifting", lambda rng, n: rng.integers(0, 5, (n, 6)),
+                        lambda x: x + np.random.default_rng().integers(0, 2, x.shape), seq_len=6)
+    with pytest.raises(VerificationError, match="not a function of its inputs") as err:
+        judged(RungResult({"attempt": 0}, Candidate(lambda x, **kw: x, model, history, None, (1,))), drifting, 0)
+    assert not isinstance(err.value, ProgramFailedError)
+
+
 # ---------------------------------------------------------------------- the budget, stage by stage
 def test_training_stops_at_the_deadline_and_the_polish_too():
     run = Attempt(wtc.tasks.get("prev2"), TINY, 0, 0)

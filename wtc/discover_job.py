@@ -24,6 +24,7 @@ from wtc.errors import CheckpointError
 from wtc.progress import mode
 from wtc.extraction import Line, Program, Reading, Verification, extract, verify
 from wtc.extraction.formulas import ExtractionError, ExtractionTimeout
+from wtc.extraction.verification import ProgramFailedError
 from wtc.extraction.routing_rules import Rule
 
 REPLICAS_TO_READ = 3
@@ -109,11 +110,17 @@ def read_replicas(run: Attempt, scores: list[dict], record: dict, seed: int, opt
         except ExtractionError as exc:       # reported, and the search goes on
             record.setdefault("errors", []).append(f"replica {r}: {exc}")
             continue
-        if judge is not None:
-            ver = verify(program, judge, n=VERIFY_SEQUENCES, seed=_judge_seed(seed, attempt))
-        else:
-            ver = verify(program, task, n=VERIFY_SEQUENCES,
-                         seed=int(np.random.default_rng([seed, attempt, r]).integers(2**31)))
+        try:
+            if judge is not None:
+                ver = verify(program, judge, n=VERIFY_SEQUENCES, seed=_judge_seed(seed, attempt))
+            else:
+                ver = verify(program, task, n=VERIFY_SEQUENCES,
+                             seed=int(np.random.default_rng([seed, attempt, r]).integers(2**31)))
+        except ProgramFailedError as exc:    # a reading that fails on fresh data: reported, the search goes on
+            record.setdefault("errors", []).append(f"replica {r}: {exc}")
+            milestone(opts, f"{task.name} attempt {attempt}: replica {r} read ({program.n_lines} lines), "
+                            f"not verified: {exc}")
+            continue
         found = Candidate(program, model, history, ver, rank_key(task, scores[r]))
         milestone(opts, f"{task.name} attempt {attempt}: replica {r} read ({program.n_lines} lines), "
                         f"{'verified' if found.verified else 'not verified'}"
@@ -143,8 +150,13 @@ def judged(result: RungResult, task, seed: int, read_so: bool = False) -> RungRe
     best = result.best
     if best is None or best.program is None:
         return result
-    ver = best.verification if read_so else verify(best.program, task, n=VERIFY_SEQUENCES,
-                                                   seed=_judge_seed(seed, result.record["attempt"]))
+    try:
+        ver = best.verification if read_so else verify(best.program, task, n=VERIFY_SEQUENCES,
+                                                       seed=_judge_seed(seed, result.record["attempt"]))
+    except ProgramFailedError as exc:      # no verdict but "not verified"; the model is kept, as unread
+        record = {**result.record, "verified": False, "verified_on": JUDGED_ON,
+                  "errors": [*result.record.get("errors", []), f"the reading judged: {exc}"]}
+        return RungResult(record, Candidate(None, best.model, best.history, None, best.replica_rank))
     record = {**result.record, "verified": bool(ver.solved and best.program.ok), "verified_on": JUDGED_ON,
               "holds_longer": [ver.holds_longer]}
     return RungResult(record, dataclasses.replace(best, verification=ver))

@@ -19,7 +19,14 @@ class Predictor(Protocol):
 
 
 class VerificationError(WtcError, ValueError):
-    """The program under verification raised, or returned something that is not numbers."""
+    """The program cannot be verified here: it raised, or returned something that is not numbers
+    (ProgramFailedError), it was read for another task, or the task's target is not a function of
+    its inputs."""
+
+
+class ProgramFailedError(VerificationError):
+    """The program under verification raised on the fresh sequences, or returned something that is
+    not numbers: the program is at fault, not the task (discover counts such a reading as failed)."""
 
 
 @dataclass
@@ -168,9 +175,9 @@ def _run(program, x: np.ndarray, task, n: int) -> np.ndarray:
     try:
         pred = program(x, **options)
     except Exception as exc:              # the program under test is the user's (or emitted) code
-        raise VerificationError(f"the program raised {type(exc).__name__} on {n} fresh sequences of "
-                                f"{task.name!r}: {exc}") from exc
+        raise ProgramFailedError(f"the program raised {type(exc).__name__} on {n} fresh sequences of "
+                                 f"{task.name!r}: {exc}") from exc
     try:
         return np.asarray(pred, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise VerificationError(f"the program returned {type(pred).__name__}, not numbers: {exc}") from None
+        raise ProgramFailedError(f"the program returned {type(pred).__name__}, not numbers: {exc}") from None
