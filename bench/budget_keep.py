@@ -8,7 +8,9 @@ Tasks (declared with lambdas, as a user would):
                 few dozen units represents 10^4 random values, so every attempt fails and the
                 ladder runs until the budget is spent;
   dps_wide      the prefix sum of the prefix sum of ints in [-10, 10] (the issue's case: trained
-                134 s, then read replicas out for 183 s).
+                134 s, then read replicas out for 183 s; since session 33 the probe's second-order
+                step starts it with two layers of sum heads and it verifies in seconds, so it
+                shows the budget's other side: a solved run returns as soon as it verifies).
 Each run is a subprocess script (wtc.discover + Discovery.save), timed by wall clock from its
 start (interpreter start, imports and saving included, as a user waits for them: wall_s) and by
 the discover call itself (Discovery.seconds: discover_s, what the promise covers). With --before, the
