@@ -11,10 +11,11 @@ and the layout is left alone.
 
 A running sum of a running sum of an affine g (step_order 2: a position under forces x_t, a double
 prefix sum) gets sum heads in both layers: the first sums x, the second sums the first's sums. One
-layer has no second sum to take, and the ladder reaches two layers only at its fourth rung (seed 0:
-a double prefix sum declared with lambdas verified there after 66 s of one-layer rungs, 3 s as the
-first rung; MIPS's Newton_Gravity verified in 26 s, unsolved in 530 s by the ladder). A non-affine
-g at order 2 would need a third layer; the layout is then left to the ladder.
+layer has no second sum to take, and the ladder reaches two layers only at its third or fourth rung
+(seed 0: a double prefix sum declared with lambdas verified at the third after 66 s of one-layer
+rungs, in 2.5 s as the first rung; MIPS's Newton_Gravity verified in 27-31 s, unsolved in 530 s by
+the ladder). A non-affine g at order 2 would need a third layer; the layout is then left to the
+ladder.
 """
 from __future__ import annotations
 
