@@ -110,12 +110,10 @@ def read_replicas(run: Attempt, scores: list[dict], record: dict, seed: int, opt
         except ExtractionError as exc:       # reported, and the search goes on
             record.setdefault("errors", []).append(f"replica {r}: {exc}")
             continue
+        on, at = ((judge, _judge_seed(seed, attempt)) if judge is not None
+                  else (task, int(np.random.default_rng([seed, attempt, r]).integers(2**31))))
         try:
-            if judge is not None:
-                ver = verify(program, judge, n=VERIFY_SEQUENCES, seed=_judge_seed(seed, attempt))
-            else:
-                ver = verify(program, task, n=VERIFY_SEQUENCES,
-                             seed=int(np.random.default_rng([seed, attempt, r]).integers(2**31)))
+            ver = verify(program, on, n=VERIFY_SEQUENCES, seed=at)
         except ProgramFailedError as exc:    # a reading that fails on fresh data: reported, the search goes on
             record.setdefault("errors", []).append(f"replica {r}: {exc}")
             milestone(opts, f"{task.name} attempt {attempt}: replica {r} read ({program.n_lines} lines), "

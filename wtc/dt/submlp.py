@@ -33,11 +33,13 @@ def frequencies(periods: tuple[int, ...]) -> tuple[torch.Tensor, int]:
     return torch.tensor(fracs, dtype=torch.float64), sum(f != 0.5 for f in fracs)
 
 
-def periodic_features(raw: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+def periodic_features(raw: torch.Tensor, freqs: torch.Tensor, n_sine: int | None = None) -> torch.Tensor:
     """raw (..., V) program-unit values -> (..., F, V): cos(2 pi f raw) for every frequency, then
-    sin(2 pi f raw) for those below 1/2 (F = 2 * len(freqs) - [1/2 in freqs])."""
+    sin(2 pi f raw) for those below 1/2 (F = 2 * len(freqs) - [1/2 in freqs]). n_sine: how many
+    get a sine, as frequencies() gives it (default: read from freqs, a device read on a GPU)."""
     angle = (2 * torch.pi) * raw.unsqueeze(-2) * freqs.to(raw.dtype)[:, None]   # (..., n_freq, V)
-    n_sine = len(freqs) - int(bool(freqs[-1] == 0.5))    # ascending: 1/2, when there, is the last
+    if n_sine is None:
+        n_sine = len(freqs) - int(bool(freqs[-1] == 0.5))    # ascending: 1/2, when there, is the last
     return torch.cat([torch.cos(angle), torch.sin(angle[..., :n_sine, :])], dim=-2)
 
 
@@ -114,10 +116,11 @@ class SubMLPs(nn.Module):
         step of a two-layer model with periods 2..6, measured), and a hard one takes the features of
         the chosen values only (the same numbers as choosing among every variable's)."""
         raw = stream * units[:, None]                                               # (R, B, T, V)
+        n_sine = self.W_per.shape[-1] - len(self.freqs)                             # from shapes: no device read
         if choice.index is not None:
-            feats = periodic_features(choice.read(raw), self.freqs)                 # (R, B, T, F, M k)
+            feats = periodic_features(choice.read(raw), self.freqs, n_sine)         # (R, B, T, F, M k)
             return torch.einsum("rbtfmk,rmkf->rbtm", feats.unflatten(-1, (self.M, self.k)), self.W_per)
-        feats = periodic_features(raw, self.freqs)                                  # (R, B, T, F, V)
+        feats = periodic_features(raw, self.freqs, n_sine)                          # (R, B, T, F, V)
         R, B, T, F, V = feats.shape
         weights = torch.einsum("rmkv,rmkf->rfvm", choice.weights.unflatten(1, (self.M, self.k)), self.W_per)
         return torch.bmm(feats.reshape(R, B * T, F * V), weights.reshape(R, F * V, self.M)).view(R, B, T, self.M)
