@@ -23,7 +23,7 @@ from wtc.dt.finish import masked_mse, polish, refit_head
 from wtc.dt.history import History
 from wtc.dt.ladder import Deadline
 from wtc.dt.model import DiscreteTransformer
-from wtc.dt.periodic_snap import snap_coefficients
+from wtc.dt.periodic_snap import snap_coefficients, snap_steps
 from wtc.dt.refine import refine_pointers
 from wtc.dt.schedule import Anneal
 from wtc.dt.scores import metric_value, nearly, rank_key, solid
@@ -113,7 +113,8 @@ class Attempt:
         self.settled_by: str | None = None     # how the settle check found a replica exact (wtc.dt.settle)
         self.graphed: graph_step.GraphedStep | None = None   # hard-phase steps from a CUDA graph (GPU only)
         self.snaps, self.snap_seconds = [], 0.0   # heads set to routing rules at the finish (wtc.dt.snap), CPU s
-        self.coefficient_snaps: list[dict] = []   # periodic aggregates set to integers (wtc.dt.periodic_snap)
+        # periodic aggregates set to integers, summed sub-MLP outputs to whole numbers (wtc.dt.periodic_snap)
+        self.coefficient_snaps, self.step_snaps = [], []
         heads = [n for b in self.model.blocks if b.attn is not None for n in b.attn.head_names]
         slots = [s for sel in self.model.selectors() for s in sel.slot_names]
         self.history = History(task.name, "accuracy" if task.output == "integer" else "max_rel_err",
@@ -222,16 +223,16 @@ class Attempt:
         self._update(xt, yt, valid, Sampling.hard_phase(self.config.tau_end))
 
     def finish(self, deadline: Deadline | None = None) -> None:
-        """Freeze the discrete structure, refit the head exactly, polish the continuous parts.
-        With a deadline, the snap and the L-BFGS polishes stop at its finish_by."""
+        """Freeze the discrete structure, refit the head exactly, polish the continuous parts (summed
+        steps snap after it: it brings them closest to whole). A deadline's finish_by stops snaps and polishes."""
         end = None if deadline is None else deadline.finish_by
         self.model.freeze()
         self.model.eval()
         x, y, valid = self.fit_data[:3]
-        n = POLISH_SEQUENCES
+        n, k = POLISH_SEQUENCES, SNAP_SEQUENCES
         refit_head(self.model, x, y, valid)
         if self.config.snap:
-            k, started = SNAP_SEQUENCES, time.process_time()
+            started = time.process_time()
             self.snaps = snap_heads(self.model, x[:k], y[:k], valid[:k], until=end)
             self.snap_seconds = time.process_time() - started
             refit_head(self.model, x, y, valid)      # candidates were scored on a subset
@@ -244,6 +245,7 @@ class Attempt:
             refit_head(self.model, x, y, valid)
             if self.config.polish_iters:
                 polish(self.model, x[:n], y[:n], valid[:n], iters=self.config.polish_iters, until=end)
+        self.step_snaps = snap_steps(self.model, x[:k], y[:k], valid[:k], until=end) if self.config.snap else []
         self.phase = "done"
 
     def precision_pass(self, scores: list[dict], deadline: Deadline | None = None) -> list[dict]:
@@ -367,7 +369,8 @@ def run_attempt(run: Attempt, progress: bool | str = False, state_path: Path | N
     run.history.final = {"scores": scores}
     settled = run.hard_from < cfg.steps
     extras = {"settled_at_step": run.hard_from if settled else None, "settled_by": run.settled_by if settled else None,
-              "snaps": [dataclasses.asdict(s) for s in run.snaps], "coefficient_snaps": run.coefficient_snaps}
+              "snaps": [dataclasses.asdict(s) for s in run.snaps], "coefficient_snaps": run.coefficient_snaps,
+              "step_snaps": run.step_snaps}
     run.history.final.update({k: v for k, v in extras.items() if v})
     if stopped is not None:
         run.history.final.update(stopped_at_step=stopped, planned_steps=run.planned_steps)

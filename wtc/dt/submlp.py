@@ -85,6 +85,12 @@ class SubMLPs(nn.Module):
             self.W_per = nn.Parameter(torch.zeros(R, M, k, len(freqs) + n_sine))
         else:
             self.W_per = None
+        # (R, M): outputs rounded to whole numbers once the model is frozen (a summed step whose
+        # residue the next layer reads: wtc.dt.periodic_snap.snap_steps)
+        self.register_buffer("whole", torch.zeros(R, M, dtype=torch.bool))
+        # the outputs' program unit, what a later layer's periodic units multiply them by: 1 (model
+        # units); 0 in models saved before it existed, whose periodic units read no sub-MLP output
+        self.register_buffer("output_unit", torch.ones(()))
         self.hook_pre = HookPoint()    # (R, B, T, M, k): each sub-MLP's inputs
         self.hook_post = HookPoint()   # (R, B, T, M): each sub-MLP's output
 
@@ -136,11 +142,14 @@ class SubMLPs(nn.Module):
         """stream (R, B, T, V) at real positions -> outputs (R, B, T, M). units (R, T, V): each
         variable's program unit (raw value = stream * units), needed with periodic units."""
         choice = self.select(sampling)
+        out = self._bank(stream, choice)
         if self.W_per is not None:
             if units is None:
                 raise ValueError("sub-MLPs with periodic units need the variables' units (R, T, V)")
-            return self.hook_post(self._bank(stream, choice) + self.periodic(stream, units, choice))
-        return self.hook_post(self._bank(stream, choice))
+            out = out + self.periodic(stream, units, choice)
+        if choice.index is not None:    # frozen: rounding is set only then (and passes no gradient)
+            out = torch.where(self.whole[:, None, None], out.round(), out)
+        return self.hook_post(out)
 
     def _bank(self, stream: torch.Tensor, choice) -> torch.Tensor:
         """The MLP part of the outputs (R, B, T, M) on the fastest backend for stream."""

@@ -50,8 +50,10 @@ LIVE_SHARE = 0.1            # live: moves an output by more than this share of t
 MAX_DEVIATION = 0.05        # program vs model output on the extraction data, relative rms
 RAW_READ_DEVIATION = 0.03     # ... or, failing that, read the raw output within this relative rms
 MAX_VIA = 8                 # variables the sub-MLPs feeding an output may read together
-MAX_FEWER = 3               # an integer output read over fewer of its variables: from at most this many
-#                             (one or two of them; more costs ~18 s a reading and found nothing more)
+MAX_FEWER = 4               # an integer output read over fewer of its variables: from at most this many
+#                             (one or two of them; six cost ~18 s a reading and found nothing more; four:
+#                             the parity of a dot product reads x0, x1, their product and its sum, and is
+#                             whole only as the sum mod 2)
 MAX_FEWER_THROUGH = 6       # ... or of at most this many where an unread sub-MLP stands between (Div_3: the
 #                             output's weak linear terms on two means made the four no formula reads whole)
 ALONE_TIME_LIMIT = 1.0      # seconds per sub-MLP read alone for the report (its formula is in the output: the program does not use it)
