@@ -1,7 +1,7 @@
-"""A summed sub-MLP output read periodically (wtc.dt.periodic_snap.snap_steps): rounded to the
-whole numbers it nearly is, so the running sum's residue is exact; the rounding's semantics, the
-search for summed steps, a planted dot-product parity read back as `sum % 2` and right on runs far
-longer than training's, and checkpoints from before the rounding and the output unit existed."""
+"""Summed steps set to their levels (wtc.dt.step_snap): the rounding's semantics, the levels found,
+the search for summed steps, a planted dot-product parity read back as `sum % 2` and right on runs
+far longer than training's (a near-whole step, and one of two levels), and checkpoints from before
+the levels and the output unit existed."""
 import os
 import subprocess
 import sys
@@ -15,7 +15,7 @@ from wtc.checkpoint_io import read
 from wtc.dt import DTConfig, DiscreteTransformer, checkpoint
 from wtc.dt.attempt import Attempt
 from wtc.dt.finish import refit_head
-from wtc.dt.periodic_snap import snap_steps, summed_steps
+from wtc.dt.step_snap import levels_of, snap_steps, summed_steps
 from wtc.dt.selection import EVAL
 from wtc.extraction import extract, verify
 
@@ -100,7 +100,20 @@ def test_summed_steps_are_the_sub_mlp_outputs_a_sum_head_adds_up():
     assert summed_steps(model) == {}                                  # the sum head adds up an input
     no_periods = DiscreteTransformer(DTConfig(**{**DOT, "mlp_periods": ()}), seq_len=6, n_inputs=2)
     _pin(no_periods, PINS)
-    assert summed_steps(no_periods) == {}                             # nothing reads a residue
+    assert summed_steps(no_periods) == {0: [(0, 0)], 1: [(0, 0)]}     # a count is a summed step too
+
+
+@pytest.mark.parametrize("values,levels", [
+    ([0.0, 2.97, 3.02, -0.04], (0.0, 1.0)),          # near whole numbers: rounded to them
+    ([0.0, 3.0, 1.0], None),                          # whole already
+    ([0.78, 4.01, 4.0, 0.79], (0.78, 3.23)),          # two levels: 0 and 1
+    ([0.5, 1.51, 2.49, 0.5], (0.5, 0.995)),           # three evenly spaced levels: 0, 1, 2
+    ([2.5, 2.5], None),                               # a constant
+    ([0.0, 0.3, 1.7, 2.0], None),                     # neither
+])
+def test_levels_of_a_step(values, levels):
+    got = levels_of(torch.tensor(values, dtype=torch.float64))
+    assert got == levels if levels is None else got == pytest.approx(levels)
 
 
 def test_a_near_whole_step_is_snapped_and_the_parity_reads_as_the_sum_mod_2(tmp_path):
@@ -134,22 +147,34 @@ def test_a_near_whole_step_is_snapped_and_the_parity_reads_as_the_sum_mod_2(tmp_
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
 
 
-@pytest.mark.parametrize("step", [1.0, 0.7])
-def test_a_whole_or_far_from_whole_step_is_left_alone(step):
-    task, run = _planted_dot_parity(step)
+def test_a_step_of_two_levels_is_set_to_their_index():
+    """Step 0.7 on a pair of ones, 0 elsewhere: two levels, set to 0 and 1 (origin 0, size 0.7);
+    the periodic unit then reads the count's parity exactly, as for a near-whole step."""
+    task, run = _planted_dot_parity(0.7)
+    x, y, valid, _ = run.fit_data
+    snaps = snap_steps(run.model, x[:256], y[:256], valid[:256])
+    assert [(s["origin"], round(s["size"], 4), s["values"]) for s in snaps] == [(0.0, 0.7, [0, 1])] * 2
+    xs = np.random.default_rng(6).integers(0, 2, (200, 10, 2)).astype(float)
+    xs[:10] = 1
+    assert np.array_equal(run.model.predict(xs, replica=0), task.target(xs))
+
+
+def test_a_whole_step_is_left_alone():
+    task, run = _planted_dot_parity(1.0)
     x, y, valid, _ = run.fit_data
     assert snap_steps(run.model, x[:256], y[:256], valid[:256]) == []
     assert not bool(run.model.blocks[0].mlp.whole.any())
 
 
 def test_a_checkpoint_from_before_rounding_and_output_units_keeps_its_meaning(tmp_path):
-    """Written before SubMLPs.whole and .output_unit: nothing rounded, and no sub-MLP output read
+    """Written before SubMLPs' levels and output unit: nothing rounded, and no sub-MLP output read
     by a periodic unit (unit 0), so it predicts what it predicted when it was saved."""
     task, run = _planted_dot_parity(0.97)
     model = run.model.replica(0)
     checkpoint.save(model, tmp_path / "m")
     tensors, meta = read(tmp_path / "m" / "model")
-    old = {k: v for k, v in tensors.items() if not k.endswith((".mlp.whole", ".mlp.output_unit"))}
+    old = {k: v for k, v in tensors.items()
+           if not k.endswith((".mlp.whole", ".mlp.level_origin", ".mlp.level_size", ".mlp.output_unit"))}
     assert len(old) < len(tensors)
     loaded = checkpoint.build_model(meta, old)
     assert not bool(loaded.blocks[0].mlp.whole.any())

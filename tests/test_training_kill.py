@@ -76,7 +76,16 @@ def resume_to_the_end(path, ref_model, ref):
     return r
 
 
-def test_ctrl_c_mid_update_checkpoints_the_whole_step_and_still_interrupts(tmp_path):
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT as an interactive Python has it: a process a non-interactive shell starts in the
+    background inherits SIGINT ignored, and a trainer rightly leaves an ignored signal alone."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_mid_update_checkpoints_the_whole_step_and_still_interrupts(tmp_path, ctrl_c_raises):
     ref_model, ref = reference(tmp_path)
     path = tmp_path / "run" / "state"
     before = signal.getsignal(signal.SIGINT)

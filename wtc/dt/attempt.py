@@ -23,7 +23,8 @@ from wtc.dt.finish import masked_mse, polish, refit_head
 from wtc.dt.history import History
 from wtc.dt.ladder import Deadline
 from wtc.dt.model import DiscreteTransformer
-from wtc.dt.periodic_snap import snap_coefficients, snap_steps
+from wtc.dt.periodic_snap import snap_coefficients
+from wtc.dt.step_snap import snap_steps
 from wtc.dt.refine import refine_pointers
 from wtc.dt.schedule import Anneal
 from wtc.dt.scores import metric_value, nearly, rank_key, solid
@@ -113,8 +114,7 @@ class Attempt:
         self.settled_by: str | None = None     # how the settle check found a replica exact (wtc.dt.settle)
         self.graphed: graph_step.GraphedStep | None = None   # hard-phase steps from a CUDA graph (GPU only)
         self.snaps, self.snap_seconds = [], 0.0   # heads set to routing rules at the finish (wtc.dt.snap), CPU s
-        # periodic aggregates set to integers, summed sub-MLP outputs to whole numbers (wtc.dt.periodic_snap)
-        self.coefficient_snaps, self.step_snaps = [], []
+        self.coefficient_snaps, self.step_snaps = [], []   # wtc.dt.periodic_snap, wtc.dt.step_snap
         heads = [n for b in self.model.blocks if b.attn is not None for n in b.attn.head_names]
         slots = [s for sel in self.model.selectors() for s in sel.slot_names]
         self.history = History(task.name, "accuracy" if task.output == "integer" else "max_rel_err",

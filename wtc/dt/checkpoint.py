@@ -46,9 +46,9 @@ def build_model(meta: dict, tensors: dict[str, torch.Tensor], prefix: str = ""):
         raise CheckpointError(f"checkpoint metadata (model.json) does not describe a model: "
                               f"{' '.join(str(exc).split())}") from exc
     state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-    for key, value in model.state_dict().items():    # written before SubMLPs.whole and .output_unit:
-        if key.endswith(".mlp.whole") and key not in state:           # no output rounded
-            state[key] = value
+    for key, value in model.state_dict().items():    # written before SubMLPs' steps and output unit:
+        if key.endswith((".mlp.whole", ".mlp.level_origin", ".mlp.level_size")) and key not in state:
+            state[key] = value                                         # no step set to levels
         if key.endswith(".mlp.output_unit") and key not in state:     # no output read periodically
             state[key] = torch.zeros_like(value)
     try:

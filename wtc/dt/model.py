@@ -30,7 +30,8 @@ from wtc.hooks import Hooked, HookPoint
 from wtc.kernels.products import read_product
 
 RANGE_MOMENTUM = 0.05
-PER_REPLICA_BUFFERS = ("var_lo", "var_hi", "frozen_index", "content", "whole")  # leading axis R, like parameters
+PER_REPLICA_BUFFERS = ("var_lo", "var_hi", "frozen_index", "content", "whole", "level_origin",
+                       "level_size")  # leading axis R, like parameters
 
 
 def read_mask(slots: list[str], variables: list[str], config: DTConfig) -> torch.Tensor:
@@ -211,7 +212,7 @@ class DiscreteTransformer(Hooked):
             if block.mlp is not None:
                 m = block.mlp(stream[:, :, self.P:], sampling, units)            # (R, B, T, M)
                 stream = self._append(stream, m, track)
-                if units is not None:   # in model units (wtc.dt.periodic_snap makes a summed one whole)
+                if units is not None:   # in model units (wtc.dt.step_snap makes a summed one whole)
                     units = torch.cat([units, block.mlp.output_unit.expand(*units.shape[:2], m.shape[-1])], -1)
             stream = block.hook_resid_post(stream)
         stream = self.hook_stream(stream)

@@ -85,9 +85,11 @@ class SubMLPs(nn.Module):
             self.W_per = nn.Parameter(torch.zeros(R, M, k, len(freqs) + n_sine))
         else:
             self.W_per = None
-        # (R, M): outputs rounded to whole numbers once the model is frozen (a summed step whose
-        # residue the next layer reads: wtc.dt.periodic_snap.snap_steps)
+        # (R, M): outputs replaced by round((output - level_origin) / level_size) once the model is
+        # frozen, a summed step set to its levels (wtc.dt.step_snap)
         self.register_buffer("whole", torch.zeros(R, M, dtype=torch.bool))
+        self.register_buffer("level_origin", torch.zeros(R, M))
+        self.register_buffer("level_size", torch.ones(R, M))
         # the outputs' program unit, what a later layer's periodic units multiply them by: 1 (model
         # units); 0 in models saved before it existed, whose periodic units read no sub-MLP output
         self.register_buffer("output_unit", torch.ones(()))
@@ -148,7 +150,8 @@ class SubMLPs(nn.Module):
                 raise ValueError("sub-MLPs with periodic units need the variables' units (R, T, V)")
             out = out + self.periodic(stream, units, choice)
         if choice.index is not None:    # frozen: rounding is set only then (and passes no gradient)
-            out = torch.where(self.whole[:, None, None], out.round(), out)
+            level = (out - self.level_origin[:, None, None]) / self.level_size[:, None, None]
+            out = torch.where(self.whole[:, None, None], level.round(), out)
         return self.hook_post(out)
 
     def _bank(self, stream: torch.Tensor, choice) -> torch.Tensor:
