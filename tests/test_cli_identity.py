@@ -203,7 +203,7 @@ def test_discover_a_task_file_from_a_shell(tmp_path, task_file):
     r = _wtc("discover", f"{task_file}:my_sum", "--budget", 20, "--out", out, cwd=tmp_path)
     assert r.returncode in (0, 1), r.stderr
     assert "my_sum attempt 0" in r.stderr and "my_sum attempt" not in r.stdout
-    assert r.stdout.rstrip().endswith(f"wrote {out}/program.py, report.md, training.png, summary.json, model/")
+    assert r.stdout.rstrip().endswith(f"wrote {out}/program.py, report.md, training.svg, summary.json, model/")
     assert "\r" not in r.stdout + r.stderr
     _run_fields(json.loads((out / "summary.json").read_text()), resolve(f"{task_file}:my_sum"), seed=0)
 

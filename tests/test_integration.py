@@ -56,7 +56,7 @@ def test_discover_parity_finds_the_papers_expression(tmp_path):
     x, p = sp.symbols("x prev1_x")
     assert sp.simplify(d.program.outputs[0] - (x + p - 2 * x * p)) == 0
     d.save(tmp_path)
-    for f in ("program.py", "report.md", "summary.json", "training.png", "model/model.safetensors"):
+    for f in ("program.py", "report.md", "summary.json", "training.svg", "model/model.safetensors"):
         assert (tmp_path / f).exists(), f
     namespace: dict = {}
     exec((tmp_path / "program.py").read_text(), namespace)

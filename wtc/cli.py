@@ -62,12 +62,12 @@ def _cmd_train(args) -> int:
     print("structure:", ", ".join(f"{k}<-{v}" for k, v in live.items()))
     if out:
         checkpoint.save(model, out / "model", extra=getattr(model, "train_info", {}))
-        history.plot(out / "training.png")
+        history.plot(out / "training.svg")
         summary = {"task": task.name, "seed": args.seed, "seconds": seconds, "metric": metric,
                    "score": score, "attempt": history.attempt, "replica": history.replica,
                    "structure": live, **{k: v for k, v in run.to_dict().items() if k != "task"}}
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        print(f"wrote {out}/summary.json, training.png, model/")
+        print(f"wrote {out}/summary.json, training.svg, model/")
     return 0 if score["solved"] else 1
 
 
@@ -107,7 +107,7 @@ def _cmd_discover(args) -> int:
         print(f"  unreadable: {failure}")
     if args.out:
         d.save(args.out)
-        print(f"wrote {args.out}/program.py, report.md, training.png, summary.json, model/")
+        print(f"wrote {args.out}/program.py, report.md, training.svg, summary.json, model/")
     return 0 if d.solved else 1
 
 

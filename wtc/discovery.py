@@ -191,8 +191,9 @@ class Discovery:
             lines.append("No attempt learned the function; a larger budget (more attempts up the ladder) may help.")
         return lines
 
-    OUTPUTS = {"program.py": "file", "report.md": "file", "training.png": "file", "summary.json": "file",
+    OUTPUTS = {"program.py": "file", "report.md": "file", "training.svg": "file", "summary.json": "file",
                "model": "directory"}
+    REPLACED = ("training.png",)     # an output of earlier versions (the chart is SVG now): removed on save
 
     @classmethod
     def check_directory(cls, directory) -> Path:
@@ -215,7 +216,7 @@ class Discovery:
         return d
 
     def save(self, directory) -> Path:
-        """program.py, report.md, training.png, model/ (checkpoint), summary.json: written to a
+        """program.py, report.md, training.svg, model/ (checkpoint), summary.json: written to a
         scratch directory beside them first, then moved into place, so a failure leaves the old
         outputs whole; outputs this result does not have (no program) are removed, not left stale."""
         import shutil
@@ -228,7 +229,7 @@ class Discovery:
             new = Path(scratch)
             plot = None
             if self.history is not None and len(self.history):
-                plot = self.history.plot(new / "training.png") and "training.png"
+                plot = self.history.plot(new / "training.svg") and "training.svg"
             if self.program is not None:
                 (new / "program.py").write_text(self.program.source)
             if self.model is not None:
@@ -243,6 +244,9 @@ class Discovery:
                     target.unlink()
                 if (new / name).exists():
                     os.replace(new / name, target)
+            for name in self.REPLACED:
+                if (d / name).is_file() and not (d / name).is_symlink():
+                    (d / name).unlink()
         return d
 
 
