@@ -121,7 +121,7 @@ def test_a_planted_embedding_weight_is_explained_by_its_token_string(setup):
         got = np.array([[f(decoded(tok, row), p) for p in range(len(row))] for row in x])
         assert got[x == v].all()
     assert json.dumps(vocab.strings[v]) in w.predicate, w.predicate
-    assert res["summary"]["tokenizer"].startswith("PreTrainedTokenizerFast")
+    assert res["summary"]["tokenizer"].startswith(type(tok).__name__)     # TokenizersBackend in transformers 5
 
 
 def _small(kind, V):
@@ -170,8 +170,9 @@ def test_module_weights_zeroed_everywhere_equal_the_zeroed_weight(kind):
         assert float(ref) > 0, name
         torch.testing.assert_close(full, ref, rtol=1e-6, atol=1e-12, msg=name)
         assert float(none) == 0.0, name
-    head = {"gpt2": None, "gpt_neox": "hf.embed_out.weight", "llama": "hf.lm_head.weight"}[kind]
-    assert [n for n in names if is_local(model, n)] == ([head] if head else [])
+    # the untied output matrix (GPT-NeoX's embed_out, named lm_head from transformers 5 on)
+    head = next(f"hf.{n}" for n, p in model.hf.named_parameters() if p is model.hf.get_output_embeddings().weight)
+    assert [n for n in names if is_local(model, n)] == ([] if kind == "gpt2" else [head])
 
 
 def test_cli_explains_a_bpe_model_directory(setup, tmp_path):
@@ -183,7 +184,7 @@ def test_cli_explains_a_bpe_model_directory(setup, tmp_path):
     report = (out / "report.md").read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert "predicates read their decoded strings" in report
-    assert summary["settings"]["tokenizer"].startswith("PreTrainedTokenizerFast")
+    assert summary["settings"]["tokenizer"].startswith(type(setup["tok"]).__name__)
     weights = json.loads((out / "explanations.json").read_text())
     assert len(weights) == 2 and all(w["param"].startswith("hf.") for w in weights)
     for w in weights:                 # every predicate reads token strings: one of its atoms' names
@@ -197,6 +198,7 @@ def test_cli_refuses_a_model_directory_without_a_tokenizer(tmp_path, setup, caps
 
     d = tmp_path / "m"
     _small("gpt2", 40).save_pretrained(d)
+    capsys.readouterr()                           # transformers 5 draws a progress bar saving
     assert main(["explain", str(d), "--text", str(setup["text"]), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "no tokenizer" in err and len(err.strip().splitlines()) == 1

@@ -8,7 +8,22 @@ from wtc.scan import scan  # noqa: E402
 from wtc.models import Transformer, TransformerConfig  # noqa: E402
 from wtc.models.tl import from_hooked_transformer, to_hooked_transformer  # noqa: E402
 
+try:
+    from transformer_lens import HookedTransformer  # noqa: F401
+    HOOKED = True
+except ImportError:            # TransformerLens 4 removed it (its TransformerBridge: test_transformer_bridge)
+    HOOKED = False
+needs_hooked = pytest.mark.skipif(not HOOKED, reason="HookedTransformer is in TransformerLens 3 only")
 
+
+@pytest.mark.skipif(HOOKED, reason="TransformerLens 3 has HookedTransformer")
+def test_without_hooked_transformer_the_conversion_says_what_to_install():
+    model = Transformer(TransformerConfig(n_layers=1, d_model=8, n_heads=2, d_head=4, d_mlp=12, d_vocab=7, n_ctx=6))
+    with pytest.raises(ImportError, match=r"removed in TransformerLens 4 \(installed: 4\..*load_bridge"):
+        to_hooked_transformer(model)
+
+
+@needs_hooked
 @pytest.mark.parametrize("normalization", [None, "LN"])
 def test_roundtrip_with_hooked_transformer(normalization):
     cfg = TransformerConfig(n_layers=2, d_model=8, n_heads=2, d_head=4, d_mlp=12, d_vocab=7, n_ctx=6,
@@ -26,6 +41,7 @@ def test_roundtrip_with_hooked_transformer(normalization):
         torch.testing.assert_close(ours[name], theirs[name], rtol=1e-10, atol=1e-10)
 
 
+@needs_hooked
 def test_scan_of_a_hooked_transformer_equals_the_wtc_scan():
     cfg = TransformerConfig(n_layers=2, d_model=8, n_heads=2, d_head=4, d_mlp=12, d_vocab=7, n_ctx=6)
     model = Transformer(cfg, seed=1).double()
@@ -38,6 +54,7 @@ def test_scan_of_a_hooked_transformer_equals_the_wtc_scan():
         torch.testing.assert_close(b.total_kl[n], a.total_kl[n], rtol=1e-7, atol=1e-12)
 
 
+@needs_hooked
 @pytest.mark.parametrize("normalization,act_fn", [("LN", "gelu"), (None, "relu"), ("LN", "gelu_new")])
 def test_hooked_transformer_scan_equals_its_naive_loop(monkeypatch, normalization, act_fn):
     """A HookedTransformer wtc can express is scanned through its wtc twin (the structured path);

@@ -258,18 +258,22 @@ def _transformers():
 
 @contextlib.contextmanager
 def _quiet(tf):
-    """transformers' logging and Python warnings held back while loading: what matters (weights
+    """transformers' logging, progress bars and Python warnings held back while loading: what matters (weights
     missing from the checkpoint, a failure) becomes an HFModelError, so a user sees one line."""
     import warnings
 
     verbosity = tf.logging.get_verbosity()
+    bars = tf.utils.logging.is_progress_bar_enabled()   # transformers 5 draws one per load ("Loading weights")
     tf.logging.set_verbosity_error()
+    tf.utils.logging.disable_progress_bar()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
         tf.logging.set_verbosity(verbosity)
+        if bars:
+            tf.utils.logging.enable_progress_bar()
 
 
 def load(source, tokenizer=None, dtype: torch.dtype | None = None) -> HFModel:

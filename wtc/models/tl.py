@@ -1,13 +1,12 @@
 """Moving weights between wtc.models.Transformer and TransformerLens's HookedTransformer, and
-TransformerLens 3's TransformerBridge over a local Hugging Face model (`load_bridge`).
+TransformerLens's TransformerBridge over a local Hugging Face model (`load_bridge`).
 
 The parameter names are the same, so a state dict moves almost unchanged: blocks without an MLP
 export a zero MLP (relu(0 @ W_in) @ W_out = 0, and TL has no per-block MLP switch), a model without
 biases exports zero biases, and TL's buffers (masks, IGNORE) are left out on the way back. The
-state-dict functions need no TransformerLens; the HookedTransformer ones import it (optional: pip
-install 'wtc[tl]', pinned in constraints.txt: TransformerLens 3.x has both HookedTransformer and
-TransformerBridge; 4.x drops HookedTransformer and needs transformers >= 5.9, which the pinned
-transformers is not).
+state-dict functions need no TransformerLens. TransformerBridge (load_bridge) is in TransformerLens 3
+and 4 (4.x, pinned in constraints.txt, needs transformers >= 5.9); HookedTransformer, which the
+to_/from_hooked_transformer functions build and read, is in 3.x only (4.0 removed it).
 
 A TransformerBridge names its hook points after the wrapped model's modules ("blocks.0.hook_out")
 and keeps the HookedTransformer names ("blocks.0.hook_resid_post", "blocks.0.hook_attn_out", ...) as
@@ -27,9 +26,17 @@ _BIASES = ("attn.b_Q", "attn.b_K", "attn.b_V", "attn.b_O", "mlp.b_in", "mlp.b_ou
 
 def _tl():
     try:
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
+        import transformer_lens  # noqa: F401
     except ImportError as exc:
         raise ImportError("TransformerLens is not installed (optional: pip install -c constraints.txt 'wtc[tl]')") from exc
+    try:
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+    except ImportError:
+        from importlib.metadata import version
+        raise ImportError(f"HookedTransformer was removed in TransformerLens 4 (installed: {version('transformer_lens')}): "
+                          "converting to and from it needs TransformerLens 3 (pip install 'transformer_lens>=3,<4' "
+                          "'transformers<5'); with 4.x, read a Hugging Face model directory through "
+                          "wtc.models.tl.load_bridge") from None
     return HookedTransformer, HookedTransformerConfig
 
 
@@ -133,11 +140,12 @@ def load_bridge(path, device: str = "cpu"):
     try:
         from transformer_lens.model_bridge import TransformerBridge
     except ImportError as exc:
-        raise ImportError("TransformerLens >= 3 is not installed (optional: pip install -c constraints.txt "
-                          "'wtc[tl]')") from exc
+        raise ImportError("TransformerLens >= 3 (its TransformerBridge) is not installed (optional: pip install -c "
+                          "constraints.txt 'wtc[tl]')") from exc
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from wtc.models.hf import HFModelError
+    from wtc.models.hf import HFModelError, _quiet
 
     p = Path(path)
     if not (p / "config.json").is_file():
@@ -145,7 +153,8 @@ def load_bridge(path, device: str = "cpu"):
     before = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     try:
-        hf = AutoModelForCausalLM.from_pretrained(p).eval()
+        with _quiet(transformers):
+            hf = AutoModelForCausalLM.from_pretrained(p).eval()
         try:
             tok = AutoTokenizer.from_pretrained(p)
         except Exception as exc:                      # transformers raises many kinds here
