@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import append_rows, cpu_flags, stamp  # noqa: E402
+from common import append_rows, cpu_flags, neutral_cwd, stamp  # noqa: E402
 
 SCRIPT = """
 import json, time, sys
@@ -61,7 +61,8 @@ def margin(budget: float) -> float:
 
 def run(python: str, task: str, budget: float, out: Path) -> dict:
     t0 = time.perf_counter()
-    proc = subprocess.run([python, "-c", SCRIPT, task, str(budget), str(out)], capture_output=True, text=True)
+    proc = subprocess.run([python, "-c", SCRIPT, task, str(budget), str(out)], capture_output=True, text=True,
+                          cwd=neutral_cwd())
     seconds = time.perf_counter() - t0
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     return {"seconds": round(seconds, 1), "call_s": summary.get("seconds"), "solved": summary.get("solved"), "attempts": len(summary.get("attempts", [])),

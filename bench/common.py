@@ -4,9 +4,24 @@ from __future__ import annotations
 import csv
 import datetime
 import platform
+import tempfile
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+
+
+def neutral_cwd() -> str:
+    """An empty working directory for a benchmark's interpreters: `python -c` and `python -m` put the
+    working directory first on sys.path, so started beside a checkout they would import its source
+    tree instead of their own installation (a non-editable one: an editable install's finder runs
+    first), and an earlier engine would run this one's code."""
+    global _NEUTRAL
+    if _NEUTRAL is None:
+        _NEUTRAL = tempfile.mkdtemp(prefix="wtc-bench-cwd-")
+    return _NEUTRAL
+
+
+_NEUTRAL: str | None = None
 
 
 def stamp() -> str:

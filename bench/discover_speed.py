@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import append_rows, cpu_flags, machine, stamp  # noqa: E402
+from common import append_rows, cpu_flags, machine, neutral_cwd, stamp  # noqa: E402
 
 MUST = ["parity_last2", "sum_last2", "prev2", "max_last3", "min_last2", "diff_prev", "product_last2",
         "first_value", "xor_pair", "and_prev", "select_by_flag", "ema3", "linear_combo", "nonlinear_combo",
@@ -54,7 +54,7 @@ def discover(python: str, task: str, seed: int, out: Path, budget: float | None)
     if budget:
         cmd += ["--budget", str(budget)]
     t0, c0 = time.perf_counter(), _children_cpu()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=neutral_cwd())
     seconds, cpu = time.perf_counter() - t0, _children_cpu() - c0
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     source = (out / "program.py").read_text() if (out / "program.py").exists() else ""
@@ -122,7 +122,7 @@ def discover_callable(python: str, task: str, seed: int, out: Path, budget: floa
     """One of CALLABLES discovered by `python` as a user script would: wtc.discover(task), saved."""
     script = CALLABLES + CALL_TIMED.format(task=task, seed=seed, budget=budget, out=str(out), mark=CALL_MARK)
     t0, c0 = time.perf_counter(), _children_cpu()
-    proc = subprocess.run([python, "-c", script], capture_output=True, text=True)
+    proc = subprocess.run([python, "-c", script], capture_output=True, text=True, cwd=neutral_cwd())
     seconds, cpu = time.perf_counter() - t0, _children_cpu() - c0
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     source = (out / "program.py").read_text() if (out / "program.py").exists() else ""

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, cpu_flags, machine, stamp  # noqa: E402
+from common import RESULTS, cpu_flags, machine, neutral_cwd, stamp  # noqa: E402
 
 PROBE = r"""
 import json, sys, time
@@ -84,7 +84,7 @@ KEYS = ("route anneal", "route hard", "step anneal", "step hard")
 
 def probe(python: str, isa: str, reps: int) -> dict:
     env = {**os.environ, "WTC_NATIVE_ISA": isa}
-    proc = subprocess.run([python, "-c", PROBE, str(reps)], capture_output=True, text=True, env=env)
+    proc = subprocess.run([python, "-c", PROBE, str(reps)], capture_output=True, text=True, env=env, cwd=neutral_cwd())
     if proc.returncode != 0:
         raise SystemExit(f"{python} with WTC_NATIVE_ISA={isa} failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, stamp  # noqa: E402
+from common import machine, neutral_cwd, stamp  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wider_suite.jsonl"
 
@@ -31,7 +31,7 @@ def run(task: str, seed: int, budget: float) -> dict:
         cmd = [sys.executable, "-m", "wtc", "discover", task, "--seed", str(seed), "--budget", str(budget),
                "--out", str(out), "--quiet"]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=neutral_cwd())
         seconds = time.perf_counter() - t0
         summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
         source = (out / "program.py").read_text() if (out / "program.py").exists() else ""
