@@ -7,6 +7,7 @@ import math
 import xml.etree.ElementTree as ET
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,6 +79,13 @@ def test_a_constant_series_is_drawn_mid_panel():
     (pts,) = _lines(doc)
     (_, top, _, bottom), = _frames(doc)
     assert np.allclose(pts[:, 1], (top + bottom) / 2, atol=0.11)
+
+
+def test_a_series_of_another_length_than_x_is_refused(tmp_path):
+    chart = _chart(charts.Panel(charts.Axis("v", (charts.Series(np.ones(3), "short"),))), x=np.arange(4.0))
+    for path in (tmp_path / "c.svg", tmp_path / "c.png"):
+        with pytest.raises(ValueError, match=r"series 'short' has shape \(3,\), the x axis \(4,\)"):
+            charts.write(chart, path)
 
 
 def test_text_is_escaped():

@@ -135,6 +135,7 @@ def svg(chart: Chart) -> str:
     """The chart as an SVG document (text)."""
     W, H = chart.width, chart.height
     x = np.asarray(chart.x, np.float64)
+    _check(chart, len(x))
     x0, x1 = _LEFT, W - _RIGHT
     xlo, xhi = limits([x], log=False)
     n = len(chart.panels)
@@ -167,6 +168,15 @@ def svg(chart: Chart) -> str:
     out.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{H - 12}" text-anchor="middle">{escape(chart.xlabel)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def _check(chart: Chart, n: int) -> None:
+    for panel in chart.panels:
+        for axis in (panel.left, panel.right):
+            for s in axis.series if axis is not None else ():
+                if np.shape(s.y) != (n,):
+                    raise ValueError(f"chart {chart.title!r}: series {s.label!r} has shape {np.shape(s.y)}, "
+                                     f"the x axis ({n},)")
 
 
 def _axis(axis: Axis, side: str, x: np.ndarray, px, top: float, bottom: float, x0: float, x1: float) -> list[str]:
@@ -226,6 +236,7 @@ def _matplotlib(chart: Chart, path: Path) -> None:
     # fixed margins instead of a layout engine's extra pass (tight_layout 1.2 s, fixed 0.3 s a plot)
     from matplotlib.figure import Figure
 
+    _check(chart, len(chart.x))
     fig = Figure(figsize=(chart.width / 110, chart.height / 110))
     fig.subplots_adjust(left=0.09, right=0.9, top=0.94, bottom=0.08, hspace=0.06)
     axes = fig.subplots(len(chart.panels), 1, sharex=True, squeeze=False)[:, 0]
