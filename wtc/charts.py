@@ -95,7 +95,7 @@ def ticks(lo: float, hi: float, log: bool) -> list[tuple[float, str]]:
     linear steps when the axis spans less than that."""
     if log:
         a, b = math.log10(lo), math.log10(hi)
-        decades = [10.0 ** k for k in range(math.ceil(a - 1e-9), math.floor(b + 1e-9) + 1)]
+        decades = [v for v in (10.0 ** k for k in range(math.floor(a), math.ceil(b) + 1)) if lo <= v <= hi]
         if len(decades) >= 2:
             step = max(1, math.ceil(len(decades) / 7))     # at most ~7 labels on a long log axis
             return [(v, _label(v)) for v in decades[::step]]
@@ -107,11 +107,13 @@ def ticks(lo: float, hi: float, log: bool) -> list[tuple[float, str]]:
     raw = (hi - lo) / 5
     power = 10.0 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
-    first = math.ceil(lo / step - 1e-9)
+    first = math.floor(lo / step)
     out = []
-    for k in range(first, first + 12):
+    for k in range(first, first + 14):
         v = k * step
-        if v > hi + 1e-9 * step:
+        if v < lo:
+            continue
+        if v > hi:
             break
         # as many significant digits as tell ticks `step` apart (one more for a 2.5 step)
         digits = math.floor(math.log10(max(abs(v), step))) - math.floor(math.log10(step) + 1e-9) + 1
