@@ -20,6 +20,8 @@ BLUE, ORANGE, GREEN, RED, GRAY = "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#7
 
 @dataclass(frozen=True)
 class Series:
+    """One line: a value per x (NaN/inf: a gap), its legend label and look."""
+
     y: np.ndarray                 # (n,) one value per x
     label: str
     color: str = BLUE
@@ -29,6 +31,8 @@ class Series:
 
 @dataclass(frozen=True)
 class Axis:
+    """A y axis, linear or logarithmic, and the series drawn against it."""
+
     label: str
     series: tuple[Series, ...]
     log: bool = False
@@ -36,6 +40,8 @@ class Axis:
 
 @dataclass(frozen=True)
 class Panel:
+    """One plot of the stack: a left axis and optionally a right one over the shared x."""
+
     left: Axis
     right: Axis | None = None
     legend: bool = False          # a legend of the panel's series, both axes'
@@ -43,6 +49,8 @@ class Panel:
 
 @dataclass(frozen=True)
 class Chart:
+    """Panels stacked over one shared x axis, with a title; the unit `write` draws."""
+
     title: str
     x: np.ndarray                 # (n,) shared by every series
     xlabel: str
