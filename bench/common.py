@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import functools
 import platform
 import tempfile
 from pathlib import Path
@@ -10,18 +11,13 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
+@functools.cache
 def neutral_cwd() -> str:
     """An empty working directory for a benchmark's interpreters: `python -c` and `python -m` put the
     working directory first on sys.path, so started beside a checkout they would import its source
     tree instead of their own installation (a non-editable one: an editable install's finder runs
     first), and an earlier engine would run this one's code."""
-    global _NEUTRAL
-    if _NEUTRAL is None:
-        _NEUTRAL = tempfile.mkdtemp(prefix="wtc-bench-cwd-")
-    return _NEUTRAL
-
-
-_NEUTRAL: str | None = None
+    return tempfile.mkdtemp(prefix="wtc-bench-cwd-")
 
 
 def stamp() -> str:

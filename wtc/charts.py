@@ -81,8 +81,8 @@ def _usable(y: np.ndarray, log: bool) -> np.ndarray:
 def limits(values: list[np.ndarray], log: bool) -> tuple[float, float]:
     """The axis range (in data units) covering the drawable values with a 5% margin each side;
     a single value gets a range around it, no value a unit range."""
-    pts = [np.asarray(v, np.float64)[_usable(np.asarray(v, np.float64), log)] for v in values]
-    pts = np.concatenate(pts) if pts else np.zeros(0)
+    arrays = [np.asarray(v, np.float64) for v in values]
+    pts = np.concatenate([a[_usable(a, log)] for a in arrays]) if arrays else np.zeros(0)
     if log:
         pts = np.log10(pts)
     if pts.size == 0:

@@ -263,9 +263,9 @@ def _quiet(tf):
     import warnings
 
     verbosity = tf.logging.get_verbosity()
-    bars = tf.utils.logging.is_progress_bar_enabled()   # transformers 5 draws one per load ("Loading weights")
+    bars = tf.logging.is_progress_bar_enabled()   # transformers 5 draws one per load ("Loading weights")
     tf.logging.set_verbosity_error()
-    tf.utils.logging.disable_progress_bar()
+    tf.logging.disable_progress_bar()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -273,7 +273,7 @@ def _quiet(tf):
     finally:
         tf.logging.set_verbosity(verbosity)
         if bars:
-            tf.utils.logging.enable_progress_bar()
+            tf.logging.enable_progress_bar()
 
 
 def load(source, tokenizer=None, dtype: torch.dtype | None = None) -> HFModel:
