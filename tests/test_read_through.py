@@ -1,7 +1,8 @@
-"""Readings that trained models needed (tests/models: three best models of the MIPS suite's runs, as
-discover saved them): an output read over what an unread sub-MLP reads, an integer output read
-over fewer variables as a formula whose values are its decisions, and a switch that goes to the
-pads read as "nothing" rather than as the offset the pads sit at for the length trained on. Each
+"""Readings that trained models needed (tests/models: best models of the MIPS suite's runs and
+experiments, as discover saved them): an output read over what an unread sub-MLP reads, an integer
+output read over fewer variables as a formula whose values are its decisions, a switch that goes
+to the pads read as "nothing" rather than as the offset the pads sit at for the length trained on,
+and a vote over prefix means read as the argmax of the input's prefix counts. Each
 program is exec'd from its source and checked against the task's own definition at four times
 the length it was read at."""
 from pathlib import Path
@@ -74,6 +75,24 @@ def test_a_switch_to_the_pads_reads_as_nothing_and_the_parity_as_a_modulus():
     run = _source_program(program)
     got = np.array([run([tuple(r) for r in s.tolist()]) for s in x])
     np.testing.assert_array_equal(got, mips.dot_product_parity(x))
+
+
+def test_a_vote_over_prefix_means_is_read_as_the_argmax_of_the_counts():
+    """Majority of 0..2 in two layers: mean_x, the mean of a sub-MLP of x (the model's second
+    frequency), then a sub-MLP deciding among the three values: piecewise constant with linear
+    boundaries over the two means, no formula. The means are functions of the prefix counts of x;
+    over those the decisions are the argmax of the counts, ties to the smaller value."""
+    task = mips.get("Majority_0_2")
+    program = extract(wtc.load(MODELS / "Majority_0_2"), task)
+    assert program.ok, program.failures
+    assert {s.name for s in program.outputs[0].free_symbols} == {"n_x_0", "n_x_1", "n_x_2"}, program.outputs
+    counts = {ln.name: ln for ln in program.lines if ln.kind == "sum"}
+    assert set(counts) == {"n_x_0", "n_x_1", "n_x_2"} and counts["n_x_2"].source == "is_x_2"
+    v = verify(program, task, n=2000, seed=6)
+    assert v.solved and v.holds_longer and v.holds_longest and v.exhaustive_ok, v
+    x = np.random.default_rng(14).integers(0, 3, (200, 40))
+    got = np.array([_source_program(program)(s.tolist()) for s in x])
+    np.testing.assert_array_equal(got, mips.majority(x, 2))
 
 
 def test_integral_formula_reads_over_the_fewest_variables(rng):

@@ -26,6 +26,7 @@ import sympy as sp
 
 from wtc import arguments
 from wtc import tasks as task_registry
+from wtc.extraction.argmax import read_argmax
 from wtc.extraction.compose import snap_output
 from wtc.extraction.domain import Domain
 from wtc.extraction.equivalence import immaterial_heads
@@ -56,6 +57,8 @@ MAX_FEWER = 4               # an integer output read over fewer of its variables
 #                             whole only as the sum mod 2)
 MAX_FEWER_THROUGH = 6       # ... or of at most this many where an unread sub-MLP stands between (Div_3: the
 #                             output's weak linear terms on two means made the four no formula reads whole)
+MAX_COUNTED_VALUES = 8      # an input counted value by value (wtc.extraction.argmax) takes at most this many
+COUNTED_AGREEMENT = 0.99    # ... and the argmax of its counts keeps this share of the model's decisions
 ALONE_TIME_LIMIT = 1.0      # seconds per sub-MLP read alone for the report (its formula is in the output: the program does not use it)
 
 
@@ -394,7 +397,7 @@ class _Extraction:
             if self._strength(mod.name, o) > floor:
                 for v in mod.reads.values():
                     via.setdefault(self.pname[v], v)
-        leaves = sorted({**direct, **via}.values(), key=self.names.index)
+        leaves = everything = sorted({**direct, **via}.values(), key=self.names.index)
         through = self._through_unread(leaves)
         absorbed = through != leaves          # some leaf is a sub-MLP with no formula: a reading through it fails
         if len(through) <= 3:
@@ -443,6 +446,11 @@ class _Extraction:
         else:
             expr, evidence, ok = self._decomposed_output(o, direct, via, keep, target, widen)
             reads = "linear terms + " + ", ".join(via)
+        counted = None if ok or task.output != "integer" else self._count_output(everything, keep, target)
+        if counted is not None:
+            expr, evidence, reads = counted
+            self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, True))
+            return expr
         fewer_of, most = (through, MAX_FEWER_THROUGH) if absorbed else (leaves, MAX_FEWER)
         if task.output == "integer" and 2 <= len(fewer_of) <= most and (
                 absorbed or not self._integral(expr, ok, leaves, keep)):
@@ -459,6 +467,69 @@ class _Extraction:
             self.failures.append((None, f"output {o}: no formula within tolerance ({evidence})"))
         self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, ok))
         return expr
+
+    def _count_output(self, leaves, keep, target) -> tuple[sp.Expr, str, str] | None:
+        """An integer output of prefix means and sums of one discrete input (of functions of it)
+        read as the argmax of whole-number scores of that input's prefix counts
+        (wtc.extraction.argmax); each count used gets two lines (the indicator, its prefix sum)."""
+        channel = self._counted_channel(leaves)
+        if channel is None:
+            return None
+        x = self.prog[channel][:, self.P:]
+        values = np.unique(x)
+        if len(values) > MAX_COUNTED_VALUES:
+            return None
+        base = self.pname[channel]
+        labels = [f"{int(v)}".replace("-", "neg") if float(v).is_integer() else f"v{i}" for i, v in enumerate(values)]
+        names = [_unique_name(f"n_{base}_{label}", set(self.taken)) for label in labels]
+        counts = np.stack([np.cumsum(x == v, axis=1) for v in values], axis=-1)[keep]      # (kept, K)
+        reading = read_argmax(counts, target, tuple(names), min_agreement=COUNTED_AGREEMENT)
+        if reading is None:
+            return None
+        used = {s.name for s in reading.expr().free_symbols}
+        for v, label, name in zip(values, labels, names):
+            if name in used:
+                flag = _unique_name(f"is_{base}_{label}", self.taken)
+                self.taken.add(name)
+                self.lines.append(Line(flag, "expr", expr=sp.Piecewise((1, sp.Eq(sp.Symbol(base), _value(v))), (0, True)),
+                                       comment=f"1 where {base} = {_value(v)}"))
+                self.lines.append(Line(name, "sum", flag, comment=f"how often {base} = {_value(v)} so far"))
+        evidence = (f"the output reads only prefix means and sums of {base} (of functions of it): {reading.describe()}, "
+                    f"on {reading.agreement:.4f} of the model's decisions")
+        return reading.expr(), evidence, ", ".join(n for n in names if n in used)
+
+    def _counted_channel(self, leaves) -> str | None:
+        """The input whose prefix counts determine every leaf: each is a prefix mean or sum of a
+        function of that input alone, the position (the counts' total), or a sub-MLP of such; None
+        where a leaf reads anything else (an input at t, a pointer, a periodic sum)."""
+        modules = {m.name: m for m in self.ro.modules}
+        channels, todo, seen = set(), list(leaves), set()
+        while todo:
+            v = todo.pop()
+            if v in seen or v == "pos":
+                continue
+            seen.add(v)
+            mod = modules.get(v)
+            if mod is not None and mod.kind == "mlp":
+                todo += list(mod.reads.values())
+            elif mod is not None and mod.kind == "aggregate" and not mod.coefficients and mod.op in ("mean", "sum"):
+                channels.add(self._pointwise_channel(mod.reads["v"], modules))
+            else:
+                return None
+        return channels.pop() if len(channels) == 1 and None not in channels else None
+
+    def _pointwise_channel(self, v, modules) -> str | None:
+        """The one input v is a function of at the same position (v itself, or sub-MLPs of it)."""
+        inputs, found, todo = set(self.model.input_names), set(), [v]
+        while todo:
+            u = todo.pop()
+            if u in inputs:
+                found.add(u)
+            elif u in modules and modules[u].kind == "mlp":
+                todo += list(modules[u].reads.values())
+            else:
+                return None
+        return found.pop() if len(found) == 1 else None
 
     def _through_unread(self, leaves: list[str]) -> list[str]:
         """leaves with each sub-MLP that has no formula replaced by what it reads (again where that
@@ -683,6 +754,10 @@ class _Extraction:
                                  f"agreement {decisions:.4f})")
         program.ok = not self.failures
         return program
+
+
+def _value(v: float) -> sp.Expr:
+    return sp.Integer(int(v)) if float(v).is_integer() else sp.Float(float(v))
 
 
 def _reads(mod) -> str:
