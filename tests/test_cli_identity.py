@@ -149,6 +149,8 @@ def test_train_from_a_task_file_in_a_shell(tmp_path, task_file):
     process (a registry lives in one process only). The result on stdout, progress on stderr, no
     carriage returns in piped output, and summary.json says what the run was."""
     out = tmp_path / "run"
+    out.mkdir()
+    (out / "training.png").write_bytes(b"an earlier version's chart")   # the chart is training.svg now
     r = _wtc("train", f"{task_file}:my_sum", "--steps", 30, "--replicas", 2, "--attempts", 1, "--seed", 3,
              "--out", out, cwd=tmp_path)
     assert r.returncode in (0, 1), r.stderr
@@ -160,6 +162,7 @@ def test_train_from_a_task_file_in_a_shell(tmp_path, task_file):
     summary = json.loads((out / "summary.json").read_text())
     _run_fields(summary, resolve(f"{task_file}:my_sum"), seed=3)
     assert summary["config"]["steps"] == 30 and summary["config"]["replicas"] == 2
+    assert (out / "training.svg").is_file() and not (out / "training.png").exists()
 
 
 def test_quiet_silences_progress_and_keeps_the_result(task_file, capsys):

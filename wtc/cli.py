@@ -33,6 +33,7 @@ def _cmd_backends(args) -> int:
 
 def _cmd_train(args) -> int:
     from wtc.dt import DTConfig, checkpoint
+    from wtc.discovery import remove_replaced
     from wtc.dt.train import train
 
     if args.resume and not args.out:
@@ -63,6 +64,7 @@ def _cmd_train(args) -> int:
     if out:
         checkpoint.save(model, out / "model", extra=getattr(model, "train_info", {}))
         history.plot(out / "training.svg")
+        remove_replaced(out)
         summary = {"task": task.name, "seed": args.seed, "seconds": seconds, "metric": metric,
                    "score": score, "attempt": history.attempt, "replica": history.replica,
                    "structure": live, **{k: v for k, v in run.to_dict().items() if k != "task"}}

@@ -244,10 +244,17 @@ class Discovery:
                     target.unlink()
                 if (new / name).exists():
                     os.replace(new / name, target)
-            for name in self.REPLACED:
-                if (d / name).is_file() and not (d / name).is_symlink():
-                    (d / name).unlink()
+            remove_replaced(d)
         return d
+
+
+def remove_replaced(directory: Path) -> None:
+    """Remove what earlier versions wrote to an output directory and this one no longer does
+    (Discovery.REPLACED: a training.png beside the training.svg); a link or a folder of that
+    name is not ours and stays."""
+    for name in Discovery.REPLACED:
+        if (directory / name).is_file() and not (directory / name).is_symlink():
+            (directory / name).unlink()
 
 
 @dataclass(frozen=True)
