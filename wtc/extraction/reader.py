@@ -413,7 +413,7 @@ class _Extraction:
             self.readings.append(Reading(f"output {o}", "head", "out", POSITION, str(expr), "the model's decisions "
                                          f"are a function of the position alone, of period {table.period}", True))
             return expr
-        step = self._step_output(leaves, keep, target)
+        step = self._step_output(leaves, keep, target) or self._count_output(everything, keep, target, 1.0)
         if step is not None:
             expr, evidence, reads = step
             self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, True))
@@ -446,7 +446,7 @@ class _Extraction:
         else:
             expr, evidence, ok = self._decomposed_output(o, direct, via, keep, target, widen)
             reads = "linear terms + " + ", ".join(via)
-        counted = None if ok or task.output != "integer" else self._count_output(everything, keep, target)
+        counted = None if ok else self._count_output(everything, keep, target, COUNTED_AGREEMENT)
         if counted is not None:
             expr, evidence, reads = counted
             self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, True))
@@ -468,68 +468,55 @@ class _Extraction:
         self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, ok))
         return expr
 
-    def _count_output(self, leaves, keep, target) -> tuple[sp.Expr, str, str] | None:
-        """An integer output of prefix means and sums of one discrete input (of functions of it)
-        read as the argmax of whole-number scores of that input's prefix counts
-        (wtc.extraction.argmax); each count used gets two lines (the indicator, its prefix sum)."""
-        channel = self._counted_channel(leaves)
-        if channel is None:
+    def _count_output(self, leaves, keep, target, min_agreement: float) -> tuple[sp.Expr, str, str] | None:
+        """An integer output read as the argmax of whole-number scores of the prefix counts of a
+        discrete input that a prefix mean or sum under the output reads (wtc.extraction.argmax:
+        a vote over prefix means), keeping at least min_agreement of the model's decisions; each
+        count used gets two lines (the indicator, its prefix sum)."""
+        if self.task.output != "integer":
             return None
-        x = self.prog[channel][:, self.P:]
-        values = np.unique(x)
-        if len(values) > MAX_COUNTED_VALUES:
-            return None
-        base = self.pname[channel]
-        labels = [f"{int(v)}".replace("-", "neg") if float(v).is_integer() else f"v{i}" for i, v in enumerate(values)]
-        names = [_unique_name(f"n_{base}_{label}", set(self.taken)) for label in labels]
-        counts = np.stack([np.cumsum(x == v, axis=1) for v in values], axis=-1)[keep]      # (kept, K)
-        reading = read_argmax(counts, target, tuple(names), min_agreement=COUNTED_AGREEMENT)
-        if reading is None:
-            return None
-        used = {s.name for s in reading.expr().free_symbols}
-        for v, label, name in zip(values, labels, names):
-            if name in used:
-                flag = _unique_name(f"is_{base}_{label}", self.taken)
-                self.taken.add(name)
-                self.lines.append(Line(flag, "expr", expr=sp.Piecewise((1, sp.Eq(sp.Symbol(base), _value(v))), (0, True)),
-                                       comment=f"1 where {base} = {_value(v)}"))
-                self.lines.append(Line(name, "sum", flag, comment=f"how often {base} = {_value(v)} so far"))
-        evidence = (f"the output reads only prefix means and sums of {base} (of functions of it): {reading.describe()}, "
-                    f"on {reading.agreement:.4f} of the model's decisions")
-        return reading.expr(), evidence, ", ".join(n for n in names if n in used)
-
-    def _counted_channel(self, leaves) -> str | None:
-        """The input whose prefix counts determine every leaf: each is a prefix mean or sum of a
-        function of that input alone, the position (the counts' total), or a sub-MLP of such; None
-        where a leaf reads anything else (an input at t, a pointer, a periodic sum)."""
-        modules = {m.name: m for m in self.ro.modules}
-        channels, todo, seen = set(), list(leaves), set()
-        while todo:
-            v = todo.pop()
-            if v in seen or v == "pos":
+        for channel in self._counted_channels(leaves):
+            x = self.prog[channel][:, self.P:]
+            values = np.unique(x)
+            base = self.pname[channel]
+            labels = [f"{int(v)}".replace("-", "neg") if float(v).is_integer() else f"v{i}" for i, v in enumerate(values)]
+            names = [_unique_name(f"n_{base}_{label}", set(self.taken)) for label in labels]
+            counts = np.stack([np.cumsum(x == v, axis=1) for v in values], axis=-1)[keep]      # (kept, K)
+            reading = read_argmax(counts, target, tuple(names), min_agreement=min_agreement)
+            if reading is None:
                 continue
-            seen.add(v)
-            mod = modules.get(v)
-            if mod is not None and mod.kind == "mlp":
-                todo += list(mod.reads.values())
-            elif mod is not None and mod.kind == "aggregate" and not mod.coefficients and mod.op in ("mean", "sum"):
-                channels.add(self._pointwise_channel(mod.reads["v"], modules))
-            else:
-                return None
-        return channels.pop() if len(channels) == 1 and None not in channels else None
+            used = {s.name for s in reading.expr().free_symbols}
+            for v, label, name in zip(values, labels, names):
+                if name in used:
+                    flag = _unique_name(f"is_{base}_{label}", self.taken)
+                    self.taken.add(name)
+                    self.lines.append(Line(flag, "expr", expr=sp.Piecewise((1, sp.Eq(sp.Symbol(base), _value(v))),
+                                                                           (0, True)), comment=f"1 where {base} = {_value(v)}"))
+                    self.lines.append(Line(name, "sum", flag, comment=f"how often {base} = {_value(v)} so far"))
+            evidence = (f"the model's decisions as a function of the prefix counts of {base}: {reading.describe()}, "
+                        f"on {reading.agreement:.4f} of them")
+            return reading.expr(), evidence, ", ".join(n for n in names if n in used)
+        return None
 
-    def _pointwise_channel(self, v, modules) -> str | None:
-        """The one input v is a function of at the same position (v itself, or sub-MLPs of it)."""
-        inputs, found, todo = set(self.model.input_names), set(), [v]
+    def _counted_channels(self, leaves) -> list[str]:
+        """The inputs of at most MAX_COUNTED_VALUES values that a prefix mean or sum under the
+        leaves reads (through any modules): what the model can have counted."""
+        modules = {m.name: m for m in self.ro.modules}
+        inputs, found = set(self.model.input_names), []
+        todo, seen = [(v, False) for v in leaves], set()
         while todo:
-            u = todo.pop()
-            if u in inputs:
-                found.add(u)
-            elif u in modules and modules[u].kind == "mlp":
-                todo += list(modules[u].reads.values())
-            else:
-                return None
-        return found.pop() if len(found) == 1 else None
+            v, counted = todo.pop()
+            if (v, counted) in seen:
+                continue
+            seen.add((v, counted))
+            if v in inputs:
+                if counted and v not in found and len(np.unique(self.prog[v][:, self.P:])) <= MAX_COUNTED_VALUES:
+                    found.append(v)
+            elif v in modules:
+                mod = modules[v]
+                below = counted or (mod.kind == "aggregate" and not mod.coefficients and mod.op in ("mean", "sum"))
+                todo += [(u, below) for u in mod.reads.values()]
+        return sorted(found, key=self.model.input_names.index)
 
     def _through_unread(self, leaves: list[str]) -> list[str]:
         """leaves with each sub-MLP that has no formula replaced by what it reads (again where that
