@@ -149,8 +149,8 @@ def test_config_replace_follows_layers():
 
 def test_restarts_climb_the_ladder_only_when_growing():
     base = DTConfig(mlp_hidden=16)
-    labels = [base.rung(i)[0] for i in range(6)]
-    assert labels[0] == "as configured" and labels[5] == labels[0] and len(set(labels)) == 5
+    labels = [base.rung(i)[0] for i in range(7)]
+    assert labels[0] == "as configured" and labels[6] == labels[0] and len(set(labels)) == 6
     assert base.rung(0)[1] == base
     assert base.rung(1)[1].mlp_inputs == 3 and base.rung(1)[1].mlp_hidden == 16   # user settings kept
     assert base.rung(3)[1].n_layers == 2
@@ -163,12 +163,28 @@ def test_the_first_pass_skips_a_step_that_changes_nothing():
     pass goes on to the two-layer steps; later passes cycle the whole ladder (new seeds)."""
     from wtc.dt.config import LADDER
     base = DTConfig(n_agg_heads=2)
-    first = [base.rung(i) for i in range(4)]
+    first = [base.rung(i) for i in range(5)]
     assert [label for label, _ in first] == ["as configured", "3-input, 2-hidden-layer sub-MLPs",
-                                             "two layers: chained sub-MLPs", "two layers: heads in both"]
+                                             "two layers: chained sub-MLPs", "two layers: heads in both",
+                                             "two layers: prefix means of sub-MLPs"]
     assert all(a != b for i, (_, a) in enumerate(first) for _, b in first[:i])     # each one new
-    assert [base.rung(4 + k)[0] for k in range(len(LADDER))] == [label for label, _ in LADDER]
-    assert base.rung(4 + 2)[1] == base                                               # the step, as it was
+    assert [base.rung(5 + k)[0] for k in range(len(LADDER))] == [label for label, _ in LADDER]
+    assert base.rung(5 + 2)[1] == base                                               # the step, as it was
+
+
+def test_a_rung_without_pointer_heads_drops_only_the_default_ones():
+    """The prefix-statistics rung has no pointer heads: a base with the default three loses them; a
+    base grown or set to more keeps them in the first layer; recency heads stay in the last."""
+    label = "two layers: prefix means of sub-MLPs"
+
+    def rung(base):
+        return next(c for lab, c in (base.rung(i) for i in range(8)) if lab == label)
+
+    assert rung(DTConfig()).n_heads == (0, 0) and rung(DTConfig(n_heads=2)).n_heads == (0, 0)
+    assert rung(DTConfig(n_heads=5)).n_heads == (5, 0)
+    recent = rung(DTConfig(n_heads=1, n_recent_heads=1))
+    assert recent.n_heads == (0, 1) and recent.n_recent_heads == (0, 1)
+    assert rung(DTConfig(mlp_inputs=4)).mlp_inputs == 4                               # never fewer inputs
 
 
 def test_config_roundtrip():

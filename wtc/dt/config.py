@@ -266,9 +266,13 @@ class DTConfig(KnownFields):
     def _step(self, k: int) -> tuple[str, "DTConfig"]:
         """(label, config) of LADDER step k applied to this config."""
         label, changes = LADDER[k]
-        if "n_heads" in changes:                 # a rung never has fewer pointer heads than its base
-            most, top = max(self.n_heads), max(changes["n_heads"])   # the rung's first layer gets the base's
-            changes = {**changes, "n_heads": tuple(max(h, most) if h == top else h for h in changes["n_heads"])}
+        if "n_heads" in changes:
+            heads, most, top = changes["n_heads"], max(self.n_heads), max(changes["n_heads"])
+            if top:          # a rung never has fewer pointer heads than its base: its first layer gets the base's
+                heads = tuple(max(h, most) if h == top else h for h in heads)
+            elif most > DTConfig.__dataclass_fields__["n_heads"].default:
+                heads = (most,) + heads[1:]      # a rung without any drops the default heads, not heads grown or set
+            changes = {**changes, "n_heads": heads}
         if "agg_ops" in changes:                 # nor loses an aggregate op its base has
             changes = {**changes, "agg_ops": tuple(dict.fromkeys(self.agg_ops + changes["agg_ops"]))}
         if "mlp_inputs" in changes and changes["mlp_inputs"] < self.mlp_inputs:   # nor reads fewer inputs
@@ -319,4 +323,10 @@ LADDER = [
     # two layers: a prefix sum of a prefix sum (or of a sub-MLP's output) needs sum aggregates
     ("two layers: chained sub-MLPs", {"n_layers": 2, "n_heads": (3, 0), "n_mlps": (3, 2), "agg_ops": ("mean", "sum")}),
     ("two layers: heads in both", {"n_layers": 2, "n_heads": (3, 2), "n_mlps": (3, 2), "agg_ops": ("mean", "sum")}),
+    # prefix statistics only: means of sub-MLPs of the input (its frequencies value by value) and a
+    # sub-MLP of three of them (a vote among four values). Without pointer heads: Majority_0_2 was
+    # learned by 5 of 24 replicas so, by 0 of 32 with three heads (and a third sub-MLP and mean head)
+    # in the first layer
+    ("two layers: prefix means of sub-MLPs", {"n_layers": 2, "n_heads": (0, 0), "n_agg_heads": (1, 2), "agg_ops": ("mean",),
+                                             "n_mlps": (2, 1), "mlp_inputs": 3, "mlp_depth": 2}),
 ]
