@@ -26,6 +26,8 @@ from fractions import Fraction
 import numpy as np
 import sympy as sp
 
+from wtc.extraction.constants import number
+
 MAX_CLASSES = 8            # an argmax over more decisions than this is not a vote read here
 MAX_DENOMINATOR = 64       # an LP solution's entries as fractions before scaling to whole numbers
 MAX_WEIGHT = 1000          # ... and no whole-number weight larger than this (else no reading)
@@ -51,7 +53,7 @@ class ArgmaxReading:
             return "smaller"
         if list(self.classes) == sorted(self.classes, reverse=True):
             return "larger"
-        return "the first of " + ", ".join(str(_number(c)) for c in self.classes)
+        return "the first of " + ", ".join(str(number(c)) for c in self.classes)
 
     def scores(self) -> list[sp.Expr]:
         symbols = [sp.Symbol(f) for f in self.features]
@@ -62,12 +64,12 @@ class ArgmaxReading:
         """The first class whose score is the largest: branch i is taken when s_i >= every later
         score (every earlier branch failed, so some later score beat each earlier one)."""
         s = self.scores()
-        branches = [(_number(c), sp.And(*[sp.GreaterThan(s[i], s[j]) for j in range(i + 1, len(s))]))
+        branches = [(number(c), sp.And(*[sp.GreaterThan(s[i], s[j]) for j in range(i + 1, len(s))]))
                     for i, c in enumerate(self.classes[:-1])]
-        return sp.Piecewise(*branches, (_number(self.classes[-1]), True))
+        return sp.Piecewise(*branches, (number(self.classes[-1]), True))
 
     def describe(self) -> str:
-        terms = ", ".join(f"{_number(c)}: {s}" for c, s in zip(self.classes, self.scores()))
+        terms = ", ".join(f"{number(c)}: {s}" for c, s in zip(self.classes, self.scores()))
         ties = self.ties
         return f"the class of the largest score ({terms}; ties to {'the ' * (ties in ('smaller', 'larger'))}{ties})"
 
@@ -163,6 +165,3 @@ def _whole(w: np.ndarray) -> np.ndarray | None:
     whole = np.array([v // g for v in whole], dtype=np.int64)
     return None if np.abs(whole).max() > MAX_WEIGHT else whole
 
-
-def _number(v: float) -> sp.Expr:
-    return sp.Integer(int(v)) if float(v).is_integer() else sp.Float(v)

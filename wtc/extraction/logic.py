@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
+from wtc.extraction.constants import number
+
 MAX_VARIABLES = 6          # two-valued variables a rule may be searched over
 MAX_TERMS = 4              # atoms in the conjunction at most
 
@@ -31,7 +33,7 @@ class Atom:
     value: float | None = None
 
     def expr(self) -> sp.Expr:
-        rhs = sp.Symbol(self.b) if self.b is not None else _number(self.value)
+        rhs = sp.Symbol(self.b) if self.b is not None else number(self.value)
         return sp.Eq(sp.Symbol(self.a), rhs) if self.op == "==" else sp.Ne(sp.Symbol(self.a), rhs)
 
 
@@ -46,7 +48,7 @@ class Rule:
     def expr(self) -> sp.Expr:
         condition = sp.And(*[a.expr() for a in self.atoms], evaluate=False) if len(self.atoms) > 1 \
             else self.atoms[0].expr()
-        return sp.Piecewise((_number(self.when), condition), (_number(self.otherwise), True))
+        return sp.Piecewise((number(self.when), condition), (number(self.otherwise), True))
 
 
 def shortest_rule(columns: dict[str, np.ndarray], decisions: np.ndarray) -> Rule | None:
@@ -111,6 +113,3 @@ def _mask(atom: Atom, names: list[str], rows: np.ndarray) -> int:
 def _bits(flags: np.ndarray) -> int:
     return int(sum(1 << i for i, f in enumerate(flags.tolist()) if f))
 
-
-def _number(v: float) -> sp.Expr:
-    return sp.Integer(int(v)) if float(v).is_integer() else sp.Float(v)

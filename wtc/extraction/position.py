@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
+from wtc.extraction.constants import number
+
 
 @dataclass(frozen=True)
 class PositionTable:
@@ -29,9 +31,9 @@ class PositionTable:
         v = np.asarray(self.values)
         scale = (v[1] - v[0]) if self.period > 1 else 0.0
         if self.period > 1 and np.array_equal(v, v[0] + scale * k):      # linear in the phase: t % p
-            return _number(v[0]) + _number(scale) * phase
-        pieces = [(_number(x), sp.Eq(phase, i)) for i, x in enumerate(self.values[:-1])]
-        return sp.Piecewise(*pieces, (_number(self.values[-1]), True))
+            return number(v[0]) + number(scale) * phase
+        pieces = [(number(x), sp.Eq(phase, i)) for i, x in enumerate(self.values[:-1])]
+        return sp.Piecewise(*pieces, (number(self.values[-1]), True))
 
 
 def position_table(t: np.ndarray, decisions: np.ndarray) -> PositionTable | None:
@@ -52,6 +54,3 @@ def position_table(t: np.ndarray, decisions: np.ndarray) -> PositionTable | None
             return PositionTable(p, tuple(float(v) for v in per_t[:p]))
     return None
 
-
-def _number(v: float) -> sp.Expr:
-    return sp.Integer(int(v)) if float(v).is_integer() else sp.Float(v)

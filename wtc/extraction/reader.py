@@ -28,6 +28,7 @@ from wtc import arguments
 from wtc import tasks as task_registry
 from wtc.extraction.argmax import read_argmax
 from wtc.extraction.compose import snap_output
+from wtc.extraction.constants import number
 from wtc.extraction.domain import Domain
 from wtc.extraction.equivalence import immaterial_heads
 from wtc.extraction.grid import grid_polynomial
@@ -490,9 +491,9 @@ class _Extraction:
                 if name in used:
                     flag = _unique_name(f"is_{base}_{label}", self.taken)
                     self.taken.add(name)
-                    self.lines.append(Line(flag, "expr", expr=sp.Piecewise((1, sp.Eq(sp.Symbol(base), _value(v))),
-                                                                           (0, True)), comment=f"1 where {base} = {_value(v)}"))
-                    self.lines.append(Line(name, "sum", flag, comment=f"how often {base} = {_value(v)} so far"))
+                    self.lines.append(Line(flag, "expr", expr=sp.Piecewise((1, sp.Eq(sp.Symbol(base), number(v))),
+                                                                           (0, True)), comment=f"1 where {base} = {number(v)}"))
+                    self.lines.append(Line(name, "sum", flag, comment=f"how often {base} = {number(v)} so far"))
             evidence = (f"the model's decisions as a function of the prefix counts of {base}: {reading.describe()}, "
                         f"on {reading.agreement:.4f} of them")
             return reading.expr(), evidence, ", ".join(n for n in names if n in used)
@@ -741,10 +742,6 @@ class _Extraction:
                                  f"agreement {decisions:.4f})")
         program.ok = not self.failures
         return program
-
-
-def _value(v: float) -> sp.Expr:
-    return sp.Integer(int(v)) if float(v).is_integer() else sp.Float(float(v))
 
 
 def _reads(mod) -> str:

@@ -22,6 +22,8 @@ from fractions import Fraction
 import numpy as np
 import sympy as sp
 
+from wtc.extraction.constants import number
+
 MAX_DENOMINATOR = 1000        # a cut needing a larger denominator is written as the gap's low end
 
 
@@ -37,10 +39,10 @@ class Step:
     def expr(self, v: sp.Symbol) -> sp.Expr:
         cut = sp.Rational(self.cut.numerator, self.cut.denominator)
         past = sp.StrictGreaterThan(v, cut) if self.strict else sp.GreaterThan(v, cut)
-        return sp.Piecewise((_number(self.above), past), (_number(self.below), True))
+        return sp.Piecewise((number(self.above), past), (number(self.below), True))
 
     def describe(self, name: str) -> str:
-        return f"{_number(self.above)} where {name} {'>' if self.strict else '>='} {self.cut}, else {_number(self.below)}"
+        return f"{number(self.above)} where {name} {'>' if self.strict else '>='} {self.cut}, else {number(self.below)}"
 
 
 def one_step(v: np.ndarray, decisions: np.ndarray) -> Step | None:
@@ -92,6 +94,3 @@ def _above(c: float, low: float, closed: bool) -> bool:
 def _below(c: float, high: float, closed: bool) -> bool:
     return c <= high if closed else c < high
 
-
-def _number(v: float) -> sp.Expr:
-    return sp.Integer(int(v)) if float(v).is_integer() else sp.Float(v)
