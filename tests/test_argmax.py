@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from wtc.extraction.argmax import ArgmaxReading, predict, read_argmax
+from wtc.extraction.argmax import MAX_WEIGHT, ArgmaxReading, _whole, predict, read_argmax
 
 
 def _counts(x: np.ndarray, k: int) -> np.ndarray:
@@ -74,3 +74,12 @@ def test_the_expression_takes_the_first_class_of_the_largest_score():
     assert want.tolist() == [2.0, 2.0, 2.0, 1.0, 0.0]
     assert [float(f(*r)) for r in rows] == want.tolist()
     assert reading.ties == "the first of 2, 0, 1"
+
+
+def test_weights_scale_to_the_smallest_whole_numbers_or_none():
+    np.testing.assert_array_equal(_whole(np.array([0.5, -1.0, 0.25, 0.0])), [2, -4, 1, 0])
+    assert _whole(np.zeros(3)) is None
+    primes = [p for p in range(2, 64) if all(p % q for q in range(2, p))]
+    assert _whole(np.array([1.0 / p for p in primes])) is None        # lcm ~1e26: no int64 overflow, refused
+    assert max(abs(_whole(np.array([1 / 61, 1 / 59]))).tolist()) <= MAX_WEIGHT                   # 59, 61
+    assert _whole(np.array([1 / 61, 1 / 59, 1 / 53])) is None                        # past MAX_WEIGHT

@@ -32,6 +32,10 @@ MAX_CLASSES = 8            # an argmax over more decisions than this is not a vo
 MAX_DENOMINATOR = 64       # an LP solution's entries as fractions before scaling to whole numbers
 MAX_WEIGHT = 1000          # ... and no whole-number weight larger than this (else no reading)
 SLACK_COST = 100.0         # a missed margin costs this much more than a unit of weight
+SCREEN_ROWS = 300          # the first fit reads this many distinct rows (a fixed sample) ...
+SCREEN_AGREEMENT = 0.95    # ... and a second, on up to MAX_ROWS, runs only where it kept this share
+MAX_ROWS = 3000
+LP_TIME_LIMIT = 10.0       # seconds per linear program; one that runs out gives no reading
 
 
 @dataclass(frozen=True)
@@ -88,23 +92,38 @@ def read_argmax(features: np.ndarray, decisions: np.ndarray, names: tuple[str, .
     classes = np.unique(d)
     if not 2 <= len(classes) <= MAX_CLASSES:
         return None
-    rows, inverse, counts = np.unique(np.column_stack([F, d]), axis=0, return_inverse=True, return_counts=True)
+    rows, counts = np.unique(np.column_stack([F, d]), axis=0, return_counts=True)
+    pick = np.random.default_rng(0).permutation(len(rows))
     best = None
     for with_bias in (False, True):
-        X = np.column_stack([rows[:, :-1], np.ones(len(rows))]) if with_bias else rows[:, :-1]
         for order in (classes, classes[::-1]):
-            found = _fit(X, rows[:, -1], counts, order)
-            if found is None:
+            # a screen on a few distinct rows first: a vote shows there already, and a function of the
+            # counts that is no vote (a residue) is refused before a large program runs
+            found = _reading(rows, counts, pick[:SCREEN_ROWS], order, with_bias, names, F, d)
+            if found is not None and found[0].agreement < min_agreement and len(rows) > SCREEN_ROWS \
+                    and found[0].agreement >= SCREEN_AGREEMENT:
+                found = _reading(rows, counts, pick[:MAX_ROWS], order, with_bias, names, F, d)
+            if found is None or found[0].agreement < min_agreement:
                 continue
-            W, cost = found
-            reading = ArgmaxReading(tuple(float(c) for c in order), tuple(tuple(int(w) for w in r[:len(names)]) for r in W),
-                                    tuple(names), tuple(int(r[-1]) for r in W) if with_bias else None, 0.0)
-            kept = float(np.mean(predict(reading, F) == d))
-            if kept >= min_agreement and (best is None or (kept, -cost) > (best[0].agreement, -best[1])):
-                best = (dataclasses.replace(reading, agreement=kept), cost)
+            if best is None or (found[0].agreement, -found[1]) > (best[0].agreement, -best[1]):
+                best = found
         if best is not None:
             return best[0]
     return None
+
+
+def _reading(rows, counts, pick, order, with_bias: bool, names, F, d) -> tuple[ArgmaxReading, float] | None:
+    """The LP on the distinct rows picked -> (its reading with its agreement on every decision, L1 size)."""
+    X = rows[pick, :-1]
+    X = np.column_stack([X, np.ones(len(X))]) if with_bias else X
+    found = _fit(X, rows[pick, -1], counts[pick], order)
+    if found is None:
+        return None
+    W, cost = found
+    m = len(names)
+    reading = ArgmaxReading(tuple(float(c) for c in order), tuple(tuple(int(w) for w in r[:m]) for r in W),
+                            tuple(names), tuple(int(r[-1]) for r in W) if with_bias else None, 0.0)
+    return dataclasses.replace(reading, agreement=float(np.mean(predict(reading, F) == d))), cost
 
 
 def predict(reading: ArgmaxReading, features: np.ndarray) -> np.ndarray:
@@ -143,7 +162,8 @@ def _fit(X: np.ndarray, y: np.ndarray, weight: np.ndarray, order: np.ndarray) ->
     vals_.append(-np.ones(nc))
     A = coo_matrix((np.concatenate(vals_), (np.concatenate(rows_), np.concatenate(cols_))), shape=(nc, 2 * K * m + nc))
     cost = np.concatenate([np.ones(2 * K * m), SLACK_COST * weight[r_idx].astype(float)])
-    res = linprog(cost, A_ub=A.tocsr(), b_ub=-margin, bounds=(0, None), method="highs")
+    res = linprog(cost, A_ub=A.tocsr(), b_ub=-margin, bounds=(0, None), method="highs",
+                  options={"time_limit": LP_TIME_LIMIT})
     if res.status != 0:
         return None
     W = res.x[:K * m] - res.x[K * m:2 * K * m]
@@ -158,10 +178,10 @@ def _whole(w: np.ndarray) -> np.ndarray | None:
     denominator at most MAX_DENOMINATOR); None if one would exceed MAX_WEIGHT or all are 0."""
     fractions = [Fraction(float(v)).limit_denominator(MAX_DENOMINATOR) for v in w]
     scale = math.lcm(*(f.denominator for f in fractions))
-    whole = [int(f * scale) for f in fractions]
+    whole = [int(f * scale) for f in fractions]          # Python ints: many denominators multiply past int64
     g = math.gcd(*whole)
     if g == 0:
         return None
-    whole = np.array([v // g for v in whole], dtype=np.int64)
-    return None if np.abs(whole).max() > MAX_WEIGHT else whole
+    whole = [v // g for v in whole]
+    return None if max(abs(v) for v in whole) > MAX_WEIGHT else np.array(whole, dtype=np.int64)
 
