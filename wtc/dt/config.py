@@ -98,9 +98,10 @@ class DTConfig(KnownFields):
       workers      attempts (rungs) trained at once in worker processes, by train and discover (None:
                    one per CPU core; 1: sequential in this process). Same result for any value
       grow         restarts climb the capacity ladder (LADDER below: 3-input sub-MLPs, aggregate heads,
-                   a second layer) instead of repeating the same architecture with new seeds. A
-                   windowed maximum needs a three-way operator or two chained ones; a prefix sum
-                   needs an aggregate head: the engine finds out by trying, not the user
+                   a second layer, prefix statistics alone) instead of repeating the same
+                   architecture with new seeds. A windowed maximum needs a three-way operator or two
+                   chained ones; a prefix sum needs an aggregate head; a vote needs means of
+                   functions of the input: the engine finds out by trying, not the user
       device       where the training steps and the finishing fits run ('cpu', 'cuda', 'cuda:N'); on
                    a CUDA device the DT's routing and sub-MLPs run as fused Triton kernels
                    (wtc.kernels). Models are built on the CPU (same initial model for a seed on any
