@@ -470,33 +470,40 @@ class _Extraction:
         return expr
 
     def _count_output(self, leaves, keep, target, min_agreement: float) -> tuple[sp.Expr, str, str] | None:
-        """An integer output read as the argmax of whole-number scores of the prefix counts of a
-        discrete input that a prefix mean or sum under the output reads (wtc.extraction.argmax:
-        a vote over prefix means), keeping at least min_agreement of the model's decisions; each
-        count used gets two lines (the indicator, its prefix sum)."""
+        """An integer output read as the argmax of whole-number scores of the prefix counts of the
+        discrete inputs that a prefix mean or sum under the output reads (wtc.extraction.argmax:
+        a vote over prefix means), each input alone, then all of them together; keeping at least
+        min_agreement of the model's decisions. Each count used gets two lines (the indicator,
+        its prefix sum)."""
         if self.task.output != "integer":
             return None
-        for channel in self._counted_channels(leaves):
-            x = self.prog[channel][:, self.P:]
-            values = np.unique(x)
-            base = self.pname[channel]
-            labels = [f"{int(v)}".replace("-", "neg") if float(v).is_integer() else f"v{i}" for i, v in enumerate(values)]
-            names = [_unique_name(f"n_{base}_{label}", set(self.taken)) for label in labels]
-            counts = np.stack([np.cumsum(x == v, axis=1) for v in values], axis=-1)[keep]      # (kept, K)
+        channels = self._counted_channels(leaves)
+        columns = {}                                   # count name -> (input, value, prefix counts (n, T))
+        for channel in channels:
+            x, base = self.prog[channel][:, self.P:], self.pname[channel]
+            for i, v in enumerate(np.unique(x)):
+                label = f"{int(v)}".replace("-", "neg") if float(v).is_integer() else f"v{i}"
+                name = _unique_name(f"n_{base}_{label}", self.taken | set(columns))
+                columns[name] = (channel, v, np.cumsum(x == v, axis=1))
+        groups = [[n for n, c in columns.items() if c[0] == channel] for channel in channels]
+        for names in groups + ([list(columns)] if len(groups) > 1 else []):
+            counts = np.stack([columns[n][2] for n in names], axis=-1)[keep]                 # (kept, K)
             reading = read_argmax(counts, target, tuple(names), min_agreement=min_agreement)
             if reading is None:
                 continue
-            used = {s.name for s in reading.expr().free_symbols}
-            for v, label, name in zip(values, labels, names):
-                if name in used:
-                    flag = _unique_name(f"is_{base}_{label}", self.taken)
-                    self.taken.add(name)
-                    self.lines.append(Line(flag, "expr", expr=sp.Piecewise((1, sp.Eq(sp.Symbol(base), number(v))),
-                                                                           (0, True)), comment=f"1 where {base} = {number(v)}"))
-                    self.lines.append(Line(name, "sum", flag, comment=f"how often {base} = {number(v)} so far"))
-            evidence = (f"the model's decisions as a function of the prefix counts of {base}: {reading.describe()}, "
-                        f"on {reading.agreement:.4f} of them")
-            return reading.expr(), evidence, ", ".join(n for n in names if n in used)
+            used = [n for n in names if sp.Symbol(n) in reading.expr().free_symbols]
+            for name in used:
+                channel, v, _ = columns[name]
+                base = self.pname[channel]
+                flag = _unique_name(name.replace("n_", "is_", 1), self.taken)
+                self.taken.add(name)
+                self.lines.append(Line(flag, "expr", expr=sp.Piecewise((1, sp.Eq(sp.Symbol(base), number(v))), (0, True)),
+                                       comment=f"1 where {base} = {number(v)}"))
+                self.lines.append(Line(name, "sum", flag, comment=f"how often {base} = {number(v)} so far"))
+            of = " and ".join(dict.fromkeys(self.pname[columns[n][0]] for n in names))
+            evidence = f"the model's decisions as a function of the prefix counts of {of}: {reading.describe()}, " \
+                       f"on {reading.agreement:.4f} of them"
+            return reading.expr(), evidence, ", ".join(used)
         return None
 
     def _counted_channels(self, leaves) -> list[str]:
