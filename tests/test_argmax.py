@@ -53,6 +53,7 @@ def test_a_few_wrong_decisions_are_tolerated_only_down_to_min_agreement():
     reading = read_argmax(counts, noisy, ("n0", "n1", "n2"), min_agreement=0.99)
     assert reading is not None and 0.99 <= reading.agreement < 1.0
     np.testing.assert_array_equal(predict(reading, counts), decisions)   # the vote, not the noise
+    assert reading.weights == ((1, 0, 0), (0, 1, 0), (0, 0, 1)) and reading.bias is None   # nor bent to it
     assert read_argmax(counts, noisy, ("n0", "n1", "n2")) is None          # min_agreement 1: refused
 
 

@@ -95,6 +95,26 @@ def test_a_vote_over_prefix_means_is_read_as_the_argmax_of_the_counts():
     np.testing.assert_array_equal(got, mips.majority(x, 2))
 
 
+def test_a_vote_the_network_gets_wrong_near_a_few_ties_reads_as_the_plain_argmax():
+    """Majority of 0..3 (the prefix-statistics rung, 6000 steps): right on 0.9995 of fresh positions,
+    so no formula or exact reading fits; over the counts the simplest scores that keep 0.99 of its
+    decisions are the counts themselves, not scores bent to its misses (19 n0 + 2 n1 against
+    21 n1 - 2 n3 ..., which discover read before and which fails at 2T)."""
+    task = mips.get("Majority_0_3")
+    program = extract(wtc.load(MODELS / "Majority_0_3"), task, seed=3)
+    assert program.ok, program.failures
+    want = sp.Piecewise((0, (sp.Symbol("n_x_0") >= sp.Symbol("n_x_1")) & (sp.Symbol("n_x_0") >= sp.Symbol("n_x_2"))
+                         & (sp.Symbol("n_x_0") >= sp.Symbol("n_x_3"))),
+                        (1, (sp.Symbol("n_x_1") >= sp.Symbol("n_x_2")) & (sp.Symbol("n_x_1") >= sp.Symbol("n_x_3"))),
+                        (2, sp.Symbol("n_x_2") >= sp.Symbol("n_x_3")), (3, True))
+    assert program.outputs[0] == want, program.outputs
+    v = verify(program, task, n=2000, seed=7)
+    assert v.solved and v.holds_longer and v.holds_longest and v.exhaustive_ok, v
+    x = np.random.default_rng(15).integers(0, 4, (200, 40))
+    got = np.array([_source_program(program)(s.tolist()) for s in x])
+    np.testing.assert_array_equal(got, mips.majority(x, 3))
+
+
 def test_integral_formula_reads_over_the_fewest_variables(rng):
     x = (rng.integers(0, 2, (3000, 10)) * rng.integers(0, 2, (3000, 10))).astype(float)
     s = np.cumsum(x, axis=1)

@@ -31,9 +31,9 @@ from wtc.extraction.constants import number
 MAX_CLASSES = 8            # an argmax over more decisions than this is not a vote read here
 MAX_DENOMINATOR = 64       # an LP solution's entries as fractions before scaling to whole numbers
 MAX_WEIGHT = 1000          # ... and no whole-number weight larger than this (else no reading)
-SLACK_COST = 100.0         # a missed margin costs this much more than a unit of weight
-SCREEN_ROWS = 300          # the first fit reads this many distinct rows (a fixed sample) ...
-SCREEN_AGREEMENT = 0.95    # ... and a second, on up to MAX_ROWS, runs only where it kept this share
+SLACK_COSTS = (1.0, 10.0, 100.0)   # a missed margin (per position) against a unit of weight, cheapest first
+SCREEN_ROWS = 300          # the screen reads this many distinct rows (a fixed sample) ...
+SCREEN_AGREEMENT = 0.95    # ... and the fits, on up to MAX_ROWS, run only where it kept this share
 MAX_ROWS = 3000
 LP_TIME_LIMIT = 10.0       # seconds per linear program; one that runs out gives no reading
 
@@ -97,26 +97,29 @@ def read_argmax(features: np.ndarray, decisions: np.ndarray, names: tuple[str, .
     best = None
     for with_bias in (False, True):
         for order in (classes, classes[::-1]):
-            # a screen on a few distinct rows first: a vote shows there already, and a function of the
-            # counts that is no vote (a residue) is refused before a large program runs
-            found = _reading(rows, counts, pick[:SCREEN_ROWS], order, with_bias, names, F, d)
-            if found is not None and found[0].agreement < min_agreement and len(rows) > SCREEN_ROWS \
-                    and found[0].agreement >= SCREEN_AGREEMENT:
-                found = _reading(rows, counts, pick[:MAX_ROWS], order, with_bias, names, F, d)
-            if found is None or found[0].agreement < min_agreement:
+            # a screen on a few distinct rows, misfits dear: a function of the counts that is no vote (a
+            # residue) is refused before a large program runs
+            screen = _reading(rows, counts, pick[:SCREEN_ROWS], order, with_bias, names, F, d, SLACK_COSTS[-1])
+            if screen is None or screen[0].agreement < min(min_agreement, SCREEN_AGREEMENT):
                 continue
-            if best is None or (found[0].agreement, -found[1]) > (best[0].agreement, -best[1]):
-                best = found
+            # misfits cheap first: the simplest scores that keep min_agreement, not scores bent to the
+            # network's own few wrong decisions near ties (19 n0 + 2 n1 against 21 n1 - 2 n3 ...)
+            for slack in SLACK_COSTS:
+                found = _reading(rows, counts, pick[:MAX_ROWS], order, with_bias, names, F, d, slack)
+                if found is not None and found[0].agreement >= min_agreement:
+                    if best is None or (found[1], -found[0].agreement) < (best[1], -best[0].agreement):
+                        best = found
+                    break
         if best is not None:
             return best[0]
     return None
 
 
-def _reading(rows, counts, pick, order, with_bias: bool, names, F, d) -> tuple[ArgmaxReading, float] | None:
+def _reading(rows, counts, pick, order, with_bias: bool, names, F, d, slack: float) -> tuple[ArgmaxReading, float] | None:
     """The LP on the distinct rows picked -> (its reading with its agreement on every decision, L1 size)."""
     X = rows[pick, :-1]
     X = np.column_stack([X, np.ones(len(X))]) if with_bias else X
-    found = _fit(X, rows[pick, -1], counts[pick], order)
+    found = _fit(X, rows[pick, -1], counts[pick], order, slack)
     if found is None:
         return None
     W, cost = found
@@ -135,8 +138,9 @@ def predict(reading: ArgmaxReading, features: np.ndarray) -> np.ndarray:
     return np.asarray(reading.classes)[np.argmax(scores, axis=1)]
 
 
-def _fit(X: np.ndarray, y: np.ndarray, weight: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, float] | None:
-    """The LP: minimize sum |W| + SLACK_COST * sum(weight * slack) subject to, for every row r and
+def _fit(X: np.ndarray, y: np.ndarray, weight: np.ndarray, order: np.ndarray,
+         slack_cost: float) -> tuple[np.ndarray, float] | None:
+    """The LP: minimize sum |W| + slack_cost * sum(weight * slack) subject to, for every row r and
     class c other than its own y, (W_y - W_c) . X_r + slack_r >= 1 if c comes before y in order
     (it would win a tie), else >= 0. Returns (whole-number W, its L1 size) or None."""
     from scipy.optimize import linprog
@@ -161,7 +165,7 @@ def _fit(X: np.ndarray, y: np.ndarray, weight: np.ndarray, order: np.ndarray) ->
     cols_.append(2 * K * m + k)
     vals_.append(-np.ones(nc))
     A = coo_matrix((np.concatenate(vals_), (np.concatenate(rows_), np.concatenate(cols_))), shape=(nc, 2 * K * m + nc))
-    cost = np.concatenate([np.ones(2 * K * m), SLACK_COST * weight[r_idx].astype(float)])
+    cost = np.concatenate([np.ones(2 * K * m), slack_cost * weight[r_idx].astype(float)])
     res = linprog(cost, A_ub=A.tocsr(), b_ub=-margin, bounds=(0, None), method="highs",
                   options={"time_limit": LP_TIME_LIMIT})
     if res.status != 0:
