@@ -2,7 +2,7 @@
 experiments, as discover saved them): an output read over what an unread sub-MLP reads, an integer
 output read over fewer variables as a formula whose values are its decisions, a switch that goes
 to the pads read as "nothing" rather than as the offset the pads sit at for the length trained on,
-and a vote over prefix means read as the argmax of the input's prefix counts. Each
+and votes over prefix means read as the argmax of the inputs' prefix counts. Each
 program is exec'd from its source and checked against the task's own definition at four times
 the length it was read at."""
 from pathlib import Path
@@ -113,6 +113,25 @@ def test_a_vote_the_network_gets_wrong_near_a_few_ties_reads_as_the_plain_argmax
     x = np.random.default_rng(15).integers(0, 4, (200, 40))
     got = np.array([_source_program(program)(s.tolist()) for s in x])
     np.testing.assert_array_equal(got, mips.majority(x, 3))
+
+
+def test_a_vote_between_two_inputs_is_read_over_both_inputs_counts():
+    """A task of the user's own (lambdas): 1 where channel a has had more ones than channel b so far.
+    Neither input's counts alone decide it; both together do (as zeros: at equal lengths, more
+    zeros in a is fewer ones)."""
+    task = wtc.Task("more_ones_in_a", lambda rng, n: rng.integers(0, 2, (n, 10, 2)),
+                    lambda x: (np.cumsum(x[..., 0], axis=1) > np.cumsum(x[..., 1], axis=1)).astype(int),
+                    seq_len=10, n_inputs=2, any_length=True)
+    program = extract(wtc.load(MODELS / "vote_two_channels"), task)
+    assert program.ok, program.failures
+    used = {s.name for s in program.outputs[0].free_symbols}
+    assert len(used) == 2 and {u.split("_")[1] for u in used} == {"x0", "x1"}, program.outputs
+    v = verify(program, task, n=2000, seed=8)
+    assert v.solved and v.holds_longer and v.holds_longest and v.exhaustive_ok, v
+    x = np.random.default_rng(16).integers(0, 2, (200, 40, 2))
+    run = _source_program(program)
+    got = np.array([run([tuple(r) for r in s.tolist()]) for s in x])
+    np.testing.assert_array_equal(got, np.cumsum(x[..., 0], axis=1) > np.cumsum(x[..., 1], axis=1))
 
 
 def test_integral_formula_reads_over_the_fewest_variables(rng):
