@@ -149,8 +149,8 @@ def test_config_replace_follows_layers():
 
 def test_restarts_climb_the_ladder_only_when_growing():
     base = DTConfig(mlp_hidden=16)
-    labels = [base.rung(i)[0] for i in range(7)]
-    assert labels[0] == "as configured" and labels[6] == labels[0] and len(set(labels)) == 6
+    labels = [base.rung(i)[0] for i in range(8)]
+    assert labels[0] == "as configured" and labels[7] == labels[0] and len(set(labels)) == 7
     assert base.rung(0)[1] == base
     assert base.rung(1)[1].mlp_inputs == 3 and base.rung(1)[1].mlp_hidden == 16   # user settings kept
     assert base.rung(3)[1].n_layers == 2
@@ -163,13 +163,14 @@ def test_the_first_pass_skips_a_step_that_changes_nothing():
     pass goes on to the two-layer steps; later passes cycle the whole ladder (new seeds)."""
     from wtc.dt.config import LADDER
     base = DTConfig(n_agg_heads=2)
-    first = [base.rung(i) for i in range(5)]
+    first = [base.rung(i) for i in range(6)]
     assert [label for label, _ in first] == ["as configured", "3-input, 2-hidden-layer sub-MLPs",
                                              "two layers: chained sub-MLPs", "two layers: heads in both",
+                                             "two layers: prefix extremes of sub-MLPs",
                                              "two layers: prefix means of sub-MLPs"]
     assert all(a != b for i, (_, a) in enumerate(first) for _, b in first[:i])     # each one new
-    assert [base.rung(5 + k)[0] for k in range(len(LADDER))] == [label for label, _ in LADDER]
-    assert base.rung(5 + 2)[1] == base                                               # the step, as it was
+    assert [base.rung(6 + k)[0] for k in range(len(LADDER))] == [label for label, _ in LADDER]
+    assert base.rung(6 + 2)[1] == base                                               # the step, as it was
 
 
 def test_a_rung_without_pointer_heads_drops_only_the_default_ones():
@@ -178,7 +179,7 @@ def test_a_rung_without_pointer_heads_drops_only_the_default_ones():
     label = "two layers: prefix means of sub-MLPs"
 
     def rung(base):
-        return next(c for lab, c in (base.rung(i) for i in range(8)) if lab == label)
+        return next(c for lab, c in (base.rung(i) for i in range(9)) if lab == label)
 
     assert rung(DTConfig()).n_heads == (0, 0) and rung(DTConfig(n_heads=2)).n_heads == (0, 0)
     assert rung(DTConfig(n_heads=5)).n_heads == (5, 0)

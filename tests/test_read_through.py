@@ -2,7 +2,8 @@
 experiments, as discover saved them): an output read over what an unread sub-MLP reads, an integer
 output read over fewer variables as a formula whose values are its decisions, a switch that goes
 to the pads read as "nothing" rather than as the offset the pads sit at for the length trained on,
-and votes over prefix means read as the argmax of the inputs' prefix counts. Each
+votes over prefix means read as the argmax of the inputs' prefix counts, and a content head read
+as its best rule because the whole program keeps every decision with it. Each
 program is exec'd from its source and checked against the task's own definition at four times
 the length it was read at."""
 from pathlib import Path
@@ -160,3 +161,40 @@ def test_a_switch_entry_is_nothing_where_the_head_goes_to_the_pads(rng):
     keys = rule_keys(fit.rule, values, P, T)
     assert np.all(keys[q == 0] < P)                        # a pad: the value 0
     assert "0 (nothing)" in fit.rule.describe()
+
+
+def _sorted_so_far():
+    """1 while x_0 <= x_1 <= ... <= x_t, declared as a user declares a task."""
+    return wtc.Task("sorted_so_far", lambda rng, n: rng.integers(0, 4, (n, 10)),
+                    lambda x: np.concatenate([np.ones((len(x), 1), int),
+                                              np.minimum.accumulate(x[:, 1:] >= x[:, :-1], axis=1)], axis=1),
+                    seq_len=10, any_length=True)
+
+
+def test_a_head_its_rule_misses_is_read_as_the_rule_when_the_whole_program_keeps_every_decision():
+    """A task of the user's own (lambdas): 1 while the prefix is still sorted. The model (the
+    prefix-extremes rung) compares x_t with a content head's value and takes the prefix max of that
+    comparison. The head routes "some earlier value above x_t" where there is one, not always the
+    largest: its best rule, the argmax before t, routes the same value on only 0.77 of positions,
+    yet with it the whole program makes every one of the model's decisions, so it reads as that rule."""
+    task = _sorted_so_far()
+    program = extract(wtc.load(MODELS / "sorted_so_far"), task)
+    assert program.ok, program.failures
+    head = next(r for r in program.readings if r.module == "L0.h1")
+    assert head.ok and 0.5 <= float(head.evidence.split()[1]) < 0.9 and "whole program" in head.evidence, head
+    assert [ln.kind for ln in program.lines if ln.kind in ("max", "min")] == ["max"]
+    v = verify(program, task, n=2000, seed=9)
+    assert v.solved and v.holds_longer and v.holds_longest and v.exhaustive_ok, v
+    x = np.random.default_rng(17).integers(0, 4, (300, 40))
+    x[:100] = np.sort(x[:100], axis=1)                     # sorted throughout: the rare case at 4T
+    got = np.array([_source_program(program)(s.tolist()) for s in x])
+    np.testing.assert_array_equal(got, task.target(x))
+
+
+def test_a_head_below_the_floor_stays_unread(monkeypatch):
+    """The same model with the floor above its head's 0.77: the head is a failure of the reading."""
+    from wtc.extraction import reader
+    monkeypatch.setattr(reader, "PROGRAM_IMMATERIAL_RATE", 0.8)
+    task = _sorted_so_far()
+    program = extract(wtc.load(MODELS / "sorted_so_far"), task)
+    assert not program.ok and any(f.startswith("L0.h1: pointer fits no routing rule") for f in program.failures)

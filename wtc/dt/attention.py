@@ -33,6 +33,7 @@ from torch import nn
 from wtc import _native, kernels
 from wtc.kernels import cpu as cpu_kernels
 from wtc.backend import choose
+from wtc.dt.config import EXTREME_OPS
 from wtc.dt.gumbel import draw_seed, gumbel_hash
 from wtc.dt.periodic import PeriodicAggregates, period_of
 from wtc.dt.ple import ple_uniform
@@ -88,6 +89,15 @@ def relax(s: torch.Tensor, sampling: Sampling, seed: int | None) -> torch.Tensor
         noise = gumbel_hash(seed, tuple(s.shape), s.device, s.dtype).masked_fill(torch.isinf(s), 0.0)
     return relaxed_one_hot(s, sampling.tau, hard=sampling.hard, noise=noise,
                            straight_through=sampling.straight_through)
+
+
+def prefix_extremes(val: torch.Tensor, out: torch.Tensor, heads: list[tuple[int, str]]) -> torch.Tensor:
+    """out (R, B, A, T) with the heads listed as (a, "max" | "min") replaced by the extreme of val
+    (R, B, A, T) over each causal prefix (the gradient reaches the position holding it)."""
+    cols = list(out.unbind(2))
+    for a, op in heads:
+        cols[a] = (torch.cummax if op == "max" else torch.cummin)(val[:, :, a], -1).values
+    return torch.stack(cols, 2)
 
 
 def running_mean(val: torch.Tensor) -> torch.Tensor:
@@ -153,9 +163,12 @@ class Attention(nn.Module):
         # times x, made every replica's selection flee it early in training; the program line is
         # the sum itself, wtc.extraction.reader)
         count = torch.arange(1, seq_len + 1, dtype=torch.float32)
-        self.register_buffer("agg_scale", torch.stack([count / seq_len if op != "mean" else torch.ones(seq_len)
+        unscaled = ("mean",) + EXTREME_OPS
+        self.register_buffer("agg_scale", torch.stack([count / seq_len if op not in unscaled else torch.ones(seq_len)
                                                        for op in self.agg_ops]) if A else torch.ones(0, seq_len),
                              persistent=False)
+        # max / min heads: the prefix extreme of the value, in its units (prefix_extremes)
+        self.extremes = [(a, op) for a, op in enumerate(self.agg_ops) if op in EXTREME_OPS]
         # periodic heads ("per2" ...: wtc.dt.periodic) are sums too, scaled as they are
         self.periodic = PeriodicAggregates(R, self.agg_ops) if any(map(period_of, self.agg_ops)) else None
         slots = ([f"{n}.q" for n in self.head_names] + [f"{n}.k" for n in self.head_names]
@@ -203,6 +216,15 @@ class Attention(nn.Module):
         self.hook_pattern = HookPoint()   # (R, B, H, T, L)
         self.hook_z = HookPoint()         # (R, B, H + A, T): routed values
         self.pinned: torch.Tensor | None = None   # (R, B, H, T) key indices, see DiscreteTransformer.pinned_pointers
+
+    def unit_growth(self) -> torch.Tensor:
+        """(T, A) an aggregate's program unit over its value's: t + 1 for a mean or a sum (both read
+        as the sum over the prefix, wtc.dt.submlp's periodic units), 1 for a prefix extreme."""
+        count = torch.arange(1, self.T + 1, dtype=self.agg_scale.dtype, device=self.agg_scale.device)
+        growth = count[:, None] / self.agg_scale.T
+        for a, _ in self.extremes:
+            growth[:, a] = 1.0
+        return growth
 
     @property
     def output_names(self) -> list[str]:
@@ -280,6 +302,8 @@ class Attention(nn.Module):
             val = choice.read(stream[:, :, P:], slice(3 * H, None)).transpose(2, 3)  # (R, B, A, T)
             mean = kernels.aggregate(val) if fused else running_mean(val)       # (R, B, A, T)
             out = mean * self.agg_scale if "sum" in self.agg_ops else mean
+            if self.extremes:
+                out = prefix_extremes(val, out, self.extremes)
             outs.append(out if self.periodic is None else self.periodic(val, out, self.T))
         return self.hook_z(torch.cat(outs, dim=2)), stats
 

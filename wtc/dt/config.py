@@ -12,7 +12,8 @@ from wtc.arguments import KnownFields
 from wtc.errors import WtcError
 
 ACTIVATIONS = ("relu", "silu", "gelu", "tanh", "relu+silu")
-AGG_OPS = ("mean", "sum") + tuple(f"per{p}" for p in range(2, 9))   # per<p>: wtc.dt.periodic
+EXTREME_OPS = ("max", "min")    # prefix extremes: "any so far" / "all so far" of an indicator
+AGG_OPS = ("mean", "sum") + EXTREME_OPS + tuple(f"per{p}" for p in range(2, 9))   # per<p>: wtc.dt.periodic
 
 
 MAX_ACTIVATION_BYTES = 2**30     # one float32 activation of a training step (DTConfig.check_size)
@@ -55,7 +56,9 @@ class DTConfig(KnownFields):
       n_agg_heads  aggregate heads per layer: uniform over the causal prefix (beyond the paper)
       agg_ops      what each aggregate head computes, cycled over a layer's heads: "mean" (the prefix
                    mean) or "sum" (the prefix sum: a sum of sums, such as a position from its
-                   acceleration, is then linear in the stream: two layers of sums) or "per2" .. "per8"
+                   acceleration, is then linear in the stream: two layers of sums), "max" / "min" (the
+                   prefix extremes: of an indicator a sub-MLP computes, "whether P held at some j <= t"
+                   / "at every j <= t", such as a prefix that never went below zero) or "per2" .. "per8"
                    (a prefix sum weighted by a learned period-p function of the distance: a number
                    read in base g modulo d, an oscillation; wtc.dt.periodic)
       n_mlps       sub-MLPs per layer; each reads `mlp_inputs` variables, `mlp_hidden` units
@@ -327,6 +330,10 @@ LADDER = [
     # two layers: a prefix sum of a prefix sum (or of a sub-MLP's output) needs sum aggregates
     ("two layers: chained sub-MLPs", {"n_layers": 2, "n_heads": (3, 0), "n_mlps": (3, 2), "agg_ops": ("mean", "sum")}),
     ("two layers: heads in both", {"n_layers": 2, "n_heads": (3, 2), "n_mlps": (3, 2), "agg_ops": ("mean", "sum")}),
+    # "P held at some / every j <= t" of a P a first-layer sub-MLP computes (a prefix still sorted,
+    # x_j >= x_(j-1) at every j: no replica of 56 on four earlier rungs learned it, 2 of 8 here)
+    ("two layers: prefix extremes of sub-MLPs", {"n_layers": 2, "n_heads": (3, 0), "n_agg_heads": (1, 4),
+                                                 "agg_ops": ("max", "min"), "n_mlps": (3, 2)}),
     # prefix statistics only: means of sub-MLPs of the input (its frequencies value by value) and a
     # sub-MLP of three of them (a vote among four values). Without pointer heads: Majority_0_2 was
     # learned by 5 of 24 replicas so, by 0 of 32 with three heads (and a third sub-MLP and mean head)

@@ -205,8 +205,7 @@ class DiscreteTransformer(Hooked):
                     H, A = block.attn.H, block.attn.A
                     index = block.attn.select.index()[:, 2 * H:]                     # (R, H + A)
                     new = units.gather(2, index[:, None, :].expand(-1, units.shape[1], -1))   # (R, T, H + A)
-                    count = torch.arange(1, units.shape[1] + 1, dtype=units.dtype, device=units.device)
-                    growth = count[:, None] / block.attn.agg_scale.T.to(units.dtype)       # (T, A): T for sums
+                    growth = block.attn.unit_growth().to(units.dtype)                  # (T, A)
                     new = torch.cat([new[..., :H], new[..., H:] * growth[None]], -1)
                     units = torch.cat([units, new], -1)
             if block.mlp is not None:

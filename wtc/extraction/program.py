@@ -60,8 +60,8 @@ class Line:
     """One live variable of the program."""
 
     name: str
-    kind: str                        # "route" | "mean" | "sum" | "periodic" | "expr"
-    source: str | None = None        # route / mean / sum / periodic: the variable read
+    kind: str                        # "route" | "mean" | "sum" | "max" | "min" | "periodic" | "expr"
+    source: str | None = None        # route / mean / sum / max / min / periodic: the variable read
     rule: Rule | None = None         # route: how the key is chosen; periodic: {"coefficients": [...]}
     expr: sp.Expr | None = None      # expr: in terms of other variables at the same position
     comment: str = ""
@@ -261,6 +261,8 @@ def build_source(task_name: str, n_inputs: int, n_outputs: int, input_names: lis
             loop += _stmt(f"{ln.name}[t] = sum({_series(ln.source)}[:t + 1]) / (t + 1)")
         elif ln.kind == "sum":
             loop += _stmt(f"{ln.name}[t] = sum({_series(ln.source)}[:t + 1])")
+        elif ln.kind in ("max", "min"):
+            loop += _stmt(f"{ln.name}[t] = {ln.kind}({_series(ln.source)}[:t + 1])")
         elif ln.kind == "periodic":
             loop += _stmt(periodic_source(ln.name, _series(ln.source), ln.rule.params["coefficients"]))
         elif ln.kind == "expr":

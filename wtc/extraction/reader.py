@@ -41,6 +41,7 @@ from wtc.extraction.position import position_table
 from wtc.extraction.readout import head_weights, pad, read
 from wtc.extraction.routing_rules import Rule, fit_head, routed, rule_keys
 from wtc.extraction.steps import one_step
+from wtc.dt.config import EXTREME_OPS
 from wtc.extraction.weighted import describe as describe_weights, simple_number, weighted_prefix
 from wtc.extraction.verification import agreement
 
@@ -50,6 +51,8 @@ if TYPE_CHECKING:                    # annotations only: the model class imports
 
 LIVE_SHARE = 0.1            # live: moves an output by more than this share of the output tolerance
 MAX_DEVIATION = 0.05        # program vs model output on the extraction data, relative rms
+PROGRAM_IMMATERIAL_RATE = 0.5   # an unread head's best rule routes its value this often, at least, to be
+                                # read as that rule by the whole program's decisions (_misses_the_program_absorbs)
 RAW_READ_DEVIATION = 0.03     # ... or, failing that, read the raw output within this relative rms
 MAX_VIA = 8                 # variables the sub-MLPs feeding an output may read together
 MAX_FEWER = 4               # an integer output read over fewer of its variables: from at most this many
@@ -304,6 +307,8 @@ class _Extraction:
     def _aggregate(self, mod) -> None:
         if mod.coefficients:
             return self._periodic(mod)
+        if mod.op in EXTREME_OPS:
+            return self._extreme(mod)
         src = mod.reads["v"]
         sums = np.cumsum(self.prog[src][:, self.P:], axis=1)
         op = mod.op                                          # "mean" | "sum" (DTConfig.agg_ops)
@@ -318,6 +323,21 @@ class _Extraction:
         self._set(mod.name, name, pad(sums if op == "sum" else sums / np.arange(1, self.T + 1), self.P), factor)
         if op == "mean":
             self.sums[mod.name] = (src, pad(sums, self.P))   # its other reading
+        self.readings.append(Reading(mod.name, "aggregate", name, f"v={src}", f"{op} over the prefix",
+                                     "by construction", True))
+
+    def _extreme(self, mod) -> None:
+        """A prefix max / min head: the extreme of its value over positions 0..t (a head on an
+        indicator: whether it held at some / every position so far)."""
+        src, op = mod.reads["v"], mod.op
+        key = (op, "", src)
+        name = self.routes.get(key)
+        if name is None:
+            name = self.routes[key] = _unique_name(f"{op}run_{self.pname[src]}", self.taken)
+            self.lines.append(Line(name, op, self.pname[src], comment=f"{op} over the prefix"))
+        extreme = (np.maximum if op == "max" else np.minimum).accumulate(self.prog[src][:, self.P:], axis=1)
+        factor = self.factor.get(src)             # max(c v) = c max(v) only for c > 0
+        self._set(mod.name, name, pad(extreme, self.P), factor if factor is not None and factor > 0 else None)
         self.readings.append(Reading(mod.name, "aggregate", name, f"v={src}", f"{op} over the prefix",
                                      "by construction", True))
 
@@ -747,8 +767,28 @@ class _Extraction:
         if not faithful:
             self.failures.append(f"the program deviates from the model by {deviation:.3g} (relative rms; "
                                  f"agreement {decisions:.4f})")
-        program.ok = not self.failures
+        elif decisions == 1.0:
+            self._misses_the_program_absorbs(kept)
+        program.failures, program.readings, program.ok = self.failures, self.readings, not self.failures
         return program
+
+    def _misses_the_program_absorbs(self, kept: list[Line]) -> None:
+        """Heads that fit no rule, when they are all that is left unread and the whole program, with
+        their best rules, makes every one of the model's decisions on the extraction data: read as
+        those rules. A content head that routes "some earlier value above x_t" where its best rule
+        routes the largest one feeds the same comparison downstream (wtc.extraction.equivalence
+        decides this from the output formulas when they read routed values only)."""
+        routes = {ln.name for ln in kept if ln.kind == "route"}
+        heads = [head for name, (head, rule, _) in self.unread.items()
+                 if name in routes and rule.rate >= PROGRAM_IMMATERIAL_RATE]
+        rest = [f for f in self.failures if not any(f.startswith(f"{h}: pointer fits no") for h in heads)]
+        if rest or not self.failures:
+            return
+        self.failures = rest
+        what = "decision" if self.task.output == "integer" else "value (within the task's tolerance)"
+        self.readings = [dataclasses.replace(r, ok=True, evidence=f"{r.evidence}; read as this rule: with it the "
+                                             f"whole program reproduces every model {what} on the extraction data")
+                         if r.module in heads and r.kind == "head" else r for r in self.readings]
 
 
 def _reads(mod) -> str:
