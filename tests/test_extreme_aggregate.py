@@ -108,3 +108,52 @@ def test_a_planted_head_reads_as_an_extreme_line_that_holds_longer(rng, op, tmp_
     checkpoint.save(model, tmp_path / "m")                                 # a checkpoint keeps the op
     fresh = rng.integers(-4, 5, (20, 8, 1)).astype(float)
     np.testing.assert_array_equal(checkpoint.load(tmp_path / "m").predict(fresh), model.predict(fresh))
+
+
+def _table(rng):
+    """x, p in 0..3 on (n, T) and a smooth-looking table m(x, p) whose sign is [x < p]."""
+    x = rng.integers(0, 4, (300, 6)).astype(float)
+    p = rng.integers(0, 4, (300, 6)).astype(float)
+    m = np.where(x < p, 0.4 + 0.1 * p, -0.3 - 0.2 * x * (p + 1))
+    return x, p, m
+
+
+def _values(x, p, m, op):
+    return {"x": x, "p": p, "m0": m, "e": (np.maximum if op == "max" else np.minimum).accumulate(m, axis=1)}
+
+
+def _lines(op, expr):
+    from wtc.extraction.program import Line
+    return [Line("m0", "expr", expr=expr), Line("e", op, "m0")]
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_a_sub_mlp_only_cut_under_an_extreme_is_read_as_its_indicator(rng, op):
+    import sympy as sp
+    from wtc.extraction.indicators import indicators_under_extremes
+    from wtc.sr.expr import Ge
+    x, p, m = _table(rng)
+    e = sp.Symbol("e")
+    poly = sp.Symbol("x") ** 3 - sp.Symbol("p") / 7     # what a table's polynomial looks like: its values are m's
+    lines, outputs, notes = indicators_under_extremes(_lines(op, poly), [1 - Ge(e, 0)], _values(x, p, m, op))
+    b = sp.lambdify([sp.Symbol("p"), sp.Symbol("x")], lines[0].expr)(p, x)
+    np.testing.assert_array_equal(b, (m >= 0).astype(float))           # the indicator, exactly
+    assert outputs == [1 - e] and len(notes) == 1 and lines[1] == _lines(op, poly)[1]
+    values = _values(x, p, m, op)
+    want = 1 - (values["e"] >= 0)                                       # the program's decisions, unchanged
+    got = 1 - (np.maximum if op == "max" else np.minimum).accumulate(b, axis=1)
+    np.testing.assert_array_equal(got, want)
+    cond = [sp.Piecewise((2, e > 0), (5, True))]                        # a condition: `> 0` reads [m > 0]
+    lines, outputs, _ = indicators_under_extremes(_lines(op, poly), cond, _values(x, p, m, op))
+    assert outputs == [sp.Piecewise((2, sp.Eq(e, 1)), (5, True))]
+
+
+def test_an_extreme_whose_value_is_used_or_whose_sub_mlp_is_read_elsewhere_is_left_alone(rng):
+    import sympy as sp
+    from wtc.extraction.indicators import indicators_under_extremes
+    from wtc.sr.expr import Ge
+    x, p, m = _table(rng)
+    e, poly = sp.Symbol("e"), sp.Symbol("x") ** 3 - sp.Symbol("p") / 7
+    for outputs in ([e + Ge(e, 0)], [Ge(e, 0) + sp.Symbol("m0")], [Ge(e, 0) + Ge(e, 1)]):
+        lines, got, notes = indicators_under_extremes(_lines("max", poly), outputs, _values(x, p, m, "max"))
+        assert got == outputs and lines == _lines("max", poly) and not notes

@@ -176,13 +176,18 @@ def test_a_head_its_rule_misses_is_read_as_the_rule_when_the_whole_program_keeps
     prefix-extremes rung) compares x_t with a content head's value and takes the prefix max of that
     comparison. The head routes "some earlier value above x_t" where there is one, not always the
     largest: its best rule, the argmax before t, routes the same value on only 0.77 of positions,
-    yet with it the whole program makes every one of the model's decisions, so it reads as that rule."""
+    yet with it the whole program makes every one of the model's decisions, so it reads as that rule.
+    The comparison's sub-MLP (a table on x and the routed value) reaches the output only through one
+    cut of its prefix max, so it reads as the indicator of that cut: 1 - (x >= max_beforerun_x)."""
     task = _sorted_so_far()
     program = extract(wtc.load(MODELS / "sorted_so_far"), task)
     assert program.ok, program.failures
     head = next(r for r in program.readings if r.module == "L0.h1")
     assert head.ok and 0.5 <= float(head.evidence.split()[1]) < 0.9 and "whole program" in head.evidence, head
-    assert [ln.kind for ln in program.lines if ln.kind in ("max", "min")] == ["max"]
+    extreme = next(ln for ln in program.lines if ln.kind in ("max", "min"))
+    assert program.outputs == [1 - sp.Symbol(extreme.name)], program.outputs      # "no descent so far"
+    comparison = next(ln for ln in program.lines if ln.name == extreme.source).expr
+    assert {s.name for s in comparison.free_symbols} == {"x", "max_beforerun_x"} and sp.count_ops(comparison) <= 3
     v = verify(program, task, n=2000, seed=9)
     assert v.solved and v.holds_longer and v.holds_longest and v.exhaustive_ok, v
     x = np.random.default_rng(17).integers(0, 4, (300, 40))

@@ -32,6 +32,7 @@ from wtc.extraction.constants import number
 from wtc.extraction.domain import Domain
 from wtc.extraction.equivalence import immaterial_heads
 from wtc.extraction.grid import grid_polynomial
+from wtc.extraction.indicators import indicators_under_extremes
 from wtc.extraction.formulas import (DECISION_SLACK, FEWER_TIME_LIMIT, MAX_SR_POINTS, MIN_DECISION_AGREEMENT,  # noqa: F401
                                       ExtractionError, ExtractionTimeout, formula as _formula, integral_formula,
                                       reading_deadline, sr_fit as _sr_fit, values_of)
@@ -708,6 +709,10 @@ class _Extraction:
     # ------------------------------------------------------------------ program
     def _assemble(self, outputs: list[sp.Expr]) -> Program:
         """Keep the lines the outputs need, build the program, check it against the model."""
+        view = {self.pname[k]: v[:, self.P:] for k, v in self.prog.items() if k in self.pname}
+        self.lines, outputs, notes = indicators_under_extremes(self.lines, outputs, view)
+        self.readings += [Reading("indicator", "note", note.split(" = ")[0], "extraction data", note,
+                                  "read as a formula of its decisions", True) for note in notes]
         needed = set().union(*[{s.name for s in e.free_symbols} for e in outputs])
         kept: list[Line] = []
         for line in reversed(self.lines):
