@@ -14,7 +14,7 @@ from wtc.dt.finish import refit_head
 from wtc.extraction import extract, verify
 
 
-@pytest.mark.parametrize("ops", [(), ("max",), "sum", ("mean", 3)])
+@pytest.mark.parametrize("ops", [(), ("median",), "sum", ("mean", 3)])
 def test_bad_agg_ops_are_refused_by_name(ops):
     with pytest.raises(ConfigError, match="agg_ops"):
         DTConfig(n_agg_heads=2, agg_ops=ops)
