@@ -10,12 +10,12 @@ import torch
 
 from wtc.dt import DTConfig, DiscreteTransformer
 from wtc.dt import checkpoint
-from wtc.dt.attempt import Attempt
 from wtc.dt.attention import prefix_extremes
 from wtc.dt.config import ConfigError
-from wtc.dt.finish import refit_head
 from wtc.extraction import extract, verify
 from wtc.tasks import Task
+
+from planting import planted_aggregates, run_source  # noqa: E402  (tests/ is on sys.path)
 
 
 def brute(val: torch.Tensor, op: str) -> torch.Tensor:
@@ -65,35 +65,12 @@ def test_unknown_ops_are_refused_in_one_line(ops):
         DTConfig(agg_ops=ops)
 
 
-def _planted(task, op):
-    """One layer, one `op` head reading x, nothing else: the head's output is the task's target."""
-    cfg = DTConfig(n_heads=0, n_agg_heads=1, n_mlps=0, agg_ops=(op,), replicas=1)
-    run = Attempt(task, cfg, seed=0, attempt=0)
-    model = run.model
-    with torch.no_grad():
-        sel = model.blocks[0].attn.select
-        slot = sel.slot_names.index("L0.a0.v")
-        sel.logits[0, slot] = -10.0
-        sel.logits[0, slot, sel.variable_names.index("x")] = 10.0
-    model.freeze()
-    model.eval()
-    x, y, valid, _ = run.fit_data
-    refit_head(model, x, y, valid)
-    return model
-
-
-def _run_source(source, x):
-    namespace: dict = {}
-    exec(source, namespace)                  # a fresh namespace: only what the source imports
-    return np.array([namespace["program"](seq.tolist(), check_domain=False) for seq in x])
-
-
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_a_planted_head_reads_as_an_extreme_line_that_holds_longer(rng, op, tmp_path):
     extreme = np.maximum if op == "max" else np.minimum
     task = Task(f"running_{op}", lambda r, n: r.integers(-4, 5, (n, 8)),
                 lambda x: extreme.accumulate(x, axis=1), seq_len=8, any_length=True)
-    model = _planted(task, op)
+    model, _ = planted_aggregates(task, DTConfig(n_heads=0, n_agg_heads=1, n_mlps=0, agg_ops=(op,), replicas=1))
     program = extract(model, task)
     assert program.ok, program.failures
     assert [(ln.kind, ln.source) for ln in program.lines] == [(op, "x")]
@@ -104,7 +81,7 @@ def test_a_planted_head_reads_as_an_extreme_line_that_holds_longer(rng, op, tmp_
     back = program_from_dict(json.loads(json.dumps(program_to_dict(program))))   # as rungs hand it over
     assert back.source == program.source and back.lines == program.lines
     longer = rng.integers(-4, 5, (40, 32)).astype(float)                  # 4T: the line, not the model
-    np.testing.assert_array_equal(_run_source(program.source, longer), extreme.accumulate(longer, axis=1))
+    np.testing.assert_array_equal(run_source(program.source, longer), extreme.accumulate(longer, axis=1))
     checkpoint.save(model, tmp_path / "m")                                 # a checkpoint keeps the op
     fresh = rng.integers(-4, 5, (20, 8, 1)).astype(float)
     np.testing.assert_array_equal(checkpoint.load(tmp_path / "m").predict(fresh), model.predict(fresh))

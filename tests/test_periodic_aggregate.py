@@ -13,12 +13,13 @@ from wtc.dt import DTConfig, DiscreteTransformer
 from wtc.dt import checkpoint
 from wtc.dt.attempt import Attempt
 from wtc.dt.config import ConfigError
-from wtc.dt.finish import refit_head
 from wtc.dt.periodic import initial_patterns, period_of, periodic_sum
 from wtc.dt.periodic_snap import snap_coefficients
 from wtc.extraction import extract, verify
 from wtc.extraction.weighted import periodic_source, simple_number, weighted_prefix
 from wtc.tasks import Task
+
+from planting import planted_aggregates, run_source  # noqa: E402  (tests/ is on sys.path)
 
 
 def brute(val: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
@@ -99,25 +100,8 @@ def _alternating(c):
 
 def _planted(task, coefficients, noise=0.0):
     cfg = DTConfig(n_heads=0, n_agg_heads=1, n_mlps=0, agg_ops=(f"per{len(coefficients)}",), replicas=1)
-    run = Attempt(task, cfg, seed=0, attempt=0)
-    model = run.model
-    with torch.no_grad():
-        sel = model.blocks[0].attn.select
-        slot = sel.slot_names.index("L0.a0.v")
-        sel.logits[0, slot] = -10.0
-        sel.logits[0, slot, sel.variable_names.index("x")] = 10.0
-        model.blocks[0].attn.periodic.set_coef(torch.tensor(coefficients)[None, None] + noise)
-    model.freeze()
-    model.eval()
-    x, y, valid, _ = run.fit_data
-    refit_head(model, x, y, valid)
-    return model, run
-
-
-def _run_source(source, x):
-    namespace: dict = {}
-    exec(source, namespace)                  # a fresh namespace: only what the source imports
-    return np.array([namespace["program"](seq.tolist(), check_domain=False) for seq in x])
+    return planted_aggregates(task, cfg, lambda model: model.blocks[0].attn.periodic.set_coef(
+        torch.tensor(coefficients)[None, None] + noise))
 
 
 @pytest.mark.parametrize("c", [(1.0, -1.0), (2.0, 0.5, -1.0), (1.0, 2.0, -1.0, -2.0)])
@@ -135,10 +119,10 @@ def test_a_planted_head_reads_as_a_periodic_line_that_holds_longer(rng, c):
     back = program_from_dict(json.loads(json.dumps(program_to_dict(program))))   # as rungs hand it over
     assert back.source == program.source and back.lines[0].rule == program.lines[0].rule
     fresh = rng.integers(-3, 4, (40, 8)).astype(float)
-    np.testing.assert_allclose(_run_source(program.source, fresh), model.predict(fresh[..., None]).reshape(40, 8),
+    np.testing.assert_allclose(run_source(program.source, fresh), model.predict(fresh[..., None]).reshape(40, 8),
                                atol=1e-3)
     longer = rng.integers(-3, 4, (40, 32)).astype(float)                  # 4T: the line, not the model
-    np.testing.assert_allclose(_run_source(program.source, longer), weighted_prefix(longer, c), atol=1e-9)
+    np.testing.assert_allclose(run_source(program.source, longer), weighted_prefix(longer, c), atol=1e-9)
 
 
 def test_near_integral_coefficients_are_snapped_when_the_loss_allows():

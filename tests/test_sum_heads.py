@@ -8,10 +8,10 @@ import torch
 
 import wtc
 from wtc.dt import DTConfig, DiscreteTransformer
-from wtc.dt.attempt import Attempt
 from wtc.dt.config import ConfigError
-from wtc.dt.finish import refit_head
 from wtc.extraction import extract, verify
+
+from planting import planted_aggregates, run_source  # noqa: E402  (tests/ is on sys.path)
 
 
 @pytest.mark.parametrize("ops", [(), ("median",), "sum", ("mean", 3)])
@@ -95,27 +95,7 @@ def _planted_sums(task, layers: int):
     """A frozen model of `layers` layers, one sum head each: layer 0 sums x, layer l sums layer
     l - 1's sum; the head refit to the task."""
     cfg = DTConfig(n_layers=layers, n_heads=0, n_agg_heads=1, n_mlps=0, agg_ops=("sum",), replicas=1)
-    run = Attempt(task, cfg, seed=0, attempt=0)
-    model = run.model
-    with torch.no_grad():
-        source = "x"
-        for layer, block in enumerate(model.blocks):
-            sel = block.attn.select
-            slot = sel.slot_names.index(f"L{layer}.a0.v")
-            sel.logits[0, slot] = -10.0
-            sel.logits[0, slot, sel.variable_names.index(source)] = 10.0
-            source = f"L{layer}.a0"
-    model.freeze()
-    model.eval()
-    x, y, valid, _ = run.fit_data
-    refit_head(model, x, y, valid)
-    return model
-
-
-def _run_source(program, x):
-    namespace: dict = {}
-    exec(program.source, namespace)          # a fresh namespace: only what the source imports
-    return np.array([namespace["program"](seq[:, 0].tolist()) for seq in x])
+    return planted_aggregates(task, cfg)[0]
 
 
 def test_a_prefix_sum_reads_as_a_sum_line():
@@ -135,4 +115,4 @@ def test_a_double_prefix_sum_is_two_sum_lines_and_holds_on_longer_sequences(rng)
     assert verify(program, task, n=2000, seed=5).solved
     x = rng.integers(0, 3, (50, 25, 1)).astype(float)          # 25 positions; the model saw 10
     want = np.cumsum(np.cumsum(x[..., 0], axis=1), axis=1)
-    np.testing.assert_array_equal(np.round(_run_source(program, x)), want)
+    np.testing.assert_array_equal(np.round(run_source(program.source, x[..., 0])), want)

@@ -1,0 +1,40 @@
+"""Aggregate-head models planted by hand for the tests (sum, periodic and prefix-extreme heads):
+the selections set so each head reads a chosen variable, frozen, the readout refit to the task;
+and a program's source run as a user runs it."""
+import numpy as np
+import torch
+
+from wtc.dt import DTConfig
+from wtc.dt.attempt import Attempt
+from wtc.dt.finish import refit_head
+
+
+def planted_aggregates(task, cfg: DTConfig, setup=None):
+    """(model, attempt): a frozen single-replica model of cfg whose head a0 of layer 0 reads x and of
+    layer l reads layer l - 1's a0 (a chain: a sum of sums); setup(model), if given, runs before
+    the freeze (a periodic head's coefficients)."""
+    run = Attempt(task, cfg, seed=0, attempt=0)
+    model = run.model
+    with torch.no_grad():
+        source = "x"
+        for layer, block in enumerate(model.blocks):
+            sel = block.attn.select
+            slot = sel.slot_names.index(f"L{layer}.a0.v")
+            sel.logits[0, slot] = -10.0
+            sel.logits[0, slot, sel.variable_names.index(source)] = 10.0
+            source = f"L{layer}.a0"
+        if setup is not None:
+            setup(model)
+    model.freeze()
+    model.eval()
+    x, y, valid, _ = run.fit_data
+    refit_head(model, x, y, valid)
+    return model, run
+
+
+def run_source(source: str, x: np.ndarray) -> np.ndarray:
+    """program.py's `program` on each row of x (n, T), exec'd from source in a fresh namespace
+    (only what the source imports), its domain check off."""
+    namespace: dict = {}
+    exec(source, namespace)
+    return np.array([namespace["program"](row.tolist(), check_domain=False) for row in x])
