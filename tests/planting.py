@@ -38,3 +38,18 @@ def run_source(source: str, x: np.ndarray) -> np.ndarray:
     namespace: dict = {}
     exec(source, namespace)
     return np.array([namespace["program"](row.tolist(), check_domain=False) for row in x])
+
+
+def aggregate_outputs(agg_ops: tuple[str, ...], replicas: int, seq_len: int = 7, batch: int = 5):
+    """(model, z, v): a frozen one-layer model of aggregate heads with these ops (one each, all
+    reading x) run on random inputs; z (R, B, A, T) what the heads wrote, v (B, T) x in model units."""
+    from wtc.dt import DiscreteTransformer
+    cfg = DTConfig(n_heads=0, n_agg_heads=len(agg_ops), n_mlps=1, agg_ops=agg_ops, replicas=replicas,
+                   read={"L0.a*.v": ["x"]})
+    model = DiscreteTransformer(cfg, seq_len=seq_len)
+    model.freeze()
+    x = torch.randn(batch, seq_len, 1)
+    seen = {}
+    with model.hooks([("blocks.0.attn.hook_z", lambda z, hook: seen.__setitem__("z", z))]):
+        model(x)
+    return model, seen["z"], model.normalize_inputs(x)[..., 0]

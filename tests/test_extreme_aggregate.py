@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from wtc.dt import DTConfig, DiscreteTransformer
+from wtc.dt import DTConfig
 from wtc.dt import checkpoint
 from wtc.dt.attention import prefix_extremes
 from wtc.dt.config import ConfigError
 from wtc.extraction import extract, verify
 from wtc.tasks import Task
 
-from planting import planted_aggregates, run_source  # noqa: E402  (tests/ is on sys.path)
+from planting import aggregate_outputs, planted_aggregates, run_source  # noqa: E402  (tests/ is on sys.path)
 
 
 def brute(val: torch.Tensor, op: str) -> torch.Tensor:
@@ -42,16 +42,8 @@ def test_the_op_is_the_prefix_extreme_and_its_gradient_the_brute_forces(rng):
 
 
 def test_heads_write_prefix_extremes_in_their_values_units():
-    cfg = DTConfig(n_heads=0, n_agg_heads=3, n_mlps=1, agg_ops=("max", "mean", "min"), replicas=2,
-                   read={"L0.a*.v": ["x"]})
-    model = DiscreteTransformer(cfg, seq_len=7)
-    model.freeze()
-    x = torch.randn(5, 7, 1)
-    seen = {}
-    with model.hooks([("blocks.0.attn.hook_z", lambda z, hook: seen.__setitem__("z", z))]):
-        model(x)
-    z = seen["z"]                                                            # (R, B, 3, T)
-    v = model.normalize_inputs(x)[..., 0].expand(2, -1, -1)                 # (R, B, T)
+    model, z, v = aggregate_outputs(("max", "mean", "min"), replicas=2)   # z (R, B, 3, T)
+    v = v.expand(2, -1, -1)                                                  # (R, B, T)
     torch.testing.assert_close(z[:, :, 0], brute(v, "max"), rtol=0, atol=0)
     torch.testing.assert_close(z[:, :, 2], brute(v, "min"), rtol=0, atol=0)
     torch.testing.assert_close(z[:, :, 1], v.cumsum(-1) / torch.arange(1, 8), rtol=1e-6, atol=1e-6)

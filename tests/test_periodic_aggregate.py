@@ -19,7 +19,7 @@ from wtc.extraction import extract, verify
 from wtc.extraction.weighted import periodic_source, simple_number, weighted_prefix
 from wtc.tasks import Task
 
-from planting import planted_aggregates, run_source  # noqa: E402  (tests/ is on sys.path)
+from planting import aggregate_outputs, planted_aggregates, run_source  # noqa: E402  (tests/ is on sys.path)
 
 
 def brute(val: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
@@ -73,16 +73,8 @@ def test_ops_names_and_initial_patterns():
 
 
 def test_heads_write_their_weighted_sums_over_T_and_differ_across_replicas():
-    cfg = DTConfig(n_heads=0, n_agg_heads=3, n_mlps=1, agg_ops=("per2", "mean", "per3"), replicas=4,
-                   read={"L0.a*.v": ["x"]})
-    model = DiscreteTransformer(cfg, seq_len=7)
-    model.freeze()
-    x = torch.randn(5, 7, 1)
-    seen = {}
-    with model.hooks([("blocks.0.attn.hook_z", lambda z, hook: seen.__setitem__("z", z))]):
-        model(x)
-    z = seen["z"].double()                                                   # (R, B, 3, T)
-    v = model.normalize_inputs(x)[..., 0].double()                           # (B, T)
+    model, z, v = aggregate_outputs(("per2", "mean", "per3"), replicas=4)
+    z, v = z.double(), v.double()                                            # (R, B, 3, T), (B, T)
     coef = model.blocks[0].attn.periodic.coef.detach().double()             # (R, 2, 3)
     for i, (a, p) in enumerate([(0, 2), (2, 3)]):
         want = brute(v.expand(4, -1, -1), coef[:, None, i, :p]) / 7

@@ -11,7 +11,7 @@ from wtc.dt import DTConfig, DiscreteTransformer
 from wtc.dt.config import ConfigError
 from wtc.extraction import extract, verify
 
-from planting import planted_aggregates, run_source  # noqa: E402  (tests/ is on sys.path)
+from planting import aggregate_outputs, planted_aggregates, run_source  # noqa: E402  (tests/ is on sys.path)
 
 
 @pytest.mark.parametrize("ops", [(), ("median",), "sum", ("mean", 3)])
@@ -54,16 +54,8 @@ def test_two_layer_rungs_add_sums_and_keep_the_users_ops():
 
 
 def test_sum_and_mean_heads_match_float64_cumsums():
-    cfg = DTConfig(n_heads=0, n_agg_heads=2, n_mlps=1, agg_ops=("mean", "sum"), replicas=3,
-                   read={"L0.a*.v": ["x"]})
-    model = DiscreteTransformer(cfg, seq_len=7)
-    model.freeze()
-    x = torch.randn(5, 7, 1)
-    seen = {}
-    with model.hooks([("blocks.0.attn.hook_z", lambda z, hook: seen.__setitem__("z", z))]):
-        model(x)
-    z = seen["z"].double()                                                   # (R, B, 2, T)
-    v = model.normalize_inputs(x)[..., 0].double()                           # (B, T)
+    model, z, v = aggregate_outputs(("mean", "sum"), replicas=3)
+    z, v = z.double(), v.double()                                            # (R, B, 2, T), (B, T)
     csum = v.cumsum(-1)
     torch.testing.assert_close(z[:, :, 1], csum.expand(3, -1, -1) / 7, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(z[:, :, 0], (csum / torch.arange(1, 8)).expand(3, -1, -1), rtol=1e-6, atol=1e-6)
