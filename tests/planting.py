@@ -1,8 +1,12 @@
-"""Aggregate-head models planted by hand for the tests (sum, periodic and prefix-extreme heads):
-the selections set so each head reads a chosen variable, frozen, the readout refit to the task;
-and a program's source run as a user runs it."""
+"""Helpers the tests share: aggregate-head models planted by hand (sum, periodic and prefix-extreme
+heads: the selections set so each head reads a chosen variable, frozen, the readout refit to the
+task), a program's source run as a user runs it, and a task declared as a user declares one."""
+import inspect
+
 import numpy as np
 import torch
+
+import wtc
 
 from wtc.dt import DTConfig
 from wtc.dt.attempt import Attempt
@@ -34,10 +38,12 @@ def planted_aggregates(task, cfg: DTConfig, setup=None):
 
 def run_source(source: str, x: np.ndarray) -> np.ndarray:
     """program.py's `program` on each row of x (n, T), exec'd from source in a fresh namespace
-    (only what the source imports), its domain check off."""
+    (only what the source imports), its domain check off where it has one."""
     namespace: dict = {}
     exec(source, namespace)
-    return np.array([namespace["program"](row.tolist(), check_domain=False) for row in x])
+    program = namespace["program"]
+    off = {"check_domain": False} if "check_domain" in inspect.signature(program).parameters else {}
+    return np.array([program(row.tolist(), **off) for row in x])
 
 
 def aggregate_outputs(agg_ops: tuple[str, ...], replicas: int, seq_len: int = 7, batch: int = 5):
@@ -53,3 +59,12 @@ def aggregate_outputs(agg_ops: tuple[str, ...], replicas: int, seq_len: int = 7,
     with model.hooks([("blocks.0.attn.hook_z", lambda z, hook: seen.__setitem__("z", z))]):
         model(x)
     return model, seen["z"], model.normalize_inputs(x)[..., 0]
+
+
+def sorted_so_far() -> wtc.Task:
+    """1 while x_0 <= x_1 <= ... <= x_t (digits 0..3), declared with lambdas as a user declares a task
+    (the models in tests/models/sorted_so_far* were trained on it)."""
+    return wtc.Task("sorted_so_far", lambda rng, n: rng.integers(0, 4, (n, 10)),
+                    lambda x: np.concatenate([np.ones((len(x), 1), int),
+                                              np.minimum.accumulate(x[:, 1:] >= x[:, :-1], axis=1)], axis=1),
+                    seq_len=10, any_length=True)

@@ -17,6 +17,8 @@ from wtc.extraction.formulas import integral_formula
 from wtc.extraction.routing_rules import fit_head, rule_keys
 from wtc.tasks import mips
 
+from planting import sorted_so_far  # noqa: E402  (tests/ is on sys.path)
+
 MODELS = Path(__file__).parent / "models"
 
 
@@ -163,14 +165,6 @@ def test_a_switch_entry_is_nothing_where_the_head_goes_to_the_pads(rng):
     assert "0 (nothing)" in fit.rule.describe()
 
 
-def _sorted_so_far():
-    """1 while x_0 <= x_1 <= ... <= x_t, declared as a user declares a task."""
-    return wtc.Task("sorted_so_far", lambda rng, n: rng.integers(0, 4, (n, 10)),
-                    lambda x: np.concatenate([np.ones((len(x), 1), int),
-                                              np.minimum.accumulate(x[:, 1:] >= x[:, :-1], axis=1)], axis=1),
-                    seq_len=10, any_length=True)
-
-
 def test_a_head_its_rule_misses_is_read_as_the_rule_when_the_whole_program_keeps_every_decision():
     """A task of the user's own (lambdas): 1 while the prefix is still sorted. The model (the
     prefix-extremes rung) compares x_t with a content head's value and takes the prefix max of that
@@ -179,7 +173,7 @@ def test_a_head_its_rule_misses_is_read_as_the_rule_when_the_whole_program_keeps
     yet with it the whole program makes every one of the model's decisions, so it reads as that rule.
     The comparison's sub-MLP (a table on x and the routed value) reaches the output only through one
     cut of its prefix max, so it reads as the indicator of that cut: 1 - (x >= max_beforerun_x)."""
-    task = _sorted_so_far()
+    task = sorted_so_far()
     program = extract(wtc.load(MODELS / "sorted_so_far"), task)
     assert program.ok, program.failures
     head = next(r for r in program.readings if r.module == "L0.h1")
@@ -200,6 +194,6 @@ def test_a_head_below_the_floor_stays_unread(monkeypatch):
     """The same model with the floor above its head's 0.77: the head is a failure of the reading."""
     from wtc.extraction import reader
     monkeypatch.setattr(reader, "PROGRAM_IMMATERIAL_RATE", 0.8)
-    task = _sorted_so_far()
+    task = sorted_so_far()
     program = extract(wtc.load(MODELS / "sorted_so_far"), task)
     assert not program.ok and any(f.startswith("L0.h1: pointer fits no routing rule") for f in program.failures)

@@ -74,7 +74,7 @@ def indicators_under_extremes(lines: list[Line], outputs: list[sp.Expr], values:
             continue
         readers = [ln for ln in lines if ln is not ext and (ln.source == sub.name or (
             ln.expr is not None and sp.Symbol(sub.name) in ln.expr.free_symbols)
-            or (ln.rule is not None and ln.rule.params.get("var") == sub.name))]
+            or (ln.rule is not None and sub.name in (ln.rule.params.get("var"), ln.rule.params.get("query"))))]
         if readers or any(sp.Symbol(sub.name) in sp.sympify(e).free_symbols for e in outputs):
             continue                      # m is read elsewhere: its values matter, not only its cut
         symbol = sp.Symbol(ext.name)

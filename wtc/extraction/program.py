@@ -155,6 +155,11 @@ def _route_stmts(line: Line, condition: str | None = None) -> list[ast.stmt]:
         read = (f"{name}[t] = {carried}\n" if _carried_start(p) is not None
                 else f"{name}[t] = {carried} if {carried} is not None else {latest}\n")
         return _stmt(read + update if p["strict"] else update + read)
+    if kind == "compare":       # the latest earlier key comparing so with the query
+        start = "t - 1" if p["strict"] else "t"
+        return _stmt(f"k = next((j for j in range({start}, -1, -1) if {_at(p['var'], 'j')} {p['op']} "
+                     f"{_at(p['query'], 't')}), -1)\n"
+                     f"{name}[t] = {_at(src, 'k')} if k >= 0 else 0.0")
     if kind == "window" and p["var"] == src and src != POSITION:   # the extremum itself: max(x[lo:hi])
         return _stmt(f"{name}[t] = {_extremum(src, p)}")
     if kind == "window":
@@ -214,6 +219,8 @@ def _live(lines: list[Line], outputs: list[sp.Expr], conditions: dict[str, str])
         used = {ln.source} if ln.source else set()
         if ln.rule is not None and "var" in ln.rule.params and ln.name not in conditions:
             used.add(ln.rule.params["var"])
+        if ln.rule is not None and "query" in ln.rule.params:
+            used.add(ln.rule.params["query"])
         if ln.expr is not None:
             used |= {str(s) for s in ln.expr.free_symbols}
         return used

@@ -124,6 +124,9 @@ def _route_name(rule, source: str, var: str) -> str:
         return f"{source}_by_{p['var']}"
     if rule.kind == "recent":
         return f"latest_{source}" if var == source else f"{source}_at_latest_{var}"
+    if rule.kind == "compare":
+        word = {">": "above", ">=": "atleast", "<": "below", "<=": "atmost"}[p["op"]]
+        return f"{source}_at_latest_{var}_{word}_{p['query']}"
     span = "run" if p["w"] is None else str(p["w"])
     if p.get("end", 0):
         span = f"_before{span}"
@@ -719,8 +722,9 @@ class _Extraction:
             if line.name in needed:
                 kept.append(line)
                 needed |= {line.source} if line.source else set()
-                if line.rule is not None and line.rule.kind in ("window", "switch", "recent"):
+                if line.rule is not None and line.rule.kind in ("window", "switch", "recent", "compare"):
                     needed.add(line.rule.params["var"])
+                    needed.add(line.rule.params.get("query", line.rule.params["var"]))
                 if line.expr is not None:
                     needed |= {s.name for s in line.expr.free_symbols}
         kept.reverse()

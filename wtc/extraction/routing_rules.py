@@ -87,7 +87,7 @@ def binomial_lower_bound(k: int, n: int, confidence: float = CONFIDENCE) -> floa
 class Rule:
     """A routing rule with its evidence on fresh data."""
 
-    kind: str                    # "offset" | "absolute" | "window" | "aggregate"
+    kind: str                    # "offset" | "absolute" | "switch" | "recent" | "compare" | "window"
     params: dict
     agree: int = 0
     n: int = 0
@@ -116,6 +116,9 @@ class Rule:
         if self.kind == "recent":
             none = "0" if p.get("none", "pad") == "pad" else f"t{'-1' if p['strict'] else ''}"
             return f"latest j {'<' if p['strict'] else '<='} t where {predicate_text(p)} ({none} if none)"
+        if self.kind == "compare":
+            return (f"latest j {'<' if p['strict'] else '<='} t where {p['var']}_j {p['op']} {p['query']}_t "
+                    f"(0 if none)")
         if self.kind == "window":
             span = "whole prefix" if p["w"] is None else f"last {p['w']} positions"
             if p.get("end", 0):
@@ -132,6 +135,7 @@ def _num(v: float) -> str:
 
 MAX_SWITCH_VALUES = 4
 MAX_SET_LEVELS = 16      # a "latest where" key with more distinct values gets a threshold, not a set
+COMPARISONS = {">": np.greater, ">=": np.greater_equal, "<": np.less, "<=": np.less_equal}
 
 
 def satisfies(params: dict, k: np.ndarray) -> np.ndarray:
@@ -271,6 +275,13 @@ def rule_keys(rule: Rule, values: dict[str, np.ndarray], P: int, T: int) -> np.n
         keys = np.where(hi >= 0, last[:, np.maximum(hi, 0)], -1)
         fallback = 0 if p.get("none", "pad") == "pad" else np.maximum(hi, 0)    # a pad, or the latest key
         return np.where(keys >= 0, keys, fallback)
+    if kind == "compare":
+        k, q = values[p["var"]], values[p["query"]][:, P:]                      # (n, L), (n, T)
+        j = np.arange(k.shape[1])[None, None, :]
+        hi = (P + np.arange(T) - int(p["strict"]))[None, :, None]
+        ok = COMPARISONS[p["op"]](k[:, None, :], q[:, :, None]) & (j >= P) & (j <= hi)   # (n, T, L)
+        last = np.where(ok, j, -1).max(-1)
+        return np.where(last >= 0, last, 0)                                     # none: a pad (0)
     if kind == "window":
         u = values[p["var"]]                                                    # (n, L)
         sign = 1.0 if p["op"] == "max" else -1.0
@@ -316,6 +327,14 @@ def candidate_rules(T: int, window_vars: list[str]) -> list[Rule]:
     return rules
 
 
+def compare_rules(key_vars: list[str], query_vars: list[str]) -> list[Rule]:
+    """A content head's "latest j before t (or at t) whose key compares so with the query at t, a
+    pad if none": a head that finds an earlier value above x_t (a descent: the prefix is no longer
+    sorted) routes one, and which one rarely matters downstream."""
+    return [Rule("compare", {"var": k, "query": q, "op": op, "strict": strict})
+            for k in key_vars for q in query_vars for op in COMPARISONS for strict in (True, False)]
+
+
 def switch_rules(pointer: np.ndarray, values: dict[str, np.ndarray], query_vars: list[str], P: int, T: int) -> list[Rule]:
     """For each few-valued query variable: the offset the head takes most often per value, or
     None (nothing: a pad) where it goes to the pads more often than not."""
@@ -359,6 +378,7 @@ def fit_head(head: str, pointer: np.ndarray, value_var: str, values: dict[str, n
     n_simple = next(i for i, r in enumerate(rules) if r.kind == "window") if any(r.kind == "window" for r in rules) else len(rules)
     rules[n_simple:n_simple] = (switch_rules(pointer, values, list(query_vars or []), P, T)
                                 + latest_rules(pointer, values, list(key_vars or []), P, T))
+    rules += compare_rules(list(key_vars or []), list(query_vars or []))     # after every established reading
     near = None                  # the best extremum rule whose misses are all near-ties
     for rule in rules:
         want = routed(v, rule_keys(rule, values, P, T), P)
