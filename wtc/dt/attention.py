@@ -23,6 +23,11 @@ last value seen; the last non-zero). rel[0] stays learned: very negative it excl
 own position (j < t), otherwise j <= t. The effective parameters are computed here
 (Attention.score_params) and passed to the same routing kernels as every other head; they score
 content in every replica (the query-only terms of the other heads stay off where content is).
+
+Aggregate heads (beyond the paper; DTConfig.n_agg_heads, agg_ops) write a statistic of one variable
+over the causal prefix instead of routing: its mean, its sum (written / T), a periodic weighted sum
+(wtc.dt.periodic), or its max / min (prefix_extremes: "P held at some / every j <= t" of an
+indicator a sub-MLP computes, in the variable's own units).
 """
 from __future__ import annotations
 
