@@ -26,6 +26,7 @@ import sympy as sp
 
 from wtc import arguments
 from wtc import tasks as task_registry
+from wtc.dt.config import EXTREME_OPS
 from wtc.extraction.argmax import read_argmax
 from wtc.extraction.compose import snap_output
 from wtc.extraction.constants import number
@@ -42,7 +43,6 @@ from wtc.extraction.position import position_table
 from wtc.extraction.readout import head_weights, pad, read
 from wtc.extraction.routing_rules import Rule, fit_head, routed, rule_keys
 from wtc.extraction.steps import one_step
-from wtc.dt.config import EXTREME_OPS
 from wtc.extraction.weighted import describe as describe_weights, simple_number, weighted_prefix
 from wtc.extraction.verification import agreement
 
