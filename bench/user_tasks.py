@@ -84,13 +84,14 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     a = p.parse_args()
+    unknown = [n for n in a.tasks.split(",") if n not in TASKS]
+    if unknown:                              # before anything is written
+        sys.exit(f"unknown task {unknown[0]!r}; known: {', '.join(TASKS)}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "machine.json").write_text(json.dumps({"machine": machine(), "cpu_flags": cpu_flags(), "date": stamp(),
                                                   "wtc": wtc.__version__, "source": source_revision()}, indent=2))
     for name in a.tasks.split(","):
-        if name not in TASKS:
-            sys.exit(f"unknown task {name!r}; known: {', '.join(TASKS)}")
         path = out / f"{name}.json"
         if path.exists():
             continue
