@@ -54,7 +54,7 @@ def _time_limit(time_limit: float | None) -> float | None:
 
 
 def formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: float, widen=(1.0, 3.0, 10.0),
-             time_limit: float | None = None, decisions: bool = False):
+             time_limit: float | None = None, decisions: bool = False, moduli: tuple[int, ...] = ()):
     """Simplest formula y = f(X) within tol_abs (rms), widening the tolerance if nothing passes.
 
     decisions=True (integer outputs, y = the model's rounded outputs): among the regression's
@@ -62,6 +62,7 @@ def formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: float
     input occurs) within DECISION_SLACK of the best agreement any candidate reaches: a network that
     rounds wrong on a few inputs must not buy a formula that copies its wobble (seen: x*y plus
     sin/cos terms at +0.5% agreement on product_last2).
+    moduli: extra right operands of %, // and the comparisons (wtc.sr.fit), a model's periods.
     Returns (sympy expression, evidence text, passed)."""
     if X.shape[1] == 0:
         value = float(np.mean(y))
@@ -78,7 +79,7 @@ def formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: float
     if len(y) < 8:   # e.g. two bits: 4 distinct inputs; repeat them so the regression has its minimum
         reps = -(-8 // len(y))
         X, y, counts = np.tile(X, (reps, 1)), np.tile(y, reps), np.tile(counts, reps) / reps
-    fit = sr_fit(X, y, names, tol_abs, widen, time_limit)
+    fit = sr_fit(X, y, names, tol_abs, widen, time_limit, moduli)
     evidence = f"rmse {fit.rmse:.3g} (tolerance {fit.tolerance:.3g}), R^2 {fit.r2:.6f}, complexity {fit.complexity}"
     if not decisions:
         return fit.expr, evidence, bool(fit.exact)
@@ -99,14 +100,14 @@ def formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], tol_abs: float
     return row.expr, evidence, agree >= MIN_DECISION_AGREEMENT
 
 
-def sr_fit(X, y, names, tol_abs, widen, time_limit=None):
+def sr_fit(X, y, names, tol_abs, widen, time_limit=None, moduli=()):
     """wtc.sr.fit at tol_abs (absolute rms), widened step by step until a formula passes."""
     rms = float(np.sqrt(np.mean(y**2))) + 1e-12
     fit = None
     for w in widen:
         limit = _time_limit(time_limit)
         try:
-            fit = sr.fit(X, y, names=names, tol=min(1.0, w * tol_abs / rms), time_limit=limit)
+            fit = sr.fit(X, y, names=names, tol=min(1.0, w * tol_abs / rms), time_limit=limit, moduli=moduli)
         except (ValueError, OverflowError, ZeroDivisionError) as exc:
             if fit is not None:      # keep the last good answer; nothing wider will be simpler
                 break
@@ -127,7 +128,8 @@ def values_of(expr: sp.Expr, columns: dict[str, np.ndarray], shape) -> np.ndarra
 
 
 def integral_formula(columns: dict[str, np.ndarray], target: np.ndarray, tol_abs: float, widen=(1.0, 3.0, 6.0),
-                     min_agreement: float = 1.0, max_size: int = 2, time_limit: float = FEWER_TIME_LIMIT):
+                     min_agreement: float = 1.0, max_size: int = 2, time_limit: float = FEWER_TIME_LIMIT,
+                     moduli: tuple[int, ...] = ()):
     """An integer output read over fewer of the variables it reads, as a formula whose values are
     its decisions (whole numbers, every one the model's): `Mod(s, 2)` of a prefix sum s where the
     regression over s, the mean beside it and the routed bit returned |cos(1.6 s + 1.41)|, right
@@ -144,7 +146,8 @@ def integral_formula(columns: dict[str, np.ndarray], target: np.ndarray, tol_abs
             if left <= 0:
                 break
             X = np.stack([columns[n] for n in subset], axis=1)
-            expr, _, ok = formula(X, target, subset, tol_abs, widen=widen, decisions=True, time_limit=left)
+            expr, _, ok = formula(X, target, subset, tol_abs, widen=widen, decisions=True, time_limit=left,
+                                  moduli=moduli)
             if not ok:
                 continue
             values = values_of(expr, columns, target.shape)

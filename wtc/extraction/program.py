@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import sympy as sp
-from sympy.printing.pycode import pycode
+from sympy.printing.pycode import PythonCodePrinter
 
 from wtc.errors import WtcError
 from wtc.extraction.domain import Domain, DomainError, domain_statements
@@ -67,10 +67,15 @@ class Line:
     comment: str = ""
 
 
+class _PythonPrinter(PythonCodePrinter):
+    def _print_Mod(self, expr):     # sympy prints c*Mod(s, 15) as c*s % 15, which Python reads as (c*s) % 15
+        return f"({super()._print_Mod(expr)})"
+
+
 def expression_ast(expr: sp.Expr, variables: set[str]) -> ast.expr:
     """sympy expression -> AST where variable v reads v[t] (t itself stays t)."""
     try:
-        code = pycode(sp.sympify(expr), fully_qualified_modules=True, strict=True)
+        code = _PythonPrinter({"fully_qualified_modules": True, "strict": True}).doprint(sp.sympify(expr))
     except Exception as exc:   # sympy refuses functions it cannot print as Python
         raise ValueError(f"unknown name or unsupported function in expression {expr}: {exc}") from exc
     tree = ast.parse(code, mode="eval")

@@ -37,6 +37,7 @@ from wtc.extraction.indicators import indicators_under_extremes
 from wtc.extraction.formulas import (DECISION_SLACK, FEWER_TIME_LIMIT, MAX_SR_POINTS, MIN_DECISION_AGREEMENT,  # noqa: F401
                                       ExtractionError, ExtractionTimeout, formula as _formula, integral_formula,
                                       reading_deadline, sr_fit as _sr_fit, values_of)
+from wtc.extraction.residues import residue_formula
 from wtc.extraction.program import POSITION, Line, Program, build_source
 from wtc.extraction.logic import shortest_rule
 from wtc.extraction.position import position_table
@@ -190,6 +191,7 @@ class _Extraction:
         self.P, self.T, self.names = ro.P, ro.T, ro.names
         self.W = head_weights(model)                                              # (V, O)
         self.tol_out = _output_tolerance(task, self.y_task)
+        self.periods = tuple(getattr(getattr(model, "config", None), "mlp_periods", ()) or ())   # its residues
         # program values (n, P + T); model value = factor * program value where that is linear
         self.prog: dict[str, np.ndarray] = {}
         self.factor: dict[str, float | None] = {}
@@ -245,10 +247,10 @@ class _Extraction:
             elif mod.kind == "aggregate":
                 self._aggregate(mod)
             elif any(mod.name in m.reads.values() for m in self.ro.modules if m.name in self.live):
-                reading, expr = _read_mlp(mod, self.ro, self.prog, self.pname, rel_tol=1e-3)
+                reading, expr = _read_mlp(mod, self.ro, self.prog, self.pname, rel_tol=1e-3, periods=self.periods)
                 alt = None if reading.ok else self._as_sums(list(mod.reads.values()))
                 if alt is not None:                     # read through the prefix sum instead
-                    reading2, expr2 = _read_mlp(mod, self.ro, *alt, rel_tol=1e-3)
+                    reading2, expr2 = _read_mlp(mod, self.ro, *alt, rel_tol=1e-3, periods=self.periods)
                     if reading2.ok:
                         self._keep_sums(list(mod.reads.values()), alt[1])
                         self._add_mlp(mod, expr2, reading2, *alt)
@@ -260,7 +262,7 @@ class _Extraction:
         for mod in self.head_only:   # report each head-only sub-MLP alone too (its formula is in the output)
             if mod.name not in self.exprs:
                 reading, _ = _read_mlp(mod, self.ro, self.prog, self.pname, rel_tol=1e-2,
-                                       time_limit=ALONE_TIME_LIMIT, widen=(1.0,))
+                                       time_limit=ALONE_TIME_LIMIT, widen=(1.0,), periods=self.periods)
                 reading.name, reading.finding = "(in output)", f"alone: {reading.finding}"
                 self.readings.append(reading)
         return self._assemble(outputs)
@@ -447,7 +449,7 @@ class _Extraction:
             X = np.stack([self.prog[v][:, P:][keep] for v in leaves], axis=1) if leaves else np.zeros((len(target), 0))
             names = tuple(self.pname[v] for v in leaves)
             expr, evidence, ok = _formula(X, target, names, self.tol_out, widen=widen,
-                                          decisions=task.output == "integer")
+                                          decisions=task.output == "integer", moduli=self.periods)
             if not ok and task.output == "integer" and leaves:
                 # a network too imprecise to round right (max of three values through one sub-MLP):
                 # read its raw output as a function, the simplest formula within a few percent
@@ -463,7 +465,7 @@ class _Extraction:
             if alt is not None:   # a counter mod k: a function of the prefix sum, not of the mean
                 X3 = np.stack([alt[0][v][:, P:][keep] for v in leaves], axis=1)
                 expr3, evidence3, ok3 = _formula(X3, target, tuple(alt[1][v] for v in leaves), self.tol_out,
-                                                 widen=widen, decisions=task.output == "integer")
+                                                 widen=widen, decisions=task.output == "integer", moduli=self.periods)
                 if ok3:
                     self._keep_sums(leaves, alt[1])
                     expr, evidence, ok = expr3, f"{evidence3} (aggregates read as prefix sums)", True
@@ -576,7 +578,8 @@ class _Extraction:
     def _fewer(self, leaves, keep, target, widen, time_limit: float):
         """integral_formula over one or two of the leaves (and their sums); a sum it uses gets its line."""
         columns, sums = self._columns(leaves, keep)
-        fewer = integral_formula(columns, target, self.tol_out, widen=widen, max_size=2, time_limit=time_limit)
+        fewer = integral_formula(columns, target, self.tol_out, widen=widen, max_size=2, time_limit=time_limit,
+                                 moduli=self.periods)
         if fewer is not None:
             used = {str(s) for s in fewer[0].free_symbols}
             self._keep_sums([v for name, v in sums.items() if name in used], {v: n for n, v in sums.items()})
@@ -777,27 +780,35 @@ class _Extraction:
             self.failures.append(f"the program deviates from the model by {deviation:.3g} (relative rms; "
                                  f"agreement {decisions:.4f})")
         elif decisions == 1.0:
-            self._misses_the_program_absorbs(kept)
+            self._misses_the_program_absorbs(kept, deviation)
         program.failures, program.readings, program.ok = self.failures, self.readings, not self.failures
         return program
 
-    def _misses_the_program_absorbs(self, kept: list[Line]) -> None:
-        """Heads that fit no rule, when they are all that is left unread and the whole program, with
-        their best rules, makes every one of the model's decisions on the extraction data: read as
-        those rules. A content head that routes "some earlier value above x_t" where its best rule
-        routes the largest one feeds the same comparison downstream (wtc.extraction.equivalence
-        decides this from the output formulas when they read routed values only)."""
+    def _misses_the_program_absorbs(self, kept: list[Line], deviation: float) -> None:
+        """Heads that fit no rule and sub-MLPs that fit no formula, when they are all that is left
+        unread and the whole program, with their best rules and formulas, makes every one of the
+        model's decisions on the extraction data: read as those. A content head that routes "some
+        earlier value above x_t" where its best rule routes the largest one feeds the same
+        comparison downstream (wtc.extraction.equivalence decides this from the output formulas
+        when they read routed values only); a sub-MLP the output weighs at a tenth beside a residue
+        that decides (Dithering's level of the prefix sum) changes no decision. A sub-MLP is
+        absorbed only where the program is also within MAX_DEVIATION of the model's raw output."""
         routes = {ln.name for ln in kept if ln.kind == "route"}
         heads = [head for name, (head, rule, _) in self.unread.items()
                  if name in routes and rule.rate >= PROGRAM_IMMATERIAL_RATE]
-        rest = [f for f in self.failures if not any(f.startswith(f"{h}: pointer fits no") for h in heads)]
+        mlps = list(self.unread_mlps) if deviation <= MAX_DEVIATION else []
+        absorbed = [f"{h}: pointer fits no" for h in heads] + [f"{m}: no formula within tolerance" for m in mlps]
+        rest = [f for f in self.failures if not f.startswith(tuple(absorbed))]
         if rest or not self.failures:
             return
         self.failures = rest
         what = "decision" if self.task.output == "integer" else "value (within the task's tolerance)"
-        self.readings = [dataclasses.replace(r, ok=True, evidence=f"{r.evidence}; read as this rule: with it the "
-                                             f"whole program reproduces every model {what} on the extraction data")
-                         if r.module in heads and r.kind == "head" else r for r in self.readings]
+        because = f"with it the whole program reproduces every model {what} on the extraction data"
+        self.readings = [dataclasses.replace(r, ok=True, evidence=f"{r.evidence}; read as this rule: {because}")
+                         if r.module in heads and r.kind == "head" else
+                         dataclasses.replace(r, ok=True, evidence=f"{r.evidence}; read as this formula: {because} "
+                                             f"(relative rms deviation {deviation:.3g})")
+                         if r.module in mlps and r.kind == "mlp" and r.name else r for r in self.readings]
 
 
 def _reads(mod) -> str:
@@ -813,8 +824,9 @@ def _distinct_inputs(mod, pname) -> list[str]:
 
 
 def _read_mlp(mod, ro, prog, pname, *, rel_tol: float | None = None, abs_tol: float | None = None,
-              time_limit: float | None = None, widen=(1.0, 3.0, 10.0)):
-    """A sub-MLP's formula of its inputs (program units) -> (Reading, expression)."""
+              time_limit: float | None = None, widen=(1.0, 3.0, 10.0), periods: tuple[int, ...] = ()):
+    """A sub-MLP's formula of its inputs (program units) -> (Reading, expression). periods: the
+    model's periodic units (the regression's extra moduli, and the residue reading)."""
     P = ro.P
     inputs = _distinct_inputs(mod, pname)
     X = np.stack([prog[v][:, P:].ravel() for v in inputs], axis=1)
@@ -822,9 +834,16 @@ def _read_mlp(mod, ro, prog, pname, *, rel_tol: float | None = None, abs_tol: fl
     rms = float(np.sqrt(np.mean(y**2))) + 1e-12
     tol = abs_tol if abs_tol is not None else rel_tol * rms
     names = tuple(pname[v] for v in inputs)
-    expr, evidence, ok = _formula(X, y, names, tol, time_limit=time_limit, widen=widen)
+
+    def regression(X, y, names):
+        return _formula(X, y, names, tol, time_limit=time_limit, widen=widen, moduli=periods)
+
+    expr, evidence, ok = regression(X, y, names)
     poly = None if ok else grid_polynomial(X, y, names, tol)
     if poly is not None:       # a table on a few input values: its interpolating polynomial (wtc.extraction.grid)
         expr, ok = poly, True
         evidence = f"exact on the {len(np.unique(X, axis=0))} input combinations seen (the regression: {evidence})"
+    residue = None if ok or not periods else residue_formula(X, y, names, periods, tol, regression, widen)
+    if residue is not None:    # a function of one input's residue (wtc.extraction.residues)
+        (expr, evidence), ok = residue, True
     return Reading(mod.name, "mlp", "", _reads(mod), str(expr), evidence, ok), expr

@@ -87,8 +87,10 @@ class Fit:
                 f"max|err| {self.max_abs_err:.3g}, tolerance {self.tolerance:.3g}]")
 
 
+MAX_MODULUS = 10**6
+
 FIT_ARGUMENTS = ("X", "y", "names", "tol", "max_complexity", "operators", "time_limit", "random_state",
-                 "sample_weight")
+                 "sample_weight", "moduli")
 
 
 class SRArgumentError(SRError, TypeError):
@@ -97,12 +99,15 @@ class SRArgumentError(SRError, TypeError):
 
 def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEFAULT_MAX_COMPLEXITY,
         operators=None, time_limit: float | None = None, random_state: int | None = 0, sample_weight=None,
-        **unknown) -> Fit:
+        moduli=(), **unknown) -> Fit:
     """Find the simplest formula y = f(X) within the tolerance. See ``wtc.sr`` for details.
 
     ``sample_weight`` (n,): each point's share of the loss (weighted least squares throughout the
     search and the refits; points of weight 0 are left out). The noise estimate behind the
-    default tolerance and the every-point check treat the kept points alike."""
+    default tolerance and the every-point check treat the kept points alike.
+
+    ``moduli``: whole numbers the integer operators may also take as their right operand (by
+    default 0 and 2..10): `s % 15` is then a formula of an integer s."""
     started = time.perf_counter()       # the time limit covers the whole fit, data preparation too
     no_unknown_keywords("wtc.sr.fit() has no argument", unknown, FIT_ARGUMENTS, SRArgumentError)
     X, y, names = check_inputs(X, y, names)
@@ -111,6 +116,7 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
         X, y, weights = weighted_points(X, y, check_weights(sample_weight, len(y)))
     check_options(max_complexity=max_complexity, time_limit=time_limit, random_state=random_state, tol=tol,
                   operators=operators)
+    moduli = check_moduli(moduli)
     rng = np.random.default_rng(random_state)
     X_user, y_user = X, y
     scales = _decade_scales(X, y)
@@ -121,7 +127,7 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
     levels = search.op_levels(operators, data.integer)  # validates the operator names before any work
     left = None if time_limit is None else max(time_limit - (time.perf_counter() - started), 1e-3)
     cands, log = search.run(data, max_complexity=int(max_complexity), operators=operators,
-                            time_limit=left, rng=rng)
+                            time_limit=left, rng=rng, moduli=moduli)
     best = choose(cands, int(max_complexity))
     structured = ""
     if best.passes and data.sigma_method == "local-quadratic" and data.sigma > REL_FLOOR * data.y_rms:
@@ -234,6 +240,18 @@ def _is_int(v) -> bool:
 
 def _is_real(v) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_moduli(moduli) -> tuple[int, ...]:
+    """moduli: whole numbers >= 2 that the integer operators (%, //, >=, ==) may take as their right
+    operand beyond the default 0, 2..10 (the periods of a model's units, say); refused by name."""
+    if isinstance(moduli, (str, bytes)) or not hasattr(moduli, "__iter__"):
+        raise SRError(f"moduli must be a sequence of whole numbers >= 2, got {moduli!r}")
+    out = tuple(moduli)
+    bad = [m for m in out if not _is_int(m) or not 2 <= m <= MAX_MODULUS]
+    if bad:
+        raise SRError(f"moduli must be whole numbers in [2, {MAX_MODULUS}], got {bad[0]!r} in {moduli!r}")
+    return tuple(int(m) for m in out)
 
 
 def check_options(*, max_complexity, time_limit, random_state, tol, operators) -> None:

@@ -170,6 +170,22 @@ class _Printer(StrPrinter):
         a, b = expr.args
         return f"{self.parenthesize(a, 50)} % {self.parenthesize(b, 51)}"
 
+    _in_product = False
+
+    def _print_Mul(self, expr):
+        # a Mod beside another factor: 0.32*(s % 15), not 0.32*s % 15 (Python's (0.32*s) % 15)
+        outer, self._in_product = self._in_product, sum(f != -1 for f in expr.args) > 1 and any(
+            isinstance(f, sp.Mod) for f in expr.args)
+        try:
+            return super()._print_Mul(expr)
+        finally:
+            self._in_product = outer
+
+    def parenthesize(self, item, level, strict=False):
+        if isinstance(item, sp.Mod) and (self._in_product or level >= 60):     # 60: a power's base
+            return f"({self._print(item)})"
+        return super().parenthesize(item, level, strict)
+
 
 def equation_str(e: sp.Expr) -> str:
     """Readable text: short decimals (4.905) instead of 981/200, floats at their own precision."""

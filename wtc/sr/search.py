@@ -67,14 +67,15 @@ def op_levels(operators, integer: bool = False) -> list[tuple[str, ...]]:
 INT_CONST_MAX = 10  # moduli, divisors and thresholds 2..10 (and 0)
 
 
-def integer_constants(data: Data) -> tuple:
-    """Right operands of the integer operators: 0 and 2..K, K from the inputs' range."""
+def integer_constants(data: Data, moduli: tuple = ()) -> tuple:
+    """Right operands of the integer operators: 0 and 2..K, K from the inputs' range, then the
+    caller's moduli past K (a model's period of 15 makes `s % 15` a formula)."""
     top = int(min(INT_CONST_MAX, max(3, np.max(np.abs(data.Xf)) + 1))) if data.integer else INT_CONST_MAX
-    return (0, *range(2, top + 1))
+    return (0, *range(2, top + 1), *sorted({int(m) for m in moduli if m > top}))
 
 
 def run(data: Data, *, max_complexity: int, operators=None, time_limit: float | None = None,
-        rng: np.random.Generator | None = None) -> tuple[list[Candidate], SearchLog]:
+        rng: np.random.Generator | None = None, moduli: tuple = ()) -> tuple[list[Candidate], SearchLog]:
     """All candidates evaluated (the caller selects); the log says what was searched."""
     rng = np.random.default_rng(0) if rng is None else rng
     deadline = _Deadline(time_limit)
@@ -88,7 +89,7 @@ def run(data: Data, *, max_complexity: int, operators=None, time_limit: float | 
     # (on integer data the integer operators are still tried: a + b + c >= 2 beats its polynomial)
     simple_enough = SIMPLE_ENOUGH if len(data.binary) < data.k else 10**9
     levels = op_levels(operators, data.integer)
-    int_consts = integer_constants(data)
+    int_consts = integer_constants(data, moduli)
 
     def best_passing():
         ok = [c for c in cands if c.passes and c.complexity <= max_complexity]
