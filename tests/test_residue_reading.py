@@ -99,3 +99,15 @@ def test_dithering_reads_through_the_residue_of_the_prefix_sum():
     got = np.array([namespace["program"](s.tolist()) for s in x])
     # an integer task's program is judged by its rounded outputs (the linear readout is not snapped whole)
     np.testing.assert_array_equal(np.round(got), mips.dithering(x, 15))
+
+
+def test_the_estimator_takes_moduli_too():
+    s, x = _dithering_columns()
+    y = (np.mod(s, 15) < x).astype(float)
+    m = sr.SymbolicRegressor(moduli=(15,), time_limit=30).fit(np.stack([s, x], 1), y, variable_names=["s", "x"])
+    assert m.best_["exact"] and "s % 15" in m.best_["equation"], m.best_
+    assert m.get_params()["moduli"] == (15,)
+    with pytest.raises(SRError, match="moduli"):
+        sr.SymbolicRegressor(moduli=(0,)).fit(np.stack([s, x], 1), y)
+    with pytest.raises(SRError, match="builtin"):
+        sr.SymbolicRegressor(moduli=(15,), backend="pysr").fit(np.stack([s, x], 1), y)

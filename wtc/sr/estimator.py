@@ -8,7 +8,7 @@ import numpy as np
 from wtc.arguments import no_unknown_keywords
 from wtc.errors import SRError, WtcError
 from wtc.sr import equations as eqs
-from wtc.sr.api import DEFAULT_MAX_COMPLEXITY, Fit, SRArgumentError, check_options, fit
+from wtc.sr.api import DEFAULT_MAX_COMPLEXITY, Fit, SRArgumentError, check_moduli, check_options, fit
 from wtc.sr.data import SRDataTypeError, check_names, check_weights
 from wtc.tasks.limits import plain_numbers
 
@@ -68,7 +68,7 @@ class SymbolicRegressor:
     """Symbolic regression with the usual estimator interface (scikit-learn and PySR conventions).
 
     SymbolicRegressor(max_complexity=20, operators=None, tol=None, variable_names=None,
-                      backend='builtin', random_state=0, time_limit=None)
+                      backend='builtin', random_state=0, time_limit=None, moduli=())
       operators    None or 'auto': staged operator sets ({+,-,*,square} -> +{/,max,min,abs,relu}
                    -> +{neg,sqrt,exp,log,sin,cos,tanh}; integer data also get mod, floordiv, ge,
                    eq); or a list of names (add sub mul div max min abs relu sq neg sqrt exp log
@@ -79,6 +79,8 @@ class SymbolicRegressor:
                    names, else x0, x1, ... (fit(..., variable_names=) overrides both)
       backend      'builtin' (this package) or 'pysr' (needs PySR and Julia installed)
       time_limit   seconds for the whole fit, shared among the outputs
+      moduli       whole numbers the integer operators may take as right operand past 2..10
+                   (builtin backend): (15,) makes `s % 15` a formula
     fit(X, y, sample_weight=None, *, variable_names=None, weights=None): y (n,) or (n, k); k > 1
     runs one search per output. sample_weight (PySR: weights) scales each point's share of the
     loss; points of weight 0 are left out.
@@ -95,7 +97,7 @@ class SymbolicRegressor:
 
     def __init__(self, max_complexity: int = DEFAULT_MAX_COMPLEXITY, operators=None, tol: float | None = None,
                  variable_names=None, backend: str = "builtin", random_state: int | None = 0,
-                 time_limit: float | None = None):
+                 time_limit: float | None = None, moduli=()):
         self.max_complexity = max_complexity
         self.operators = operators
         self.tol = tol
@@ -103,6 +105,7 @@ class SymbolicRegressor:
         self.backend = backend
         self.random_state = random_state
         self.time_limit = time_limit
+        self.moduli = moduli
 
     _estimator_type = "regressor"  # scikit-learn < 1.6
 
@@ -120,7 +123,7 @@ class SymbolicRegressor:
     # sklearn's clone/get_params protocol, without depending on sklearn
     def get_params(self, deep: bool = True) -> dict:
         return {k: getattr(self, k) for k in ("max_complexity", "operators", "tol", "variable_names",
-                                              "backend", "random_state", "time_limit")}
+                                              "backend", "random_state", "time_limit", "moduli")}
 
     def set_params(self, **params) -> SymbolicRegressor:
         for k, v in params.items():
@@ -151,6 +154,9 @@ class SymbolicRegressor:
         if self.backend == "builtin":   # refused before any output's search
             check_options(max_complexity=self.max_complexity, time_limit=self.time_limit,
                           random_state=self.random_state, tol=self.tol, operators=self.operators)
+            check_moduli(self.moduli)
+        elif check_moduli(self.moduli):
+            raise SRError(f"moduli={self.moduli!r} is an option of the builtin backend; PySR takes its constants itself")
         started = time.perf_counter()
         fits = []
         for j, yj in enumerate(ys):
@@ -186,7 +192,7 @@ class SymbolicRegressor:
         args = dict(names=names, tol=self.tol, max_complexity=self.max_complexity, operators=self.operators,
                     time_limit=time_limit, random_state=self.random_state, sample_weight=sample_weight)
         if self.backend == "builtin":
-            return fit(X, y, **args)
+            return fit(X, y, **args, moduli=self.moduli)
         from wtc.sr.pysr_backend import fit_pysr  # lazy: importing PySR starts Julia
         return fit_pysr(X, y, **args)
 
