@@ -156,6 +156,8 @@ def test_no_builtin_task_gets_wider_sub_mlps():
 @pytest.mark.parametrize("name, target, hi, period", [
     ("count_mod7", lambda x: np.cumsum(x, 1) % 7, 7, 7),
     ("count_mod8", lambda x: np.cumsum(x, 1) % 8, 8, 8),
+    # digits 0..3 at length 10: sums up to 30, two and a half periods of 12 (three are not seen)
+    ("count_mod12", lambda x: np.cumsum(x, 1) % 12, 4, 12),
     # error diffusion: y_t = floor(S_t / 15) - floor(S_(t-1) / 15), a function of (x_t, S_t)
     ("dither15", lambda x: np.cumsum(x, 1) // 15 - np.concatenate([np.zeros((len(x), 1), x.dtype),
                                                                  np.cumsum(x, 1)[:, :-1] // 15], 1), 16, 15),

@@ -111,3 +111,21 @@ def test_the_estimator_takes_moduli_too():
         sr.SymbolicRegressor(moduli=(0,)).fit(np.stack([s, x], 1), y)
     with pytest.raises(SRError, match="builtin"):
         sr.SymbolicRegressor(moduli=(15,), backend="pysr").fit(np.stack([s, x], 1), y)
+
+
+def test_a_counter_mod_twelve_reads_with_the_models_period_as_modulus():
+    """A count mod 12 of digits 0..3 declared with lambdas: the probe finds the period in 2.5 spans of
+    the sums seen, discover gives the sub-MLPs that period, and the output regression may then say
+    `% 12` (past the SR's default moduli 2..10). The model is discover's (session 38, seed 0)."""
+    task = wtc.Task("count_mod12", lambda rng, n: rng.integers(0, 4, (n, 10)), lambda x: np.cumsum(x, 1) % 12,
+                    seq_len=10, any_length=True)
+    model = wtc.load(MODELS / "count_mod12")
+    assert 12 in model.config.mlp_periods
+    program = extract(model, task)
+    assert program.ok, program.failures
+    assert program.outputs[0] == sp.Mod(sp.Symbol("sum_x"), 12), program.outputs
+    namespace: dict = {}
+    exec(program.source, namespace)
+    x = np.random.default_rng(15).integers(0, 4, (200, 40))
+    got = np.array([namespace["program"](s.tolist()) for s in x])
+    np.testing.assert_array_equal(got, np.cumsum(x, 1) % 12)
