@@ -1,7 +1,7 @@
 """Tasks a user brings, declared as a user declares them (wtc.Task with lambdas), through
 `wtc.discover` at a budget: running extremes, "seen so far" and "still sorted" predicates, the
-first value, the last non-zero, a new record, the range so far, the distance to the last 1 and the
-count of distinct values. One JSON per task under --out (a rerun skips the tasks already there:
+first value, the last non-zero, a new record, the range so far, the distance to the last 1, the
+count of distinct values, a count mod 12 and the dozens a running total crosses (error diffusion by 12). One JSON per task under --out (a rerun skips the tasks already there:
 resumable), then a table: solved, seconds, attempts, the program's body.
 
     python bench/user_tasks.py --budget 240 --out bench/results/user_tasks/<run>
@@ -57,6 +57,8 @@ TASKS = {
     "since_last_one": (_digits(2), _since_last_one),
     "count_distinct": (_digits(4), lambda x: np.stack([np.array([len(set(r[:t + 1])) for r in x])
                                                        for t in range(x.shape[1])], axis=1)),
+    "count_mod12": (_digits(4), lambda x: np.cumsum(x, axis=1) % 12),
+    "dozens_crossed": (_digits(13), lambda x: np.diff(np.cumsum(x, axis=1) // 12, axis=1, prepend=0)),
 }
 
 
