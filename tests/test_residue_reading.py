@@ -17,6 +17,7 @@ from wtc.extraction import extract, verify
 from wtc.extraction.formulas import formula
 from wtc.extraction.program import expression_ast
 from wtc.extraction.residues import residue_formula
+from wtc.sr.expr import FloorDiv
 from wtc.sr.pareto import equation_str
 from wtc.tasks import mips
 
@@ -38,7 +39,7 @@ def test_sr_moduli_make_a_residue_past_ten_a_formula():
     np.testing.assert_array_equal(f.predict(np.stack([s, x], 1)), y)
 
 
-@pytest.mark.parametrize("bad", [(1,), (2.5,), ("15",), 15, (10**7,), (True,)])
+@pytest.mark.parametrize("bad", [(1,), (2.5,), ("15",), 15, (10**7,), (True,), np.array(15)])
 def test_sr_moduli_refuse_what_is_no_modulus(bad):
     s, x = _dithering_columns(200)
     with pytest.raises(SRError, match="moduli"):
@@ -46,10 +47,12 @@ def test_sr_moduli_refuse_what_is_no_modulus(bad):
 
 
 @pytest.mark.parametrize("expr", ["-8/25*Mod(s, 15) + 1", "2*Mod(s + 3*Mod(x, 7), 2)", "x*Mod(s, 3) - Mod(s, 4)",
-                                  "Mod(s, 7)**2", "1 - Mod(s, 15)", "Mod(x + Mod(s, 7), 2)"])
+                                  "Mod(s, 7)**2", "1 - Mod(s, 15)", "Mod(x + Mod(s, 7), 2)", "Mod(x, 3) - Mod(s, 15)",
+                                  "2**(-Mod(s, 3))", "x - 2*FloorDiv(s, 15)", "-3/10*FloorDiv(s, 15)",
+                                  "x + FloorDiv(s, 3) - Mod(s, 4)"])
 def test_mod_is_printed_as_python_computes_it(expr):
     """Both printers: the program's line and the equation shown, run as Python, give the formula's values."""
-    e = sp.sympify(expr)
+    e = sp.sympify(expr, locals={"FloorDiv": FloorDiv})
     s, x = _dithering_columns(500, seed=1)
     want = sp.lambdify([sp.Symbol("s"), sp.Symbol("x")], e, modules="numpy")(s, x)
     line = ast.unparse(expression_ast(e, {"s", "x"}))
@@ -87,7 +90,8 @@ def test_dithering_reads_through_the_residue_of_the_prefix_sum():
     task = mips.get("Dithering")
     program = extract(wtc.load(MODELS / "Dithering"), task)
     assert program.ok, program.failures
-    residue = [ln for ln in program.lines if ln.expr is not None and sp.Mod(sp.Symbol("sum_x"), 15) in ln.expr.atoms(sp.Mod)]
+    level = sp.Mod(sp.Symbol("sum_x"), 15)
+    residue = [ln for ln in program.lines if ln.expr is not None and level in ln.expr.atoms(sp.Mod)]
     assert residue, [str(ln.expr) for ln in program.lines]
     absorbed = [r for r in program.readings if r.kind == "mlp" and "read as this formula" in r.evidence]
     assert absorbed and all(r.ok for r in absorbed)                                       # said, not hidden
@@ -129,3 +133,10 @@ def test_a_counter_mod_twelve_reads_with_the_models_period_as_modulus():
     x = np.random.default_rng(15).integers(0, 4, (200, 40))
     got = np.array([namespace["program"](s.tolist()) for s in x])
     np.testing.assert_array_equal(got, np.cumsum(x, 1) % 12)
+
+
+def test_moduli_the_search_cannot_use_are_said_so():
+    s, x = _dithering_columns(400)
+    f = sr.fit(np.stack([s * 100, x], 1), (np.mod(s * 100, 15) < x).astype(float), names=["s", "x"], moduli=(15,),
+               time_limit=10)
+    assert "moduli unused" in f.note and "rescaled" in f.note, f.note

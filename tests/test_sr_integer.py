@@ -167,6 +167,6 @@ def test_a_rule_beats_a_long_set():
     """Even numbers on 0..99: fifty values, so the modulus is the reading."""
     x = np.arange(100.0)[:, None]
     f = sr.fit(x, 1 - x[:, 0] % 2, names=("x",))
-    assert f.equation == "1 - x % 2"
+    assert f.equation == "1 - (x % 2)"         # -(x % 2) alone would print -x % 2, which Python reads as (-x) % 2
     g = sr.fit(x, (x[:, 0] % 3 == 0).astype(float), names=("x",))
     assert g.equation == "(x % 3 == 0)"                # not 1 - x**2 % 3 (opposite columns kept apart)

@@ -796,7 +796,8 @@ class _Extraction:
         routes = {ln.name for ln in kept if ln.kind == "route"}
         heads = [head for name, (head, rule, _) in self.unread.items()
                  if name in routes and rule.rate >= PROGRAM_IMMATERIAL_RATE]
-        mlps = list(self.unread_mlps) if deviation <= MAX_DEVIATION else []
+        mlps = [m for m in self.unread_mlps if any(f.startswith(f"{m}: no formula within tolerance")
+                                                   for f in self.failures)] if deviation <= MAX_DEVIATION else []
         absorbed = [f"{h}: pointer fits no" for h in heads] + [f"{m}: no formula within tolerance" for m in mlps]
         rest = [f for f in self.failures if not f.startswith(tuple(absorbed))]
         if rest or not self.failures:

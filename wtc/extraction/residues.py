@@ -50,8 +50,10 @@ def residue_formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], period
             r = sp.Symbol(_unused(f"{names[j]}_mod_{period}", names))
             X2 = np.concatenate([X, np.mod(X[:, j], period)[:, None]], axis=1)
             expr, evidence, ok = read(X2, y, tuple(names) + (r.name,))
-            if not ok or r not in expr.free_symbols:
+            if not ok:
                 continue
+            if r not in expr.free_symbols:   # the regression wrote what it needed itself (its moduli)
+                return expr, evidence
             expr = expr.subs(r, sp.Mod(sp.Symbol(names[j]), period))
             return expr, f"{evidence}; {names[j]} read modulo {period} (the model's periodic units)"
     return None

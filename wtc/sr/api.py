@@ -194,6 +194,10 @@ def fit(X, y, names=None, tol: float | None = None, *, max_complexity: int = DEF
                 "this is the best trade-off found")
     if data.note:
         note = (note + "; " if note else "") + data.note
+    if any(m > search.INT_CONST_MAX for m in moduli) and not data.integer:   # said, not dropped silently
+        why = "inputs above 1e4 were rescaled by powers of ten" if scales and any(v != 1 for v in scales[0]) else \
+            "the inputs and y are not both whole numbers"
+        note = (note + "; " if note else "") + f"moduli unused: the integer operators need whole numbers ({why})"
     total = time.perf_counter() - started
     if time_limit is not None and total > time_limit * 1.05 + 0.5:
         note = (note + "; " if note else "") + (f"time limit ({time_limit} s) overrun: the fit took {total:.1f} s "
@@ -244,13 +248,16 @@ def _is_real(v) -> bool:
 
 def check_moduli(moduli) -> tuple[int, ...]:
     """moduli: whole numbers >= 2 that the integer operators (%, //, >=, ==) may take as their right
-    operand beyond the default 0, 2..10 (the periods of a model's units, say); refused by name."""
-    if isinstance(moduli, (str, bytes)) or not hasattr(moduli, "__iter__"):
-        raise SRError(f"moduli must be a sequence of whole numbers >= 2, got {moduli!r}")
+    operand beyond the default 0, 2..10 (the periods of a model's units, say); None is none; refused by name."""
+    if moduli is None:
+        return ()
+    want = f"moduli must be a sequence of whole numbers in [2, {MAX_MODULUS}]"
+    if isinstance(moduli, (str, bytes)) or not hasattr(moduli, "__iter__") or np.ndim(moduli) == 0:
+        raise SRError(f"{want}, got {moduli!r}")
     out = tuple(moduli)
     bad = [m for m in out if not _is_int(m) or not 2 <= m <= MAX_MODULUS]
     if bad:
-        raise SRError(f"moduli must be whole numbers in [2, {MAX_MODULUS}], got {bad[0]!r} in {moduli!r}")
+        raise SRError(f"{want}, got {bad[0]!r} in {moduli!r}")
     return tuple(int(m) for m in out)
 
 

@@ -80,7 +80,7 @@ class SymbolicRegressor:
       backend      'builtin' (this package) or 'pysr' (needs PySR and Julia installed)
       time_limit   seconds for the whole fit, shared among the outputs
       moduli       whole numbers the integer operators may take as right operand past 2..10
-                   (builtin backend): (15,) makes `s % 15` a formula
+                   (builtin backend): (15,) makes `s % 15` a formula; () or None: none
     fit(X, y, sample_weight=None, *, variable_names=None, weights=None): y (n,) or (n, k); k > 1
     runs one search per output. sample_weight (PySR: weights) scales each point's share of the
     loss; points of weight 0 are left out.
@@ -156,7 +156,8 @@ class SymbolicRegressor:
                           random_state=self.random_state, tol=self.tol, operators=self.operators)
             check_moduli(self.moduli)
         elif check_moduli(self.moduli):
-            raise SRError(f"moduli={self.moduli!r} is an option of the builtin backend; PySR takes its constants itself")
+            raise SRError(f"moduli={self.moduli!r} is an option of the builtin backend; "
+                          "PySR takes its constants itself")
         started = time.perf_counter()
         fits = []
         for j, yj in enumerate(ys):

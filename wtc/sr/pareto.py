@@ -18,7 +18,7 @@ import numpy as np
 import sympy as sp
 from sympy.printing.str import StrPrinter
 
-from wtc.sr.expr import to_sympy
+from wtc.sr.expr import FloorDiv, to_sympy
 from wtc.sr.fitting import Candidate
 
 
@@ -163,6 +163,9 @@ def _decimalise(e: sp.Expr) -> sp.Expr:
     return e.xreplace(reps) if reps else e
 
 
+_RESIDUES = (sp.Mod, FloorDiv)
+
+
 class _Printer(StrPrinter):
     """sympy's text, with Mod written as Python writes it: x % 3."""
 
@@ -170,19 +173,19 @@ class _Printer(StrPrinter):
         a, b = expr.args
         return f"{self.parenthesize(a, 50)} % {self.parenthesize(b, 51)}"
 
+    # a residue or quotient that is a factor: 0.32*(s % 15), -(s % 15), 2*(s // 15), (s % 7)**2
+    # (sympy writes 0.32*s % 15 and -s % 15, which Python reads as (0.32*s) % 15 and (-s) % 15)
     _in_product = False
 
     def _print_Mul(self, expr):
-        # a Mod beside another factor: 0.32*(s % 15), not 0.32*s % 15 (Python's (0.32*s) % 15)
-        outer, self._in_product = self._in_product, sum(f != -1 for f in expr.args) > 1 and any(
-            isinstance(f, sp.Mod) for f in expr.args)
+        outer, self._in_product = self._in_product, any(isinstance(f, _RESIDUES) for f in expr.args)
         try:
             return super()._print_Mul(expr)
         finally:
             self._in_product = outer
 
     def parenthesize(self, item, level, strict=False):
-        if isinstance(item, sp.Mod) and (self._in_product or level >= 60):     # 60: a power's base
+        if isinstance(item, _RESIDUES) and (self._in_product or level >= 60):     # 60: a power's base
             return f"({self._print(item)})"
         return super().parenthesize(item, level, strict)
 

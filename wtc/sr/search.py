@@ -69,9 +69,9 @@ INT_CONST_MAX = 10  # moduli, divisors and thresholds 2..10 (and 0)
 
 def integer_constants(data: Data, moduli: tuple = ()) -> tuple:
     """Right operands of the integer operators: 0 and 2..K, K from the inputs' range, then the
-    caller's moduli past K (a model's period of 15 makes `s % 15` a formula)."""
+    caller's moduli past INT_CONST_MAX (a model's period of 15 makes `s % 15` a formula)."""
     top = int(min(INT_CONST_MAX, max(3, np.max(np.abs(data.Xf)) + 1))) if data.integer else INT_CONST_MAX
-    return (0, *range(2, top + 1), *sorted({int(m) for m in moduli if m > top}))
+    return (0, *range(2, top + 1), *sorted({int(m) for m in moduli if m > INT_CONST_MAX}))
 
 
 def run(data: Data, *, max_complexity: int, operators=None, time_limit: float | None = None,
