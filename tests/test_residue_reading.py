@@ -140,3 +140,19 @@ def test_moduli_the_search_cannot_use_are_said_so():
     f = sr.fit(np.stack([s * 100, x], 1), (np.mod(s * 100, 15) < x).astype(float), names=["s", "x"], moduli=(15,),
                time_limit=10)
     assert "moduli unused" in f.note and "rescaled" in f.note, f.note
+
+
+def test_the_residue_reading_regresses_at_most_a_bounded_number_of_pairs():
+    """A parity of s fits the tables of periods 2, 4 and 6 of s: a regression that never passes is
+    run at most MAX_REGRESSIONS times, and nothing is read."""
+    from wtc.extraction.residues import MAX_REGRESSIONS
+    s, x = _dithering_columns()
+    y = np.mod(s, 2) + 0.5 * x
+    calls = []
+
+    def never(X, y, names):
+        calls.append(names)
+        return sp.Integer(0), "no", False
+
+    assert residue_formula(np.stack([s, x], 1), y, ("s", "x"), (2, 3, 4, 5, 6), 1e-3, never) is None
+    assert len(calls) == MAX_REGRESSIONS < 3

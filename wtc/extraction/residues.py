@@ -18,6 +18,7 @@ import numpy as np
 import sympy as sp
 
 MIN_CYCLES = 2          # an input spanning fewer periods is a table of itself, not of its residue
+MAX_REGRESSIONS = 2     # (input, period) pairs whose table fits that get a regression, per sub-MLP
 
 
 def residue_design(X: np.ndarray, column: int, period: int) -> np.ndarray:
@@ -40,13 +41,18 @@ def residue_formula(X: np.ndarray, y: np.ndarray, names: tuple[str, ...], period
 
     `read(X, y, names)` is the caller's regression -> (expr, evidence, passed) (the reader's formula
     with its moduli and time limit). The first (input, period) whose table fit is within the widest
-    tolerance and whose regression passes with the residue in it is the reading."""
+    tolerance and whose regression passes with the residue in it is the reading; at most
+    MAX_REGRESSIONS pairs are regressed."""
     whole = [j for j in range(X.shape[1]) if np.array_equal(X[:, j], np.round(X[:, j]))]
     limit = widen[-1] * tol_abs
+    tries = 0
     for period in sorted({int(p) for p in periods if p >= 2}):
         for j in whole:
             if np.ptp(X[:, j]) < MIN_CYCLES * period or residue_fits(X, y, period, j) > limit:
                 continue
+            if tries == MAX_REGRESSIONS:      # each regression is seconds: the reading's time stays bounded
+                return None
+            tries += 1
             r = sp.Symbol(_unused(f"{names[j]}_mod_{period}", names))
             X2 = np.concatenate([X, np.mod(X[:, j], period)[:, None]], axis=1)
             expr, evidence, ok = read(X2, y, tuple(names) + (r.name,))
