@@ -479,6 +479,10 @@ class _Extraction:
             self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, True))
             return expr
         fewer_of, most = (through, MAX_FEWER_THROUGH) if absorbed else (leaves, MAX_FEWER)
+        if len(fewer_of) > most and 2 <= len(via) <= MAX_FEWER_THROUGH:
+            # too many variables to search, but the output's sub-MLPs read few: what they read
+            # (Dithering's sub-MLP of sum_x and x beside linear terms in t and an unread sub-MLP)
+            fewer_of, most = sorted(via.values(), key=self.names.index), MAX_FEWER_THROUGH
         if task.output == "integer" and 2 <= len(fewer_of) <= most and (
                 absorbed or not self._integral(expr, ok, leaves, keep)):
             # through an unread sub-MLP the reading fails whatever else is found: worth a longer search
