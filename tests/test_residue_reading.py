@@ -156,3 +156,18 @@ def test_the_residue_reading_regresses_at_most_a_bounded_number_of_pairs():
 
     assert residue_formula(np.stack([s, x], 1), y, ("s", "x"), (2, 3, 4, 5, 6), 1e-3, never) is None
     assert len(calls) == MAX_REGRESSIONS < 3
+
+
+def test_an_output_with_too_many_variables_is_read_over_what_its_sub_mlps_read():
+    """Dithering, seed 1's model (session 38): the output reads linear terms in t, a routed x and an
+    unread sub-MLP beside the sub-MLP of (sum_x, x) that decides; too many variables for the pair
+    search, while the deciding sub-MLP and its neighbours read four. Over those: the task's rule."""
+    task = mips.get("Dithering")
+    program = extract(wtc.load(MODELS / "Dithering_seed1"), task)
+    assert program.ok, program.failures
+    assert {s.name for s in program.outputs[0].free_symbols} == {"sum_x", "x"}, program.outputs
+    namespace: dict = {}
+    exec(program.source, namespace)
+    x = np.random.default_rng(16).integers(0, 16, (200, 40))
+    got = np.array([namespace["program"](s.tolist()) for s in x])
+    np.testing.assert_array_equal(got, mips.dithering(x, 15))                 # whole numbers, exactly

@@ -479,10 +479,6 @@ class _Extraction:
             self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, True))
             return expr
         fewer_of, most = (through, MAX_FEWER_THROUGH) if absorbed else (leaves, MAX_FEWER)
-        if len(fewer_of) > most and 2 <= len(via) <= MAX_FEWER_THROUGH:
-            # too many variables to search, but the output's sub-MLPs read few: what they read
-            # (Dithering's sub-MLP of sum_x and x beside linear terms in t and an unread sub-MLP)
-            fewer_of, most = sorted(via.values(), key=self.names.index), MAX_FEWER_THROUGH
         if task.output == "integer" and 2 <= len(fewer_of) <= most and (
                 absorbed or not self._integral(expr, ok, leaves, keep)):
             # through an unread sub-MLP the reading fails whatever else is found: worth a longer search
@@ -494,6 +490,15 @@ class _Extraction:
         if rule is not None:
             expr, evidence, ok = rule, f"the model's decisions are a rule of two-valued variables (not the formula " \
                                        f"{expr}, whose values are not its decisions)", True
+        if (rule is None and task.output == "integer" and len(fewer_of) > most
+                and 2 <= len(via) <= MAX_FEWER_THROUGH and not self._integral(expr, ok, leaves, keep)):
+            # too many variables to search, but the output's sub-MLPs read few: what they read
+            # (Dithering's sub-MLP of sum_x and x beside linear terms in t and an unread sub-MLP)
+            fewer = self._fewer(sorted(via.values(), key=self.names.index), keep, target, widen,
+                                FEWER_TIME_LIMIT * (3 if absorbed else 1))
+            if fewer is not None:
+                expr, evidence, ok = fewer[0], f"{fewer[1]} (not {expr}, over what its sub-MLPs read)", True
+                reads = ", ".join(sorted(str(s) for s in expr.free_symbols))
         if not ok:
             self.failures.append((None, f"output {o}: no formula within tolerance ({evidence})"))
         self.readings.append(Reading(f"output {o}", "head", "out", reads, str(expr), evidence, ok))
